@@ -1,0 +1,28 @@
+# Quickstart targets. Each creates and uses a local virtualenv (.venv) by itself.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test lint bench-data clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test]'
+	rm -f $(VENV)/.installed-*; touch $(STAMP)
+
+## make demo: raw text -> tokenizer -> pretraining data -> pretrain a tiny BERT -> fine-tune it
+demo: $(STAMP)
+	PATH=$(VENV)/bin:$$PATH bash scripts/demo.sh
+
+## make test: the whole test suite on the CPU (8 simulated devices)
+test: $(STAMP)
+	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -n 2 --dist loadgroup tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check bert_jax tests bench experiments
+
+clean:
+	rm -rf $(VENV) .pytest_cache demo_workdir

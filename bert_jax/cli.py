@@ -1,0 +1,79 @@
+"""The ``bert-jax`` command: parses the subcommand and dispatches; no logic lives here.
+
+Each subcommand lives in the module that owns its work and exposes
+``add_arguments(parser)`` and ``run(args) -> int | None``; modules are imported lazily so
+``bert-jax --help`` stays fast and commands that need no tensorflow never import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bert_jax.errors import BertJaxError
+
+# name -> (module, help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "convert": ("bert_jax.checkpoint.commands:convert",
+                "import a Hugging Face or Google TF BERT checkpoint into a bert-jax checkpoint"),
+    "export": ("bert_jax.checkpoint.commands:export",
+               "export a bert-jax checkpoint to a Hugging Face directory"),
+    "train-tokenizer": ("bert_jax.tokenization.commands:train_tokenizer",
+                        "train a SentencePiece (unigram or BPE) tokenizer on raw text"),
+    "create-pretraining-data": ("bert_jax.data.create_pretraining:command",
+                                "raw text -> sharded TFRecord pretraining examples"),
+    "materialize-batches": ("bert_jax.data.materialize:command",
+                            "run the masking pipeline for N steps and save the batches as numpy"),
+    "pretrain": ("bert_jax.training.pretrain:command", "pretrain BERT (MLM + NSP/SOP)"),
+    "finetune": ("bert_jax.tasks.run:finetune_command",
+                 "fine-tune on GLUE, SQuAD, CoNLL-2003 NER or SWAG"),
+    "evaluate": ("bert_jax.tasks.run:evaluate_command", "evaluate a fine-tuned workdir"),
+    "predict": ("bert_jax.tasks.run:predict_command",
+                "write predictions / submission files from a fine-tuned workdir"),
+    "fill-mask": ("bert_jax.inference:fill_mask_command", "top-k fillers for each [MASK]"),
+    "embed": ("bert_jax.inference:embed_command",
+              "per-token or pooled vectors from any layer to .npy"),
+}
+
+
+def _load(target: str):
+    module_name, attr = target.split(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bert-jax", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (target, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:  # only import the chosen command's module
+            _load(target).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        command = _load(COMMANDS[args.command][0])
+        if unknown and not getattr(command, "accepts_overrides", False):
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.overrides = unknown
+        rc = command.run(args)
+        return int(rc or 0)
+    except BertJaxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

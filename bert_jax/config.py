@@ -1,0 +1,220 @@
+"""Model configuration: a validated, frozen dataclass with presets (pure data, no jax).
+
+Reads and writes Hugging Face ``config.json`` and Google's ``bert_config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+from bert_jax.errors import BertJaxError
+
+ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "offload_dots")
+DTYPES = ("float32", "bfloat16", "float16")
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_approx", "relu", "tanh")
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Architecture and numerics of a BERT (or ALBERT-style) encoder.
+
+    Architecture fields use Hugging Face / Google names so configs round-trip. Runtime fields
+    (dtypes, attention implementation, scan, remat) do not change the parameters.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    # ALBERT: factorized embeddings (None = hidden_size) and one layer shared by all depths.
+    embedding_size: int | None = None
+    share_layers: bool = False
+    # Efficiency (no effect on the parameter values).
+    vocab_pad_multiple: int = 128
+    dtype: str = "float32"  # compute dtype
+    param_dtype: str = "float32"
+    attention_impl: str = "auto"  # xla | cudnn | splash | auto (cudnn on GPU, else xla)
+    scan_layers: bool = False
+    remat_policy: str = "none"
+
+    def __post_init__(self):
+        def bad(key, msg):
+            raise BertJaxError(f"invalid BertConfig.{key}: {msg}")
+
+        for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                    "vocab_pad_multiple"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                bad(key, f"expected a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            bad("hidden_size", f"{self.hidden_size} is not divisible by num_attention_heads="
+                f"{self.num_attention_heads}")
+        if self.embedding_size is not None and (
+                not isinstance(self.embedding_size, int) or self.embedding_size <= 0):
+            bad("embedding_size", f"expected a positive integer or None, got "
+                f"{self.embedding_size!r}")
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                bad(key, f"expected a probability in [0, 1), got {getattr(self, key)!r}")
+        if self.hidden_act not in ACTIVATIONS:
+            bad("hidden_act", f"{self.hidden_act!r} is not one of {ACTIVATIONS}")
+        for key in ("dtype", "param_dtype"):
+            if getattr(self, key) not in DTYPES:
+                bad(key, f"{getattr(self, key)!r} is not one of {DTYPES}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            bad("attention_impl", f"{self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
+        if self.remat_policy not in REMAT_POLICIES:
+            bad("remat_policy", f"{self.remat_policy!r} is not one of {REMAT_POLICIES}")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            bad("pad_token_id", f"{self.pad_token_id} is outside the vocabulary "
+                f"[0, {self.vocab_size})")
+
+    # ---- derived sizes -------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def embedding_dim(self) -> int:
+        """Width of the embedding tables (ALBERT factorizes it below hidden_size)."""
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Vocabulary rows in the embedding/decoder, padded to a multiple for fast matmuls."""
+        m = self.vocab_pad_multiple
+        return (self.vocab_size + m - 1) // m * m
+
+    def replace(self, **changes: Any) -> BertConfig:
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise BertJaxError(f"unknown BertConfig field(s) {unknown}; valid: "
+                               f"{sorted(f.name for f in dataclasses.fields(self))}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> BertConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise BertJaxError(f"{source}: unknown BertConfig key(s) {unknown}")
+        return cls(**data)
+
+    # ---- Hugging Face / Google formats ---------------------------------------------------
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A ``config.json`` for transformers' BertModel / BertForPreTraining."""
+        if self.share_layers or self.embedding_size not in (None, self.hidden_size):
+            raise BertJaxError("ALBERT-style configs (share_layers / embedding_size) have no "
+                               "Hugging Face BERT equivalent")
+        out = {k: getattr(self, k) for k in _ARCH_KEYS}
+        out.update(model_type="bert", architectures=["BertForPreTraining"],
+                   position_embedding_type="absolute")
+        return out
+
+    def to_google_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _ARCH_KEYS if k not in ("layer_norm_eps",
+                                                                      "pad_token_id")}
+
+    @classmethod
+    def from_external_dict(cls, data: dict[str, Any], source: str, **overrides: Any
+                           ) -> BertConfig:
+        """Builds a config from an HF ``config.json`` or Google ``bert_config.json`` dict."""
+        model_type = data.get("model_type", "bert")
+        if model_type not in ("bert", "albert"):
+            raise BertJaxError(f"{source}: model_type {model_type!r} is not a BERT model")
+        pet = data.get("position_embedding_type", "absolute")
+        if pet != "absolute":
+            raise BertJaxError(f"{source}: position_embedding_type={pet!r} is not supported "
+                               "(only absolute positions)")
+        missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                               "num_attention_heads", "intermediate_size") if k not in data]
+        if missing:
+            raise BertJaxError(f"{source}: missing required key(s) {missing}")
+        kwargs = {k: data[k] for k in _ARCH_KEYS if k in data and data[k] is not None}
+        if model_type == "albert":
+            kwargs["embedding_size"] = data.get("embedding_size")
+            kwargs["share_layers"] = True
+        elif data.get("embedding_size") not in (None, data["hidden_size"]):
+            kwargs["embedding_size"] = data["embedding_size"]
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike, **overrides: Any) -> BertConfig:
+        """Reads a bert-jax, Hugging Face or Google config JSON file."""
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise BertJaxError(f"{path}: config file not found")
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise BertJaxError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+        if data.get("format") == "bert_jax":
+            data = dict(data["config"])
+            data.update(overrides)
+            return cls.from_dict(data, source=path)
+        return cls.from_external_dict(data, source=path, **overrides)
+
+    def save_json(self, path: str | os.PathLike, flavor: str = "bert_jax") -> None:
+        """Writes ``flavor`` = bert_jax (all fields), hf (config.json) or google."""
+        if flavor == "bert_jax":
+            data = {"format": "bert_jax", "config": self.to_dict()}
+        elif flavor == "hf":
+            data = self.to_hf_dict()
+        elif flavor == "google":
+            data = self.to_google_dict()
+        else:
+            raise ValueError(f"unknown config flavor {flavor!r}")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+
+_ARCH_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "intermediate_size", "hidden_act", "hidden_dropout_prob",
+              "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+              "initializer_range", "layer_norm_eps", "pad_token_id")
+
+
+def _preset(layers: int, hidden: int, heads: int, **kw: Any) -> BertConfig:
+    return BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                      intermediate_size=4 * hidden, **kw)
+
+
+PRESETS: dict[str, BertConfig] = {
+    "tiny": _preset(2, 128, 2),
+    "mini": _preset(4, 256, 4),
+    "small": _preset(4, 512, 8),
+    "medium": _preset(8, 512, 8),
+    "base": _preset(12, 768, 12),
+    "large": _preset(24, 1024, 16),
+    "albert_base": _preset(12, 768, 12, vocab_size=30000, embedding_size=128,
+                           share_layers=True),
+    "albert_large": _preset(24, 1024, 16, vocab_size=30000, embedding_size=128,
+                            share_layers=True),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> BertConfig:
+    """A preset by name, optionally with field overrides."""
+    if name not in PRESETS:
+        raise BertJaxError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]

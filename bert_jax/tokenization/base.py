@@ -1,0 +1,172 @@
+"""One tokenizer interface for WordPiece and SentencePiece vocabularies.
+
+Every tokenizer has BERT's five special tokens ([PAD], [UNK], [CLS], [SEP], [MASK]), encodes a
+text or a pair with truncation, decodes, knows which vocabulary entries start a word (for
+whole-word masking on ids alone), and saves itself into / loads itself from a directory
+(a checkpoint's ``tokenizer/`` folder).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from bert_jax.errors import BertJaxError
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+TOKENIZER_JSON = "tokenizer.json"
+
+
+@dataclasses.dataclass
+class Encoding:
+    """One encoded example: ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``."""
+
+    input_ids: list[int]
+    segment_ids: list[int]
+    # Index of the word (within its segment's text) each token came from; None for specials.
+    word_ids: list[int | None]
+
+
+class Tokenizer(abc.ABC):
+    """Abstract tokenizer. Subclasses implement the vocabulary-level primitives."""
+
+    kind: str = "abstract"
+
+    # ---- primitives ----------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @abc.abstractmethod
+    def tokenize(self, text: str) -> list[str]:
+        """Text -> sub-word token strings (no special tokens)."""
+
+    @abc.abstractmethod
+    def tokenize_words(self, text: str) -> list[list[str]]:
+        """Text -> one list of sub-word tokens per word (word boundaries for NER, WWM)."""
+
+    @abc.abstractmethod
+    def token_to_id(self, token: str) -> int: ...
+
+    @abc.abstractmethod
+    def id_to_token(self, token_id: int) -> str: ...
+
+    @abc.abstractmethod
+    def decode(self, ids, skip_special_tokens: bool = True) -> str: ...
+
+    @abc.abstractmethod
+    def word_start_mask(self) -> np.ndarray:
+        """bool[vocab_size]: True where a vocabulary entry begins a new word."""
+
+    @abc.abstractmethod
+    def save(self, directory: str) -> None:
+        """Writes the vocabulary/model files and ``tokenizer.json`` into ``directory``."""
+
+    # ---- shared behaviour -----------------------------------------------------------------
+    @property
+    def pad_id(self) -> int:
+        return self.token_to_id("[PAD]")
+
+    @property
+    def unk_id(self) -> int:
+        return self.token_to_id("[UNK]")
+
+    @property
+    def cls_id(self) -> int:
+        return self.token_to_id("[CLS]")
+
+    @property
+    def sep_id(self) -> int:
+        return self.token_to_id("[SEP]")
+
+    @property
+    def mask_id(self) -> int:
+        return self.token_to_id("[MASK]")
+
+    @property
+    def special_ids(self) -> list[int]:
+        return [self.token_to_id(t) for t in SPECIAL_TOKENS]
+
+    def encode_ids(self, text: str) -> list[int]:
+        """Text -> ids with no special tokens."""
+        return [self.token_to_id(t) for t in self.tokenize(text)]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode_ids(t) for t in texts]
+
+    def encode(self, text: str, text_pair: str | None = None, max_length: int | None = None,
+               truncation: str = "longest_first") -> Encoding:
+        """Encodes a text or a pair with [CLS]/[SEP], truncating to ``max_length`` tokens."""
+        words_a = self.tokenize_words(text)
+        words_b = self.tokenize_words(text_pair) if text_pair is not None else None
+        a = [(t, i) for i, w in enumerate(words_a) for t in w]
+        b = [(t, i) for i, w in enumerate(words_b) for t in w] if words_b is not None else None
+        if max_length is not None:
+            budget = max_length - (3 if b is not None else 2)
+            if budget < 0:
+                raise BertJaxError(f"max_length={max_length} leaves no room for special tokens")
+            a, b = truncate_pair(a, b, budget, truncation)
+        ids = [self.cls_id] + [self.token_to_id(t) for t, _ in a] + [self.sep_id]
+        word_ids: list[int | None] = [None] + [i for _, i in a] + [None]
+        segs = [0] * len(ids)
+        if b is not None:
+            ids += [self.token_to_id(t) for t, _ in b] + [self.sep_id]
+            word_ids += [i for _, i in b] + [None]
+            segs += [1] * (len(b) + 1)
+        return Encoding(ids, segs, word_ids)
+
+    def fingerprint(self) -> str:
+        """A stable hash of the vocabulary (checked when data or checkpoints are combined)."""
+        h = hashlib.sha256()
+        for i in range(self.vocab_size):
+            h.update(self.id_to_token(i).encode("utf-8", "surrogatepass") + b"\0")
+        return f"{self.kind}:{self.vocab_size}:{h.hexdigest()[:16]}"
+
+
+def truncate_pair(a: list, b: list | None, budget: int, strategy: str = "longest_first"):
+    """Truncates a (and b) so that len(a) + len(b) <= budget, trimming the longer one first."""
+    if b is None:
+        return a[:budget], None
+    if strategy == "only_second":
+        return a, b[:max(0, budget - len(a))]
+    a, b = list(a), list(b)
+    while len(a) + len(b) > budget:
+        if len(a) >= len(b):
+            a.pop()
+        else:
+            b.pop()
+    return a, b
+
+
+def load_tokenizer(directory: str) -> Tokenizer:
+    """Loads a tokenizer saved with ``Tokenizer.save`` (or a bare ``vocab.txt``/``*.model``)."""
+    from bert_jax.tokenization.sentencepiece import SentencePieceTokenizer
+    from bert_jax.tokenization.wordpiece import WordPieceTokenizer
+
+    if os.path.isfile(directory):
+        if directory.endswith(".model"):
+            return SentencePieceTokenizer(directory)
+        return WordPieceTokenizer.from_vocab_file(directory)
+    meta_path = os.path.join(directory, TOKENIZER_JSON)
+    if os.path.exists(meta_path):
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+        kind = meta.get("kind")
+        if kind == "wordpiece":
+            return WordPieceTokenizer.load(directory)
+        if kind == "sentencepiece":
+            return SentencePieceTokenizer.load(directory)
+        raise BertJaxError(f"{meta_path}: unknown tokenizer kind {kind!r}")
+    if os.path.exists(os.path.join(directory, "vocab.txt")):
+        return WordPieceTokenizer.from_vocab_file(os.path.join(directory, "vocab.txt"))
+    models = [f for f in os.listdir(directory) if f.endswith(".model")] if os.path.isdir(
+        directory) else []
+    if len(models) == 1:
+        return SentencePieceTokenizer(os.path.join(directory, models[0]))
+    raise BertJaxError(f"{directory}: no tokenizer found (expected {TOKENIZER_JSON}, vocab.txt "
+                       "or one SentencePiece .model file)")
