@@ -1,0 +1,249 @@
+"""The BERT encoder in Flax linen: embeddings, self-attention, layers, layer stack, pooler.
+
+Parameters carry logical axis names (``vocab``, ``embed``, ``heads``, ``kv``, ``mlp``,
+``layers``); the mesh rules that map them onto devices live in the training config. Compute
+runs in ``config.dtype`` (e.g. bfloat16) with parameters kept in ``config.param_dtype``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.config import BertConfig
+from bert_jax.modeling.attention import explicit_attention, fused_attention
+
+# Logical axis names of activations between layers (mapped to mesh axes by the rules).
+ACTIVATION_AXES = ("batch", "length", "activation_embed")
+
+REMAT_POLICIES = {
+    "full": None,  # save nothing, recompute everything
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    "offload_dots": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device",
+                                                                          "pinned_host"),
+}
+
+
+def initializer(config: BertConfig, axes: tuple[str | None, ...]):
+    """Truncated normal (Google BERT's init) annotated with logical axis names."""
+    return nn.with_logical_partitioning(
+        nn.initializers.truncated_normal(config.initializer_range), axes)
+
+
+def zeros(axes):
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def ones(axes):
+    return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
+
+
+def activation(name: str):
+    if name == "gelu":
+        return functools.partial(jax.nn.gelu, approximate=False)  # exact erf GELU, as BERT
+    if name in ("gelu_new", "gelu_approx"):
+        return functools.partial(jax.nn.gelu, approximate=True)
+    return {"relu": jax.nn.relu, "tanh": jnp.tanh}[name]
+
+
+def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=config.dtype,
+                        param_dtype=config.param_dtype, scale_init=ones(("embed",)),
+                        bias_init=zeros(("embed",)), name=name)
+
+
+def dense(config: BertConfig, features, axes, name: str, axis=-1) -> nn.DenseGeneral:
+    bias_axes = axes[len(axes) - (len(features) if isinstance(features, tuple) else 1):]
+    return nn.DenseGeneral(features, axis=axis, dtype=config.dtype,
+                           param_dtype=config.param_dtype, kernel_init=initializer(config, axes),
+                           bias_init=zeros(bias_axes), name=name)
+
+
+class BertEmbeddings(nn.Module):
+    """Token + segment + absolute position embeddings, LayerNorm, dropout.
+
+    With ALBERT's factorized embeddings the tables are ``embedding_size`` wide and a dense
+    projection maps them to ``hidden_size``.
+    """
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        emb = functools.partial(nn.Embed, features=cfg.embedding_dim, dtype=cfg.dtype,
+                                param_dtype=cfg.param_dtype)
+        self.word_embeddings = emb(num_embeddings=cfg.padded_vocab_size,
+                                   embedding_init=initializer(cfg, ("vocab", "embed")))
+        self.position_embeddings = emb(num_embeddings=cfg.max_position_embeddings,
+                                       embedding_init=initializer(cfg, (None, "embed")))
+        self.token_type_embeddings = emb(num_embeddings=cfg.type_vocab_size,
+                                         embedding_init=initializer(cfg, (None, "embed")))
+        self.layer_norm = layer_norm(cfg, "LayerNorm")
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        if cfg.embedding_dim != cfg.hidden_size:
+            self.projection = dense(cfg, cfg.hidden_size, ("embed", "mlp"),
+                                    "embedding_projection")
+
+    def __call__(self, input_ids, segment_ids, deterministic: bool = True):
+        seq_len = input_ids.shape[-1]
+        positions = jnp.arange(seq_len)[None, :]
+        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
+             + self.token_type_embeddings(segment_ids))  # [batch, seq, embedding_dim]
+        x = self.layer_norm(x)
+        x = self.dropout(x, deterministic=deterministic)
+        if self.config.embedding_dim != self.config.hidden_size:
+            x = self.projection(x)
+        return x
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head self-attention with a fused QKV projection and an output projection."""
+
+    config: BertConfig
+    deterministic: bool = True
+    output_attentions: bool = False
+
+    @nn.compact
+    def __call__(self, x, kv_lengths):
+        cfg = self.config
+        n, d = cfg.num_attention_heads, cfg.head_dim
+        # [batch, seq, 3, heads, head_dim]
+        qkv = dense(cfg, (3, n, d), ("embed", None, "heads", "kv"), "qkv")(x)
+        query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        dropout_active = not self.deterministic and cfg.attention_probs_dropout_prob > 0.0
+        if self.output_attentions or dropout_active:
+            rng = self.make_rng("dropout") if dropout_active else None
+            context, probs = explicit_attention(
+                query, key, value, kv_lengths, dropout_rng=rng,
+                dropout_rate=cfg.attention_probs_dropout_prob, deterministic=self.deterministic)
+        else:
+            context, probs = fused_attention(query, key, value, kv_lengths,
+                                             cfg.attention_impl), None
+        out = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1))
+        return out(context), probs  # [batch, seq, hidden]
+
+
+class BertLayer(nn.Module):
+    """One post-LayerNorm Transformer block, as in the original BERT."""
+
+    config: BertConfig
+    deterministic: bool = True
+    output_attentions: bool = False
+
+    @nn.compact
+    def __call__(self, x, kv_lengths):
+        cfg = self.config
+        drop = nn.Dropout(cfg.hidden_dropout_prob)
+        attn, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
+                                        name="attention")(x, kv_lengths)
+        x = layer_norm(cfg, "attention_norm")(x + drop(attn, deterministic=self.deterministic))
+        h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in")(x)
+        h = activation(cfg.hidden_act)(h)
+        h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out")(h)
+        x = layer_norm(cfg, "output_norm")(x + drop(h, deterministic=self.deterministic))
+        x = nn.with_logical_constraint(x, ACTIVATION_AXES)
+        return x, probs
+
+
+class _ScanLayer(BertLayer):
+    """BertLayer with the (carry, broadcast) -> (carry, per-layer outputs) scan signature."""
+
+    @nn.compact
+    def __call__(self, x, kv_lengths):
+        x, probs = super().__call__(x, kv_lengths)
+        return x, (x, probs)
+
+
+class BertEncoder(nn.Module):
+    """The layer stack: unrolled, ``nn.scan``-ned (stacked params on a ``layers`` axis), or
+    one shared layer (ALBERT); each optionally rematerialized."""
+
+    config: BertConfig
+    deterministic: bool = True
+    output_hidden_states: bool = False
+    output_attentions: bool = False
+
+    @nn.compact
+    def __call__(self, x, kv_lengths):
+        cfg = self.config
+        hidden_states, attentions = [x], []
+        layer_cls = BertLayer
+        if cfg.remat_policy != "none":
+            layer_cls = nn.remat(layer_cls if not cfg.scan_layers else _ScanLayer,
+                                 policy=REMAT_POLICIES[cfg.remat_policy],
+                                 prevent_cse=not cfg.scan_layers)
+        elif cfg.scan_layers:
+            layer_cls = _ScanLayer
+        kwargs = dict(config=cfg, deterministic=self.deterministic,
+                      output_attentions=self.output_attentions)
+        if cfg.scan_layers:
+            scanned = nn.scan(
+                layer_cls,
+                variable_axes={} if cfg.share_layers else {"params": 0},
+                variable_broadcast="params" if cfg.share_layers else False,
+                split_rngs={"params": not cfg.share_layers, "dropout": True},
+                in_axes=nn.broadcast, length=cfg.num_hidden_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"})
+            x, (per_layer, probs) = scanned(**kwargs, name="layers")(x, kv_lengths)
+            # per_layer: [layers, batch, seq, hidden] -> list
+            hidden_states += [per_layer[i] for i in range(cfg.num_hidden_layers)]
+            if probs is not None:
+                attentions = [probs[i] for i in range(cfg.num_hidden_layers)]
+        else:
+            shared = layer_cls(**kwargs, name="layer") if cfg.share_layers else None
+            for i in range(cfg.num_hidden_layers):
+                layer = shared if shared is not None else layer_cls(**kwargs, name=f"layer_{i}")
+                x, probs = layer(x, kv_lengths)
+                hidden_states.append(x)
+                attentions.append(probs)
+        return {
+            "sequence_output": x,
+            "hidden_states": tuple(hidden_states) if self.output_hidden_states else None,
+            "attentions": tuple(attentions) if self.output_attentions else None,
+        }
+
+
+class BertModel(nn.Module):
+    """Embeddings + encoder + pooler. Inputs are right-padded: ``input_mask`` marks real tokens.
+
+    Returns a dict: ``sequence_output`` [batch, seq, hidden], ``pooled_output``
+    [batch, hidden], and when requested ``hidden_states`` (embeddings + every layer) and
+    ``attentions`` (per layer [batch, heads, seq, seq]).
+    """
+
+    config: BertConfig
+    add_pooler: bool = True
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask=None, segment_ids=None, *,
+                 deterministic: bool = True, output_hidden_states: bool = False,
+                 output_attentions: bool = False) -> dict[str, Any]:
+        cfg = self.config
+        if input_ids.shape[-1] > cfg.max_position_embeddings:
+            raise ValueError(f"sequence length {input_ids.shape[-1]} exceeds "
+                             f"max_position_embeddings={cfg.max_position_embeddings}")
+        if input_mask is None:
+            input_mask = jnp.ones_like(input_ids)
+        if segment_ids is None:
+            segment_ids = jnp.zeros_like(input_ids)
+        kv_lengths = jnp.sum(input_mask, axis=-1).astype(jnp.int32)  # [batch]
+        x = BertEmbeddings(cfg, name="embeddings")(input_ids, segment_ids,
+                                                   deterministic=deterministic)
+        x = nn.with_logical_constraint(x, ACTIVATION_AXES)
+        out = BertEncoder(cfg, deterministic, output_hidden_states, output_attentions,
+                          name="encoder")(x, kv_lengths)
+        if self.add_pooler:
+            pooler = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "pooler")
+            out["pooled_output"] = jnp.tanh(pooler(out["sequence_output"][:, 0]))
+        return out
+
+    def word_embedding_table(self):
+        """[padded_vocab, embedding_dim] word embeddings (the tied MLM decoder); call after
+        ``__call__`` within the same apply."""
+        table = self.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
+        return nn.unbox(table)
