@@ -12,6 +12,7 @@ import abc
 import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
 
 import numpy as np
@@ -96,8 +97,12 @@ class Tokenizer(abc.ABC):
         """Text -> ids with no special tokens."""
         return [self.token_to_id(t) for t in self.tokenize(text)]
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [self.encode_ids(t) for t in texts]
+    def encode_batch(self, texts: list[str], num_workers: int = 1) -> list[list[int]]:
+        """Many texts -> ids (no special tokens); ``num_workers > 1`` spreads large batches
+        over worker processes (each gets a pickled copy of the tokenizer)."""
+        if num_workers <= 1 or len(texts) < _MIN_PARALLEL_TEXTS:
+            return [self.encode_ids(t) for t in texts]
+        return _encode_parallel(self, texts, num_workers)
 
     def encode(self, text: str, text_pair: str | None = None, max_length: int | None = None,
                truncation: str = "longest_first") -> Encoding:
@@ -126,6 +131,30 @@ class Tokenizer(abc.ABC):
         for i in range(self.vocab_size):
             h.update(self.id_to_token(i).encode("utf-8", "surrogatepass") + b"\0")
         return f"{self.kind}:{self.vocab_size}:{h.hexdigest()[:16]}"
+
+
+_MIN_PARALLEL_TEXTS = 2048  # below this, starting worker processes costs more than it saves
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _init_worker(tokenizer: Tokenizer) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer
+
+
+def _encode_chunk(texts: list[str]) -> list[list[int]]:
+    return [_worker_tokenizer.encode_ids(t) for t in texts]
+
+
+def _encode_parallel(tokenizer: Tokenizer, texts: list[str], num_workers: int) -> list[list[int]]:
+    """Order-preserving multi-process ``encode_ids``; forkserver so a parent holding threads
+    (JAX, TF) is never forked."""
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    chunk = max(64, len(texts) // (num_workers * 8))
+    chunks = [texts[i:i + chunk] for i in range(0, len(texts), chunk)]
+    with ctx.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:
+        return [ids for part in pool.map(_encode_chunk, chunks) for ids in part]
 
 
 def truncate_pair(a: list, b: list | None, budget: int, strategy: str = "longest_first"):
