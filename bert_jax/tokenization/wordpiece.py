@@ -90,8 +90,9 @@ def read_vocab_file(path: str) -> list[str]:
 
 
 def infer_lower_case(tokens: list[str]) -> bool:
-    """True (uncased) when no word token except bracketed specials starts upper-case."""
-    return not any(t[:1].isupper() for t in tokens
+    """True (uncased) when no word token except bracketed specials starts with a letter that
+    lowercasing changes (symbols such as U+211D, upper-case with no lower form, don't count)."""
+    return not any(t[:1] != t[:1].lower() for t in tokens
                    if not (t.startswith("[") and t.endswith("]")) and not t.startswith("##"))
 
 
