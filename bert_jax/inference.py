@@ -1,0 +1,179 @@
+"""Inference on any bert-jax checkpoint: ``fill-mask`` and ``embed`` (feature-based BERT).
+
+Both accept a model directory, a training or fine-tuning workdir, or a step directory
+(see ``bert_jax.checkpoint.store``); convert Hugging Face / Google checkpoints first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.checkpoint import store
+from bert_jax.errors import BertJaxError
+from bert_jax.modeling import BertForPreTraining, BertModel
+from bert_jax.modeling.params import to_layout
+
+MASK_TOKEN = "[MASK]"
+
+
+def _load(path: str):
+    params, config, tokenizer, _ = store.load_model(path)
+    if tokenizer is None:
+        raise BertJaxError(f"{path}: checkpoint has no tokenizer/ directory; inference needs "
+                           "the tokenizer the model was trained with")
+    return to_layout(params, config), config, tokenizer
+
+
+def encode_with_masks(tokenizer, text: str, max_length: int) -> list[int]:
+    """[CLS] text [SEP] where each literal ``[MASK]`` becomes the mask id."""
+    ids = [tokenizer.cls_id]
+    for i, piece in enumerate(text.split(MASK_TOKEN)):
+        if i:
+            ids.append(tokenizer.mask_id)
+        ids.extend(tokenizer.encode_ids(piece))
+    ids.append(tokenizer.sep_id)
+    if len(ids) > max_length:
+        raise BertJaxError(f"text of {len(ids)} tokens exceeds max length {max_length}: "
+                           f"{text[:60]!r}")
+    return ids
+
+
+def _pad(rows: list[list[int]], pad_id: int, multiple: int = 8, length: int | None = None):
+    length = length or max(len(r) for r in rows)
+    length = (length + multiple - 1) // multiple * multiple
+    ids = np.full((len(rows), length), pad_id, np.int32)
+    mask = np.zeros((len(rows), length), np.int32)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = r
+        mask[i, :len(r)] = 1
+    return ids, mask
+
+
+def fill_mask(path: str, texts: list[str], top_k: int = 5) -> list[list[list[dict]]]:
+    """For each text and each [MASK] in it: the top-k (token, id, probability) fillers."""
+    params, config, tokenizer = _load(path)
+    if "mlm" not in params:
+        raise BertJaxError(f"{path}: checkpoint has no masked-LM head (it was saved as an "
+                           "encoder only); fill-mask needs a pretraining checkpoint")
+    model = BertForPreTraining(config, pair_head="nsp" in params)
+    rows = [encode_with_masks(tokenizer, t, config.max_position_embeddings) for t in texts]
+    ids, mask = _pad(rows, tokenizer.pad_id)
+    logits = jax.jit(lambda p, i, m: model.apply({"params": p}, i, m)["mlm_logits"])(
+        params, jnp.asarray(ids), jnp.asarray(mask))
+    probs = np.asarray(jax.nn.softmax(logits[..., :config.vocab_size], axis=-1))
+    results = []
+    for b, row in enumerate(rows):
+        per_text = []
+        for pos in [i for i, t in enumerate(row) if t == tokenizer.mask_id]:
+            best = np.argsort(-probs[b, pos])[:top_k]
+            per_text.append([{"token": tokenizer.id_to_token(int(j)), "id": int(j),
+                              "probability": float(probs[b, pos, j])} for j in best])
+        results.append(per_text)
+    return results
+
+
+def embed(path: str, texts: list[str], layer: str = "-1", pooling: str = "none",
+          max_length: int = 128, batch_size: int = 64):
+    """Contextual embeddings. ``layer``: an index into [embeddings, layer_1..layer_L] (negative
+    counts from the top) or ``last4`` (concatenation of the last four layers). ``pooling``:
+    none (per token, padded) | cls | mean | pooled (the pooler's tanh output).
+
+    Returns (vectors, lengths): [N, S, D] or [N, D], and the token count of each text.
+    """
+    params, config, tokenizer = _load(path)
+    model = BertModel(config, add_pooler="pooler" in params["bert"])
+    if pooling == "pooled" and "pooler" not in params["bert"]:
+        raise BertJaxError(f"{path}: checkpoint has no pooler; use --pooling cls or mean")
+    num_states = config.num_hidden_layers + 1
+    if layer == "last4":
+        indices = list(range(num_states - 4, num_states))
+    else:
+        try:
+            index = int(layer)
+        except ValueError:
+            raise BertJaxError(f"--layer must be an integer or 'last4', got {layer!r}") from None
+        if not -num_states <= index < num_states:
+            raise BertJaxError(f"--layer {index} out of range for {num_states} hidden states "
+                               "(embeddings + each layer)")
+        indices = [index % num_states]
+
+    @jax.jit
+    def run(p, ids, mask):
+        out = model.apply({"params": p}, ids, mask, output_hidden_states=True)
+        feats = jnp.concatenate([out["hidden_states"][i] for i in indices], axis=-1)
+        m = mask[..., None].astype(feats.dtype)
+        return {"none": feats, "cls": feats[:, 0],
+                "mean": (feats * m).sum(1) / jnp.maximum(m.sum(1), 1),
+                "pooled": out.get("pooled_output")}[pooling]
+
+    encoded = [tokenizer.encode(t, max_length=max_length).input_ids for t in texts]
+    lengths = np.array([len(e) for e in encoded], np.int32)
+    chunks = []
+    for start in range(0, len(encoded), batch_size):
+        # per-token output: one padded length for every chunk
+        ids, mask = _pad(encoded[start:start + batch_size], tokenizer.pad_id,
+                         length=int(lengths.max()) if pooling == "none" else None)
+        chunks.append(np.asarray(run(params["bert"], jnp.asarray(ids), jnp.asarray(mask))))
+    vectors = np.concatenate(chunks)
+    return (vectors[:, :int(lengths.max())] if pooling == "none" else vectors), lengths
+
+
+def _read_texts(args) -> list[str]:
+    texts = list(args.text or [])
+    if args.input:
+        if not os.path.exists(args.input):
+            raise BertJaxError(f"{args.input}: input file not found")
+        with open(args.input, encoding="utf-8") as f:
+            texts += [line.rstrip("\n") for line in f if line.strip()]
+    if not texts:
+        raise BertJaxError("no input text: pass --text or --input FILE (one text per line)")
+    return texts
+
+
+class fill_mask_command:  # noqa: N801 (CLI command object)
+    @staticmethod
+    def add_arguments(p):
+        p.add_argument("checkpoint", help="bert-jax model directory or workdir")
+        p.add_argument("--text", action="append", help="text with [MASK] (repeatable)")
+        p.add_argument("--input", help="file with one text per line")
+        p.add_argument("--top-k", type=int, default=5)
+
+    @staticmethod
+    def run(args):
+        texts = _read_texts(args)
+        for text, masks in zip(texts, fill_mask(args.checkpoint, texts, args.top_k),
+                               strict=True):
+            print(json.dumps({"text": text, "masks": masks}, ensure_ascii=False))
+        return 0
+
+
+class embed_command:  # noqa: N801 (CLI command object)
+    @staticmethod
+    def add_arguments(p):
+        p.add_argument("checkpoint", help="bert-jax model directory or workdir")
+        p.add_argument("--text", action="append", help="a text (repeatable)")
+        p.add_argument("--input", help="file with one text per line")
+        p.add_argument("--output", required=True, help="output .npy path")
+        p.add_argument("--layer", default="-1",
+                       help="hidden-state index (0 = embeddings, -1 = last) or 'last4'")
+        p.add_argument("--pooling", default="none", choices=["none", "cls", "mean", "pooled"])
+        p.add_argument("--max-length", type=int, default=128)
+        p.add_argument("--batch-size", type=int, default=64)
+
+    @staticmethod
+    def run(args):
+        texts = _read_texts(args)
+        vectors, lengths = embed(args.checkpoint, texts, args.layer, args.pooling,
+                                 args.max_length, args.batch_size)
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        np.save(args.output, vectors)
+        if args.pooling == "none":
+            np.save(os.path.splitext(args.output)[0] + ".lengths.npy", lengths)
+        print(f"wrote {args.output}: shape {vectors.shape}", file=sys.stderr)
+        return 0
