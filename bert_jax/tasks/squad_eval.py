@@ -78,8 +78,7 @@ def evaluate_v2(gold_answers: Mapping[str, Sequence[str]], predictions: Mapping[
     With ``na_probs`` (the null odds) this also searches the best threshold (``best_exact``,
     ``best_exact_thresh``, ``best_f1``, ``best_f1_thresh``), as ``--na-prob-file`` does.
     """
-    has_ans = {qid: any(normalize_answer(g) for g in golds)
-               for qid, golds in gold_answers.items()}
+    has_ans = {qid: bool(golds) for qid, golds in gold_answers.items()}
     exact_raw, f1_raw = {}, {}
     for qid, golds in gold_answers.items():
         golds = [g for g in golds if normalize_answer(g)] or [""]
