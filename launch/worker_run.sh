@@ -7,8 +7,8 @@
 #   worker_run.sh start --log-name NAME --run-id ID [--gcs-log-dir GS] [--env K=V]... [--follow] -- CMD...
 #   worker_run.sh stop [--timeout S]
 #
-# State lives under $BERT_JAX_RUNS (default ~/bert-jax-runs): RUN_ID/NAME.log, RUN_ID/NAME.exit
-# and current.pid (the supervisor of the running launch).
+# State lives under $BERT_JAX_RUNS (default ~/bert-jax-runs): RUN_ID/NAME.{log,pid,exit} and
+# current.pid (the supervisor of the running launch).
 set -euo pipefail
 
 RUNS="${BERT_JAX_RUNS:-$HOME/bert-jax-runs}"
@@ -48,6 +48,7 @@ upload() {
 supervise() {
   local log="$1" exitfile="$2" gcs="$3" child uploader rc
   shift 3
+  echo "$$" >"${log%.log}.pid"
   echo "$$" >"$PIDFILE"
   child=""
   trap '[[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null' TERM INT HUP
@@ -91,19 +92,19 @@ start() {
   mkdir -p "${RUNS}/${run_id}"
   log="${RUNS}/${run_id}/${name}.log"
   exitfile="${RUNS}/${run_id}/${name}.exit"
-  rm -f "$exitfile"
+  rm -f "$exitfile" "${log%.log}.pid"
   echo "worker_run: $(hostname) starting at $(date -u +%FT%TZ): $*" >>"$log"
   local kv
   for kv in "${envs[@]+"${envs[@]}"}"; do
     export "${kv?}"
   done
   setsid bash "${BASH_SOURCE[0]}" _supervise "$log" "$exitfile" "$gcs" "$@" </dev/null >/dev/null 2>&1 &
-  while [[ ! -s "$PIDFILE" ]] && ((waited < 100)); do
+  while [[ ! -s "${log%.log}.pid" ]] && ((waited < 100)); do
     sleep 0.1
     waited=$((waited + 1))
   done
-  [[ -s "$PIDFILE" ]] || die "the supervisor did not start; see ${log}"
-  pid="$(<"$PIDFILE")"
+  [[ -s "${log%.log}.pid" ]] || die "the supervisor did not start; see ${log}"
+  pid="$(<"${log%.log}.pid")"
   echo "worker_run: started pid ${pid}, log ${log}${gcs:+, uploaded to ${gcs}/${name}.log}" >&2
   ((follow)) || return 0
   # Stream the log until the run ends; a dropped ssh connection ends only this tail.
