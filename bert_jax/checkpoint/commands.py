@@ -1,0 +1,119 @@
+"""``bert-jax convert`` (Hugging Face / Google TF -> bert-jax model directory) and
+``bert-jax export`` (any bert-jax checkpoint -> Hugging Face directory)."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+
+from bert_jax.checkpoint import hf
+from bert_jax.checkpoint.google_tf import GOOGLE_CONFIG_FILE
+from bert_jax.errors import BertJaxError
+
+HF_WEIGHT_FILES = (hf.SAFETENSORS_FILE, hf.SAFETENSORS_INDEX, hf.TORCH_FILE, hf.TORCH_INDEX)
+
+
+def detect_format(path: str) -> str:
+    """'hf' or 'google' from the files at ``path`` (a directory or a TF checkpoint prefix)."""
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, hf.HF_CONFIG_FILE)) and any(
+                os.path.exists(os.path.join(path, f)) for f in HF_WEIGHT_FILES):
+            return "hf"
+        if (os.path.exists(os.path.join(path, GOOGLE_CONFIG_FILE))
+                or glob.glob(os.path.join(path, "*.index"))):
+            return "google"
+        raise BertJaxError(f"{path}: neither a Hugging Face directory (config.json + "
+                           f"{' / '.join(HF_WEIGHT_FILES)}) nor a Google TF checkpoint "
+                           f"({GOOGLE_CONFIG_FILE} + *.ckpt.index)")
+    if os.path.exists(path + ".index"):
+        return "google"
+    raise BertJaxError(f"{path}: checkpoint not found")
+
+
+def _refuse_foreign_config(output: str, what: str) -> None:
+    """Never overwrite another format's config.json (e.g. converting into the source dir)."""
+    path = os.path.join(output, hf.HF_CONFIG_FILE)
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            is_bert_jax = json.load(f).get("format") == "bert_jax"
+    except (OSError, ValueError):
+        is_bert_jax = False
+    if is_bert_jax != (what == "bert-jax"):
+        raise BertJaxError(f"{output}: already holds a different checkpoint ({path}); choose an "
+                           "empty --output directory")
+
+
+def convert_checkpoint(source: str, output: str, source_format: str = "auto",
+                       scan_layers: bool = False) -> hf.ConversionReport:
+    """Converts a Hugging Face or Google checkpoint into a bert-jax model directory."""
+    from bert_jax.checkpoint.store import save_model
+
+    fmt = detect_format(source) if source_format == "auto" else source_format
+    if fmt == "hf":
+        if not os.path.isdir(source):
+            raise BertJaxError(f"{source}: Hugging Face checkpoint directory not found")
+        params, config, tokenizer, report = hf.load_hf(source, scan_layers=scan_layers)
+    elif fmt == "google":
+        from bert_jax.checkpoint.google_tf import load_google_tf
+
+        params, config, tokenizer, report = load_google_tf(source, scan_layers=scan_layers)
+    else:
+        raise BertJaxError(f"unknown source format {fmt!r} (expected hf, google or auto)")
+    _refuse_foreign_config(output, "bert-jax")
+    extra = {"converted_from": {"format": fmt, "source": os.path.abspath(source),
+                                "architecture": report.architecture, "heads": report.heads,
+                                "unused": report.unused}}
+    save_model(output, params, config, tokenizer, extra=extra)
+    return report
+
+
+def export_checkpoint(checkpoint: str, output: str, architecture: str | None = None
+                      ) -> hf.ConversionReport:
+    """Exports any bert-jax checkpoint (model dir, workdir, step dir) to Hugging Face."""
+    from bert_jax.checkpoint.store import load_model
+
+    params, config, tokenizer, _ = load_model(checkpoint)
+    _refuse_foreign_config(output, "hf")
+    return hf.export_hf(params, config, output, tokenizer, architecture=architecture)
+
+
+class convert:  # noqa: N801 (CLI command object)
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        p.add_argument("source", help="Hugging Face model directory, or Google checkpoint "
+                                      "directory / prefix (DIR/bert_model.ckpt)")
+        p.add_argument("--from", dest="source_format", choices=["hf", "google", "auto"],
+                       default="auto", help="source format (default: detect from the files)")
+        p.add_argument("--output", required=True, help="bert-jax model directory to write")
+        p.add_argument("--scan-layers", action="store_true",
+                       help="store the layers stacked for nn.scan (default: unrolled)")
+
+    @staticmethod
+    def run(args: argparse.Namespace) -> int:
+        report = convert_checkpoint(args.source, args.output, args.source_format,
+                                    args.scan_layers)
+        print(report)
+        print(f"wrote bert-jax model directory {os.path.abspath(args.output)}")
+        return 0
+
+
+class export:  # noqa: N801 (CLI command object)
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        p.add_argument("checkpoint", help="bert-jax model directory, training workdir or step")
+        p.add_argument("--output", required=True, help="directory to write")
+        p.add_argument("--format", choices=["hf"], default="hf", help="output format")
+        p.add_argument("--architecture", choices=sorted(hf.ARCHITECTURES),
+                       help="Hugging Face class to export as (default: from the heads present)")
+
+    @staticmethod
+    def run(args: argparse.Namespace) -> int:
+        report = export_checkpoint(args.checkpoint, args.output, args.architecture)
+        print(f"exported {os.path.abspath(args.checkpoint)}")
+        print(report)
+        print(f"wrote Hugging Face directory {os.path.abspath(args.output)}")
+        return 0

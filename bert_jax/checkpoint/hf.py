@@ -1,0 +1,511 @@
+"""Hugging Face BERT checkpoints <-> bert-jax parameters.
+
+Import reads a directory with ``config.json`` and ``model.safetensors`` (or a sharded
+``model.safetensors.index.json``, or ``pytorch_model.bin`` read with
+``torch.load(weights_only=True)``, never a full unpickle) written by BertModel,
+BertForPreTraining, BertForMaskedLM or a task-head class, with or without the ``bert.`` prefix.
+Export writes ``config.json`` + ``model.safetensors`` (+ ``vocab.txt`` for WordPiece) that
+``transformers`` loads with no missing or unexpected keys.
+
+Layout differences handled here: torch ``Linear`` weights are ``[out, in]`` (bert-jax kernels
+``[in, out]``); query/key/value fuse into one ``qkv`` kernel ``[hidden, 3, heads, head_dim]``;
+the attention output kernel is ``[heads, head_dim, hidden]``; LayerNorm ``weight``/``bias``
+(or the old ``gamma``/``beta``) become ``scale``/``bias``; vocabulary rows are padded with zeros
+to ``config.padded_vocab_size``; the MLM decoder is tied to the word embeddings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from bert_jax.config import BertConfig
+from bert_jax.errors import BertJaxError
+from bert_jax.modeling.params import to_layout
+
+HF_CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_FILE = "pytorch_model.bin"
+TORCH_INDEX = "pytorch_model.bin.index.json"
+VOCAB_FILE = "vocab.txt"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+# Non-persistent buffers that older checkpoints carry; they are not parameters.
+_BUFFER_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
+
+# Which bert-jax parts each exportable Hugging Face class holds: (prefix, pooler, heads).
+ARCHITECTURES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
+    "BertForPreTraining": ("bert.", True, ("mlm", "nsp")),
+    "BertForMaskedLM": ("bert.", False, ("mlm",)),
+    "BertModel": ("", True, ()),
+    "BertForSequenceClassification": ("bert.", True, ("classifier",)),
+    "BertForMultipleChoice": ("bert.", True, ("classifier",)),
+    "BertForTokenClassification": ("bert.", False, ("classifier",)),
+    "BertForQuestionAnswering": ("bert.", False, ("qa_outputs",)),
+}
+
+
+@dataclasses.dataclass
+class ConversionReport:
+    """What a conversion used, skipped on purpose, and left over (nothing is lost silently)."""
+
+    source: str
+    architecture: str = ""
+    heads: list[str] = dataclasses.field(default_factory=list)
+    unused: list[str] = dataclasses.field(default_factory=list)  # source tensors not used
+    ignored: list[str] = dataclasses.field(default_factory=list)  # buffers, optimizer slots
+    notes: list[str] = dataclasses.field(default_factory=list)
+    unused_label: str = "UNUSED: source tensors not converted"
+
+    def lines(self) -> list[str]:
+        out = [f"source: {self.source}"]
+        if self.architecture:
+            out.append(f"architecture: {self.architecture}")
+        out.append(f"heads: {', '.join(self.heads) if self.heads else '(encoder only)'}")
+        if self.ignored:
+            out.append(f"ignored ({len(self.ignored)} non-parameter tensors): "
+                       + ", ".join(_abbreviate(self.ignored)))
+        if self.unused:
+            out.append(f"{self.unused_label} ({len(self.unused)}):")
+            out += [f"  {name}" for name in self.unused]
+        out += [f"note: {n}" for n in self.notes]
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def _abbreviate(names: list[str], limit: int = 6) -> list[str]:
+    return names[:limit] + ([f"... ({len(names) - limit} more)"] if len(names) > limit else [])
+
+
+# ---- Hugging Face state dict -> bert-jax params -----------------------------------------------
+class _StateReader:
+    """Hands out source tensors by name, checking shapes and remembering what was used."""
+
+    def __init__(self, state: Mapping[str, Any], source: str, names: Mapping[str, str] | None,
+                 dtype: str):
+        self.state = state
+        self.source = source
+        self.names = names or {}
+        self.dtype = dtype
+        self.used: set[str] = set()
+
+    def name(self, key: str) -> str:
+        return self.names.get(key, key)
+
+    def has(self, key: str) -> bool:
+        return key in self.state
+
+    def take(self, key: str, shape: tuple[int, ...], target: str) -> np.ndarray:
+        if key not in self.state:
+            raise BertJaxError(f"{self.source}: weight {self.name(key)!r} not found (needed for "
+                               f"bert-jax parameter {target}, shape {shape})")
+        value = np.asarray(self.state[key])
+        if value.shape != tuple(shape):
+            raise BertJaxError(f"{self.source}: {self.name(key)} has shape {value.shape} but "
+                               f"bert-jax parameter {target} needs {tuple(shape)} (check "
+                               "config.json against the weights)")
+        self.used.add(key)
+        return value.astype(self.dtype)
+
+    def linear(self, key: str, n_in: int, n_out: int, target: str) -> dict[str, np.ndarray]:
+        """torch Linear ``key.weight`` [out, in] / ``key.bias`` -> kernel [in, out] / bias."""
+        return {"kernel": self.take(f"{key}.weight", (n_out, n_in), f"{target}/kernel").T,
+                "bias": self.take(f"{key}.bias", (n_out,), f"{target}/bias")}
+
+    def norm(self, key: str, width: int, target: str) -> dict[str, np.ndarray]:
+        return {"scale": self.take(f"{key}.weight", (width,), f"{target}/scale"),
+                "bias": self.take(f"{key}.bias", (width,), f"{target}/bias")}
+
+
+def _pad_rows(table: np.ndarray, rows: int) -> np.ndarray:
+    """Zero rows appended up to the padded vocabulary size (never predicted: masked logits)."""
+    pad = [(0, rows - table.shape[0])] + [(0, 0)] * (table.ndim - 1)
+    return np.pad(table, pad)
+
+
+def _normalize_key(key: str) -> str:
+    """Old checkpoints name LayerNorm parameters gamma/beta."""
+    if key.endswith("LayerNorm.gamma"):
+        return key[: -len("gamma")] + "weight"
+    if key.endswith("LayerNorm.beta"):
+        return key[: -len("beta")] + "bias"
+    return key
+
+
+def _layer_params(r: _StateReader, key: str, cfg: BertConfig, target: str) -> dict[str, Any]:
+    h, n, d, i = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.intermediate_size
+    q, k, v = (r.linear(f"{key}.attention.self.{name}", h, h, f"{target}/attention/qkv")
+               for name in ("query", "key", "value"))
+    out = r.linear(f"{key}.attention.output.dense", h, h, f"{target}/attention/out")
+    return {
+        "attention": {
+            # [hidden, 3, heads, head_dim] and [3, heads, head_dim]
+            "qkv": {"kernel": np.stack([p["kernel"].reshape(h, n, d) for p in (q, k, v)], 1),
+                    "bias": np.stack([p["bias"].reshape(n, d) for p in (q, k, v)])},
+            # [heads, head_dim, hidden]
+            "out": {"kernel": out["kernel"].reshape(n, d, h), "bias": out["bias"]},
+        },
+        "attention_norm": r.norm(f"{key}.attention.output.LayerNorm", h,
+                                 f"{target}/attention_norm"),
+        "mlp_in": r.linear(f"{key}.intermediate.dense", h, i, f"{target}/mlp_in"),
+        "mlp_out": r.linear(f"{key}.output.dense", i, h, f"{target}/mlp_out"),
+        "output_norm": r.norm(f"{key}.output.LayerNorm", h, f"{target}/output_norm"),
+    }
+
+
+def _encoder_params(r: _StateReader, p: str, cfg: BertConfig) -> dict[str, Any]:
+    e, h, v = cfg.embedding_dim, cfg.hidden_size, cfg.vocab_size
+    emb = "bert/embeddings"
+    embeddings = {
+        "word_embeddings": {"embedding": _pad_rows(
+            r.take(f"{p}embeddings.word_embeddings.weight", (v, e),
+                   f"{emb}/word_embeddings/embedding"), cfg.padded_vocab_size)},
+        "position_embeddings": {"embedding": r.take(
+            f"{p}embeddings.position_embeddings.weight", (cfg.max_position_embeddings, e),
+            f"{emb}/position_embeddings/embedding")},
+        "token_type_embeddings": {"embedding": r.take(
+            f"{p}embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, e),
+            f"{emb}/token_type_embeddings/embedding")},
+        "LayerNorm": r.norm(f"{p}embeddings.LayerNorm", e, f"{emb}/LayerNorm"),
+    }
+    encoder = {f"layer_{i}": _layer_params(r, f"{p}encoder.layer.{i}", cfg,
+                                           f"bert/encoder/layer_{i}")
+               for i in range(cfg.num_hidden_layers)}
+    bert = {"embeddings": embeddings, "encoder": encoder}
+    if r.has(f"{p}pooler.dense.weight"):
+        bert["pooler"] = r.linear(f"{p}pooler.dense", h, h, "bert/pooler")
+    return bert
+
+
+def _mlm_params(r: _StateReader, cfg: BertConfig, word_table: np.ndarray) -> dict[str, Any]:
+    e, h, v = cfg.embedding_dim, cfg.hidden_size, cfg.vocab_size
+    bias_key = "cls.predictions.bias"
+    if not r.has(bias_key):
+        bias_key = "cls.predictions.decoder.bias"
+    mlm = {
+        "transform": r.linear("cls.predictions.transform.dense", h, e, "mlm/transform"),
+        "transform_norm": r.norm("cls.predictions.transform.LayerNorm", e, "mlm/transform_norm"),
+        "bias": _pad_rows(r.take(bias_key, (v,), "mlm/bias"), cfg.padded_vocab_size),
+    }
+    # Older checkpoints also store the (tied) decoder; it must equal the word embeddings.
+    for key, tied in (("cls.predictions.decoder.weight", word_table[:v]),
+                      ("cls.predictions.decoder.bias", mlm["bias"][:v])):
+        if r.has(key) and key not in r.used:
+            value = r.take(key, tied.shape, "mlm (tied decoder)")
+            if not np.array_equal(value, tied):
+                raise BertJaxError(f"{r.source}: {r.name(key)} differs from the weights it is "
+                                   "tied to in BERT; an untied MLM decoder is not supported")
+    return mlm
+
+
+def _classifier_params(r: _StateReader, key: str, cfg: BertConfig, target: str
+                       ) -> dict[str, Any]:
+    shape = np.shape(r.state[f"{key}.weight"])
+    labels = shape[0] if len(shape) == 2 else -1
+    return r.linear(key, cfg.hidden_size, labels, target)
+
+
+def params_from_hf_state(state: Mapping[str, Any], config: BertConfig, source: str = "checkpoint",
+                         names: Mapping[str, str] | None = None
+                         ) -> tuple[dict[str, Any], ConversionReport]:
+    """A Hugging Face BERT state dict (numpy arrays) -> bert-jax params (unrolled layout).
+
+    ``names`` maps state keys to the names to show in messages (the original TF names when
+    the state comes from a Google checkpoint). Heads present in the state (MLM, NSP,
+    classifier, QA) are converted; every other tensor is reported as unused.
+    """
+    state = {_normalize_key(k): v for k, v in state.items()}
+    if names:
+        names = {_normalize_key(k): v for k, v in names.items()}
+    r = _StateReader(state, source, names, config.param_dtype)
+    prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
+    params: dict[str, Any] = {"bert": _encoder_params(r, prefix, config)}
+    heads = []
+    if any(k.startswith("cls.predictions.") for k in state):
+        word_table = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+        params["mlm"] = _mlm_params(r, config, word_table)
+        heads.append("mlm")
+    if r.has("cls.seq_relationship.weight"):
+        nsp = r.linear("cls.seq_relationship", config.hidden_size, 2, "nsp/dense")
+        params["nsp"] = {"dense": nsp}
+        heads.append("nsp")
+    if r.has("classifier.weight"):
+        params["classifier"] = _classifier_params(r, "classifier", config, "classifier")
+        heads.append(f"classifier ({params['classifier']['bias'].shape[0]} labels)")
+    if r.has("qa_outputs.weight"):
+        params["qa_outputs"] = r.linear("qa_outputs", config.hidden_size, 2, "qa_outputs")
+        heads.append("qa_outputs")
+    ignored = sorted(r.name(k) for k in state if k.endswith(_BUFFER_SUFFIXES))
+    unused = sorted(r.name(k) for k in state
+                    if k not in r.used and not k.endswith(_BUFFER_SUFFIXES))
+    report = ConversionReport(source=source, heads=heads, unused=unused, ignored=ignored)
+    if "pooler" not in params["bert"]:
+        report.notes.append("no pooler weights (the pooler is initialised fresh where needed)")
+    return to_layout(params, config), report
+
+
+# ---- reading a Hugging Face directory ---------------------------------------------------------
+def _read_json(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise BertJaxError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+
+
+def _load_safetensors(path: str) -> dict[str, np.ndarray]:
+    from safetensors import safe_open
+
+    out = {}
+    # The flax backend reads every dtype (bfloat16 too); numpy cannot represent bfloat16.
+    with safe_open(path, framework="flax") as f:
+        for key in f.keys():
+            out[key] = np.asarray(f.get_tensor(key))
+    return out
+
+
+def _load_torch(path: str) -> dict[str, np.ndarray]:
+    try:
+        import torch
+    except ImportError:
+        raise BertJaxError(f"{path}: reading pytorch_model.bin needs PyTorch (pip install torch), "
+                           "or convert the checkpoint to model.safetensors") from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # weights_only refuses arbitrary pickled objects
+        raise BertJaxError(f"{path}: cannot be read safely with torch.load(weights_only=True): "
+                           f"{e}") from None
+    if not isinstance(state, Mapping):
+        raise BertJaxError(f"{path}: expected a state dict, got {type(state).__name__}")
+    return {k: v.detach().float().numpy() if v.dtype == torch.bfloat16 else v.detach().numpy()
+            for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def read_hf_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
+    """All tensors of a Hugging Face model directory (single file or sharded). Returns
+    (state, weights file or index read)."""
+    for index_name, loader in ((SAFETENSORS_INDEX, _load_safetensors),
+                               (TORCH_INDEX, _load_torch)):
+        index_path = os.path.join(directory, index_name)
+        if os.path.exists(index_path):
+            shards = sorted(set(_read_json(index_path).get("weight_map", {}).values()))
+            if not shards:
+                raise BertJaxError(f"{index_path}: no weight_map entries")
+            state = {}
+            for shard in shards:
+                shard_path = os.path.join(directory, shard)
+                if not os.path.exists(shard_path):
+                    raise BertJaxError(f"{index_path}: shard {shard} not found")
+                state.update(loader(shard_path))
+            return state, index_path
+    for name, loader in ((SAFETENSORS_FILE, _load_safetensors), (TORCH_FILE, _load_torch)):
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            return loader(path), path
+    raise BertJaxError(f"{directory}: no weights found (expected {SAFETENSORS_FILE}, "
+                       f"{SAFETENSORS_INDEX} or {TORCH_FILE})")
+
+
+def read_hf_config(directory: str, **overrides: Any) -> tuple[BertConfig, dict[str, Any]]:
+    """config.json of a Hugging Face BERT directory -> (BertConfig, raw dict)."""
+    path = os.path.join(directory, HF_CONFIG_FILE)
+    if not os.path.exists(path):
+        raise BertJaxError(f"{directory}: {HF_CONFIG_FILE} not found (not a Hugging Face model "
+                           "directory)")
+    raw = _read_json(path)
+    if raw.get("format") == "bert_jax":
+        raise BertJaxError(f"{path}: this is already a bert-jax checkpoint")
+    if "model_type" in raw and raw["model_type"] != "bert":
+        raise BertJaxError(f"{path}: model_type {raw['model_type']!r} is not supported "
+                           "(expected 'bert')")
+    return BertConfig.from_external_dict(raw, source=path, **overrides), raw
+
+
+def read_hf_tokenizer(directory: str):
+    """WordPiece tokenizer from vocab.txt (+ tokenizer_config.json casing), or None."""
+    from bert_jax.tokenization.wordpiece import WordPieceTokenizer
+
+    vocab = os.path.join(directory, VOCAB_FILE)
+    if not os.path.exists(vocab):
+        return None
+    options = {}
+    tok_config = os.path.join(directory, TOKENIZER_CONFIG_FILE)
+    if os.path.exists(tok_config):
+        raw = _read_json(tok_config)
+        for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars"):
+            if raw.get(key) is not None:
+                options[key] = raw[key]
+    return WordPieceTokenizer.from_vocab_file(vocab, **options)
+
+
+def load_hf(directory: str, **config_overrides: Any):
+    """Loads a Hugging Face BERT directory.
+
+    Returns ``(params, config, tokenizer-or-None, report)``; params are numpy arrays in the
+    layout ``config`` builds (``scan_layers=True`` in the overrides stacks the layers).
+    """
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        raise BertJaxError(f"{directory}: not a directory")
+    config, raw = read_hf_config(directory, **config_overrides)
+    state, weights_path = read_hf_weights(directory)
+    params, report = params_from_hf_state(state, config, source=weights_path)
+    report.architecture = ",".join(raw.get("architectures") or [])
+    tokenizer = read_hf_tokenizer(directory)
+    if tokenizer is None:
+        report.notes.append(f"no {VOCAB_FILE}: the checkpoint has no tokenizer")
+    elif tokenizer.vocab_size != config.vocab_size:
+        report.notes.append(f"{VOCAB_FILE} has {tokenizer.vocab_size} tokens but the model "
+                            f"has vocab_size={config.vocab_size}")
+    return params, config, tokenizer, report
+
+
+# ---- bert-jax params -> Hugging Face ------------------------------------------------------------
+def _linear_out(p: Mapping[str, Any], key: str, state: dict[str, np.ndarray]) -> None:
+    state[f"{key}.weight"] = np.asarray(p["kernel"]).T
+    state[f"{key}.bias"] = np.asarray(p["bias"])
+
+
+def _norm_out(p: Mapping[str, Any], key: str, state: dict[str, np.ndarray]) -> None:
+    state[f"{key}.weight"] = np.asarray(p["scale"])
+    state[f"{key}.bias"] = np.asarray(p["bias"])
+
+
+def detect_architecture(params: Mapping[str, Any]) -> str:
+    """The Hugging Face class whose weights ``params`` fills best."""
+    if "mlm" in params:
+        return "BertForPreTraining" if "nsp" in params else "BertForMaskedLM"
+    if "qa_outputs" in params:
+        return "BertForQuestionAnswering"
+    if "classifier" in params:
+        has_pooler = "pooler" in params["bert"]
+        return "BertForSequenceClassification" if has_pooler else "BertForTokenClassification"
+    return "BertModel"
+
+
+def params_to_hf_state(params: Mapping[str, Any], config: BertConfig, architecture: str
+                       ) -> tuple[dict[str, np.ndarray], list[str]]:
+    """bert-jax params (any layer layout) -> (HF state dict, param paths not exported)."""
+    if architecture not in ARCHITECTURES:
+        raise BertJaxError(f"unknown Hugging Face architecture {architecture!r}; choose one of "
+                           f"{sorted(ARCHITECTURES)}")
+    if config.share_layers or config.embedding_dim != config.hidden_size:
+        raise BertJaxError("ALBERT-style parameters (shared layers / factorized embeddings) have "
+                           "no Hugging Face BERT equivalent")
+    prefix, with_pooler, heads = ARCHITECTURES[architecture]
+    missing = [h for h in heads if h not in params]
+    if missing:
+        raise BertJaxError(f"{architecture} needs the {missing} head(s), which this checkpoint "
+                           f"does not have (it has {sorted(params)})")
+    params = to_layout(dict(params), config.replace(scan_layers=False))
+    bert, v = params["bert"], config.vocab_size
+    n, d, h = config.num_attention_heads, config.head_dim, config.hidden_size
+    state: dict[str, np.ndarray] = {}
+    emb, p = bert["embeddings"], f"{prefix}embeddings"
+    state[f"{p}.word_embeddings.weight"] = np.asarray(emb["word_embeddings"]["embedding"])[:v]
+    for name in ("position_embeddings", "token_type_embeddings"):
+        state[f"{p}.{name}.weight"] = np.asarray(emb[name]["embedding"])
+    _norm_out(emb["LayerNorm"], f"{p}.LayerNorm", state)
+    for i in range(config.num_hidden_layers):
+        layer, p = bert["encoder"][f"layer_{i}"], f"{prefix}encoder.layer.{i}"
+        qkv = layer["attention"]["qkv"]
+        kernel, bias = np.asarray(qkv["kernel"]), np.asarray(qkv["bias"])
+        for j, name in enumerate(("query", "key", "value")):
+            state[f"{p}.attention.self.{name}.weight"] = kernel[:, j].reshape(h, n * d).T
+            state[f"{p}.attention.self.{name}.bias"] = bias[j].reshape(n * d)
+        out = layer["attention"]["out"]
+        state[f"{p}.attention.output.dense.weight"] = np.asarray(out["kernel"]).reshape(n * d, h).T
+        state[f"{p}.attention.output.dense.bias"] = np.asarray(out["bias"])
+        _norm_out(layer["attention_norm"], f"{p}.attention.output.LayerNorm", state)
+        _linear_out(layer["mlp_in"], f"{p}.intermediate.dense", state)
+        _linear_out(layer["mlp_out"], f"{p}.output.dense", state)
+        _norm_out(layer["output_norm"], f"{p}.output.LayerNorm", state)
+    dropped = []
+    if "pooler" in bert:
+        if with_pooler:
+            _linear_out(bert["pooler"], f"{prefix}pooler.dense", state)
+        else:
+            dropped.append("bert/pooler")
+    if "mlm" in heads:
+        mlm = params["mlm"]
+        _linear_out(mlm["transform"], "cls.predictions.transform.dense", state)
+        _norm_out(mlm["transform_norm"], "cls.predictions.transform.LayerNorm", state)
+        state["cls.predictions.bias"] = np.asarray(mlm["bias"])[:v]
+    if "nsp" in heads:
+        _linear_out(params["nsp"]["dense"], "cls.seq_relationship", state)
+    for head in ("classifier", "qa_outputs"):
+        if head in heads:
+            _linear_out(params[head], head, state)
+    dropped += sorted(k for k in params if k != "bert" and k not in heads)
+    state = {k: np.ascontiguousarray(a, dtype=np.float32) for k, a in state.items()}
+    return state, dropped
+
+
+def hf_config_dict(config: BertConfig, architecture: str, num_labels: int | None = None
+                   ) -> dict[str, Any]:
+    out = config.to_hf_dict()
+    out.update(architectures=[architecture], tie_word_embeddings=True)
+    if num_labels is not None:
+        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+        out["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+    return out
+
+
+def _write_tokenizer(tokenizer, directory: str, config: BertConfig) -> str | None:
+    """vocab.txt + tokenizer_config.json for a WordPiece tokenizer; returns a note otherwise."""
+    if getattr(tokenizer, "kind", None) != "wordpiece":
+        return (f"tokenizer of kind {getattr(tokenizer, 'kind', '?')!r} not exported (Hugging "
+                "Face BERT tokenizers are WordPiece)")
+    with open(os.path.join(directory, VOCAB_FILE), "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(tokenizer.id_to_token(i) + "\n" for i in range(tokenizer.vocab_size))
+    options = tokenizer.options()
+    tok_config = {
+        "tokenizer_class": "BertTokenizer", "do_lower_case": options["do_lower_case"],
+        "strip_accents": options["strip_accents"],
+        "tokenize_chinese_chars": options["tokenize_chinese_chars"],
+        "model_max_length": config.max_position_embeddings,
+        "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    }
+    with open(os.path.join(directory, TOKENIZER_CONFIG_FILE), "w", encoding="utf-8") as f:
+        json.dump(tok_config, f, indent=2)
+    return None
+
+
+def export_hf(params: Mapping[str, Any], config: BertConfig, directory: str, tokenizer=None,
+              architecture: str | None = None) -> ConversionReport:
+    """Writes a Hugging Face directory: config.json, model.safetensors (decoder tied, as
+    transformers saves it) and, for WordPiece, vocab.txt + tokenizer_config.json.
+
+    ``architecture`` defaults to the class the params fill (BertForPreTraining when they have
+    the MLM and NSP heads). The report (``source`` = the directory written) lists params not
+    exported.
+    """
+    from safetensors.numpy import save_file
+
+    architecture = architecture or detect_architecture(params)
+    state, dropped = params_to_hf_state(params, config, architecture)
+    num_labels = state["classifier.bias"].shape[0] if "classifier.bias" in state else None
+    os.makedirs(directory, exist_ok=True)
+    save_file(state, os.path.join(directory, SAFETENSORS_FILE), metadata={"format": "pt"})
+    with open(os.path.join(directory, HF_CONFIG_FILE), "w", encoding="utf-8") as f:
+        json.dump(hf_config_dict(config, architecture, num_labels), f, indent=2, sort_keys=True)
+        f.write("\n")
+    report = ConversionReport(source=directory, architecture=architecture,
+                              heads=list(ARCHITECTURES[architecture][2]), unused=dropped,
+                              unused_label="NOT EXPORTED: parameters the class has no place for")
+    if tokenizer is None:
+        report.notes.append("no tokenizer in the checkpoint: vocab.txt not written")
+    else:
+        note = _write_tokenizer(tokenizer, directory, config)
+        if note:
+            report.notes.append(note)
+    return report
