@@ -158,14 +158,16 @@ def _encode_parallel(tokenizer: Tokenizer, texts: list[str], num_workers: int) -
 
 
 def truncate_pair(a: list, b: list | None, budget: int, strategy: str = "longest_first"):
-    """Truncates a (and b) so that len(a) + len(b) <= budget, trimming the longer one first."""
+    """Truncates a (and b) so that len(a) + len(b) <= budget, trimming the longer one first
+    (as Google BERT does; on ties the second segment loses a token)."""
     if b is None:
         return a[:budget], None
     if strategy == "only_second":
         return a, b[:max(0, budget - len(a))]
+    # Google BERT's _truncate_seq_pair: pop from the longer one, from b on ties.
     a, b = list(a), list(b)
     while len(a) + len(b) > budget:
-        if len(a) >= len(b):
+        if len(a) > len(b):
             a.pop()
         else:
             b.pop()
