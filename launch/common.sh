@@ -11,10 +11,6 @@ LAUNCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "${LAUNCH_DIR}/.." && pwd)"
 DRY_RUN=0
 
-# The pretraining variants of experiments/pretrain.py.
-KNOWN_VARIANTS=(tiny bert_base_phase1 bert_base_phase2 bert_large_phase1 bert_large_phase2
-  lamb_large_batch roberta_style albert_base)
-
 die() {
   echo "error: $*" >&2
   exit 2
@@ -141,16 +137,23 @@ validate_gcs() {
     die "$1 must be a gs://bucket/path URL (every TPU worker must reach it), got '$2'"
 }
 
-# validate_config_spec SPEC: FILE.py:VARIANT; for experiments/pretrain.py the variant must exist.
+# config_variants FILE -> the names in the file's `VARIANTS = (...)` tuple, one per line (none if
+# the file has no such tuple).
+config_variants() {
+  [[ -f "$1" ]] || return 0
+  sed -n '/^VARIANTS *= *(/,/)/p' "$1" | grep -o '"[A-Za-z0-9_]*"' | tr -d '"'
+}
+
+# validate_config_spec SPEC: FILE.py:VARIANT, FILE relative to the repository root; when the file
+# lists its VARIANTS (experiments/pretrain.py does), the variant must be one of them.
 validate_config_spec() {
   [[ "$1" =~ ^[^:]+\.py:[A-Za-z0-9_]+$ ]] ||
     die "--config '$1' must be FILE.py:VARIANT, e.g. experiments/pretrain.py:bert_base_phase1"
-  if [[ "${1%%:*}" == experiments/pretrain.py ]]; then
-    local variant="${1##*:}" v
-    for v in "${KNOWN_VARIANTS[@]}"; do
-      [[ "$v" == "$variant" ]] && return 0
-    done
-    die "--config: unknown variant '${variant}' of experiments/pretrain.py; expected one of: ${KNOWN_VARIANTS[*]}"
+  local file="${1%%:*}" variant="${1##*:}" variants
+  [[ -f "${REPO_ROOT}/${file}" ]] || die "--config: no file ${file} in ${REPO_ROOT} (it is shipped to the workers by tpu_setup.sh)"
+  variants="$(config_variants "${REPO_ROOT}/${file}")"
+  if [[ -n "$variants" ]] && ! grep -qx -- "$variant" <<<"$variants"; then
+    die "--config: unknown variant '${variant}' of ${file}; expected one of: ${variants//$'\n'/ }"
   fi
 }
 
