@@ -211,7 +211,8 @@ class GlueTask(Task):
             texts = [_text(rec[k]) for k in self.spec.tfds_text]
             label = None
             if "label" in rec and self.kind == "regression":
-                label = float(rec["label"])
+                score = float(rec["label"])
+                label = score if score >= 0 else None  # tfds marks unlabelled test rows -1
             elif "label" in rec and int(rec["label"]) >= 0:
                 i = int(rec["label"])
                 label = self._tfds_label(i, label_names)

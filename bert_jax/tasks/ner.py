@@ -181,11 +181,18 @@ class NerTask(Task):
         return read_conll(path, self.labels, scheme, on_error)
 
     def from_tfds(self, records, split, label_names=None) -> ExampleList:
+        """tensorflow-datasets ``conll2003`` records (numpy) -> examples."""
         names = label_names or self.labels
-        return ExampleList(NerExample(
-            f"{n}", tuple(t.decode("utf-8") if isinstance(t, bytes) else str(t)
-                          for t in rec["tokens"]),
-            tuple(names[int(i)] for i in rec["ner"])) for n, rec in enumerate(records))
+        examples = []
+        for n, rec in enumerate(records):
+            words = tuple(t.decode("utf-8") if isinstance(t, bytes) else str(t)
+                          for t in rec["tokens"])
+            tags = tuple(names[int(i)] for i in rec["ner"])
+            if len(words) != len(tags):
+                raise BertJaxError(f"{self.tfds_name}:{split}: record {n} has {len(words)} "
+                                   f"tokens but {len(tags)} tags")
+            examples.append(NerExample(f"{n}", words, tags))
+        return ExampleList(examples)
 
     def featurize(self, examples, tokenizer, max_seq_length, **opts) -> Features:
         if opts:
