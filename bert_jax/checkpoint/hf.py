@@ -16,9 +16,11 @@ to ``config.padded_vocab_size``; the MLM decoder is tied to the word embeddings.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,7 +72,7 @@ class ConversionReport:
         out.append(f"heads: {', '.join(self.heads) if self.heads else '(encoder only)'}")
         if self.ignored:
             out.append(f"ignored ({len(self.ignored)} non-parameter tensors): "
-                       + ", ".join(_abbreviate(self.ignored)))
+                       + _summarize(self.ignored))
         if self.unused:
             out.append(f"{self.unused_label} ({len(self.unused)}):")
             out += [f"  {name}" for name in self.unused]
@@ -81,8 +83,10 @@ class ConversionReport:
         return "\n".join(self.lines())
 
 
-def _abbreviate(names: list[str], limit: int = 6) -> list[str]:
-    return names[:limit] + ([f"... ({len(names) - limit} more)"] if len(names) > limit else [])
+def _summarize(names: list[str]) -> str:
+    """Counts by last name component: 'adam_m x44, adam_v x44, global_step x1'."""
+    counts = collections.Counter(re.split(r"[./]", name)[-1] for name in names)
+    return ", ".join(f"{kind} x{n}" for kind, n in sorted(counts.items()))
 
 
 # ---- Hugging Face state dict -> bert-jax params -----------------------------------------------
