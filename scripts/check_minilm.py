@@ -52,7 +52,7 @@ def check(source: str, workdir: str) -> dict[str, float]:
 
     output = os.path.join(workdir, "minilm-bert-jax")
     if main(["convert", source, "--output", output]) != 0:
-        raise SystemExit("bert-jax convert failed")
+        raise RuntimeError("bert-jax convert failed")
     params, config, tokenizer, _ = load_model(output)
 
     encodings = [tokenizer.encode(s) for s in SENTENCES] + [tokenizer.encode(a, b)
@@ -63,7 +63,7 @@ def check(source: str, workdir: str) -> dict[str, float]:
     mismatched = [i for i, (e, h) in enumerate(zip(encodings, hf_ids, strict=True))
                   if e.input_ids != h]
     if mismatched:
-        raise SystemExit(f"tokenization differs from transformers for inputs {mismatched}")
+        raise RuntimeError(f"tokenization differs from transformers for inputs {mismatched}")
 
     seq_len = max(len(e.input_ids) for e in encodings)
     ids = np.zeros((len(encodings), seq_len), np.int64)
