@@ -1,0 +1,240 @@
+"""Device mesh, logical-axis rules, directly sharded initialization and multi-host setup.
+
+Model code names logical axes only (``batch``, ``embed``, ``mlp``, ``heads``, ``vocab``...);
+the training config maps them onto the mesh axes ``data``, ``fsdp`` and ``tensor``:
+
+* pure data parallel: mesh ``data=-1``; parameters replicated, batch split.
+* FSDP: mesh ``fsdp=-1``; rule ``embed -> fsdp`` shards parameters, gradients and optimizer
+  state, the batch is split over ``(data, fsdp)``.
+* tensor parallel: mesh ``tensor=N``; rules ``heads/mlp/vocab -> tensor`` split the matmuls.
+
+Everything is ``jax.jit`` with ``NamedSharding`` (no pmap); a global batch is assembled from
+each process's local rows with ``jax.make_array_from_process_local_data``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from bert_jax.errors import BertJaxError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Logical axis -> mesh axes (None = replicated). The same data lives in experiment configs.
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("vocab", "tensor"),
+    ("kv", None),
+    ("layers", None),
+    ("activation_embed", None),
+    ("classes", None),
+    ("length", None),
+)
+
+Rules = Sequence[tuple[str, Any]]
+
+
+# ---- multi-host ---------------------------------------------------------------------------
+def maybe_initialize_distributed() -> bool:
+    """Initializes ``jax.distributed`` when running as one of several processes.
+
+    * ``BERT_JAX_COORDINATOR_ADDRESS`` / ``BERT_JAX_NUM_PROCESSES`` / ``BERT_JAX_PROCESS_ID``
+      (GPU clusters, localhost tests); optional ``BERT_JAX_LOCAL_DEVICE_IDS`` (comma list).
+    * SLURM (``SLURM_NTASKS`` > 1) and TPU pods: ``jax.distributed.initialize()`` detects
+      everything itself.
+    On CPU the cross-process collectives use gloo. Returns True if initialized here.
+    """
+    if _distributed_is_initialized():
+        return False
+    address = os.environ.get("BERT_JAX_COORDINATOR_ADDRESS")
+    if address:
+        try:
+            num_processes = int(os.environ["BERT_JAX_NUM_PROCESSES"])
+            process_id = int(os.environ["BERT_JAX_PROCESS_ID"])
+        except (KeyError, ValueError) as e:
+            raise BertJaxError("BERT_JAX_COORDINATOR_ADDRESS is set, so BERT_JAX_NUM_PROCESSES "
+                               f"and BERT_JAX_PROCESS_ID must be integers too ({e})") from None
+        local_ids = os.environ.get("BERT_JAX_LOCAL_DEVICE_IDS")
+        _use_gloo_on_cpu()
+        jax.distributed.initialize(
+            coordinator_address=address, num_processes=num_processes, process_id=process_id,
+            local_device_ids=[int(i) for i in local_ids.split(",")] if local_ids else None)
+        return True
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 or _on_tpu_pod():
+        _use_gloo_on_cpu()
+        jax.distributed.initialize()
+        return True
+    return False
+
+
+def _distributed_is_initialized() -> bool:
+    from jax._src import distributed
+
+    return distributed.global_state.client is not None
+
+
+def _use_gloo_on_cpu() -> None:
+    if os.environ.get("JAX_PLATFORMS", "").startswith("cpu") or not _has_accelerator_env():
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+
+def _has_accelerator_env() -> bool:
+    return any(k in os.environ for k in ("CUDA_VISIBLE_DEVICES", "TPU_WORKER_HOSTNAMES",
+                                         "TPU_ACCELERATOR_TYPE", "NVIDIA_VISIBLE_DEVICES"))
+
+
+def _on_tpu_pod() -> bool:
+    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+    return "," in hosts
+
+
+# ---- mesh ---------------------------------------------------------------------------------
+def resolve_axis_sizes(sizes: Mapping[str, int], total: int, what: str) -> tuple[int, ...]:
+    """{'data': -1, 'fsdp': 2, 'tensor': 1} with ``total`` devices -> (4, 2, 1) for 8.
+
+    At most one axis may be -1; it takes whatever the others leave.
+    """
+    unknown = sorted(set(sizes) - set(MESH_AXES))
+    if unknown:
+        raise BertJaxError(f"{what}: unknown mesh axes {unknown}; valid: {list(MESH_AXES)}")
+    values = [int(sizes.get(axis, 1)) for axis in MESH_AXES]
+    fill = [i for i, v in enumerate(values) if v == -1]
+    shown = dict(zip(MESH_AXES, values, strict=True))
+    if len(fill) > 1 or any(v == 0 or v < -1 for v in values):
+        raise BertJaxError(f"{what}: {shown} — sizes must be positive with at most one -1")
+    known = math.prod(v for v in values if v != -1)
+    if fill:
+        if total % known:
+            raise BertJaxError(f"{what}: {total} devices are not divisible by {known}")
+        values[fill[0]] = total // known
+    if math.prod(values) != total:
+        raise BertJaxError(f"{what}: {dict(zip(MESH_AXES, values, strict=True))} uses "
+                           f"{math.prod(values)} devices but {total} are available")
+    return tuple(values)
+
+
+def create_mesh(ici: Mapping[str, int], dcn: Mapping[str, int] | None = None,
+                devices: Sequence[Any] | None = None) -> Mesh:
+    """A ``Mesh`` over axes (data, fsdp, tensor).
+
+    ``ici`` sizes are within a slice (or host group), ``dcn`` sizes across slices (multislice
+    TPU) or across processes (GPU hosts); -1 fills. Without DCN parallelism, the whole device
+    set is one ICI mesh.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    dcn = dict(dcn or {})
+    dcn_total = (_num_granules(devices) if -1 in dcn.values()
+                 else math.prod(int(v) for v in dcn.values()))
+    dcn_shape = resolve_axis_sizes(dcn, dcn_total, "parallel.dcn_mesh")
+    granules = math.prod(dcn_shape)
+    if len(devices) % granules:
+        raise BertJaxError(f"parallel.dcn_mesh: {len(devices)} devices do not split into "
+                           f"{granules} slices")
+    ici_shape = resolve_axis_sizes(ici, len(devices) // granules, "parallel.mesh")
+    if granules > 1:
+        process_is_granule = not hasattr(devices[0], "slice_index")
+        array = mesh_utils.create_hybrid_device_mesh(ici_shape, dcn_shape, devices,
+                                                     process_is_granule=process_is_granule)
+    else:
+        try:
+            array = mesh_utils.create_device_mesh(ici_shape, devices)
+        except (AssertionError, NotImplementedError, ValueError):
+            # Device kinds without a known physical topology (e.g. simulated CPUs).
+            array = np.asarray(devices).reshape(ici_shape)
+    return Mesh(array, MESH_AXES)
+
+
+def _num_granules(devices: Sequence[Any]) -> int:
+    if hasattr(devices[0], "slice_index"):
+        return len({d.slice_index for d in devices})
+    return len({d.process_index for d in devices})
+
+
+def rules_from_config(rules: Sequence[Sequence[Any]]) -> tuple[tuple[str, Any], ...]:
+    """Config data (lists from JSON/ConfigDict) -> flax rules with tuples for multi-axes."""
+    out = []
+    for entry in rules:
+        if len(entry) != 2:
+            raise BertJaxError(f"parallel.logical_axis_rules: entry {entry!r} is not a "
+                               "(logical axis, mesh axes) pair")
+        name, target = entry
+        if isinstance(target, list | tuple):
+            target = tuple(target)
+            bad = [t for t in target if t not in MESH_AXES]
+        else:
+            bad = [target] if target is not None and target not in MESH_AXES else []
+        if bad:
+            raise BertJaxError(f"parallel.logical_axis_rules: {name!r} maps to unknown mesh "
+                               f"axes {bad}; valid: {list(MESH_AXES)}")
+        out.append((str(name), target))
+    return tuple(out)
+
+
+# ---- sharding helpers ---------------------------------------------------------------------
+def logical_sharding(mesh: Mesh, rules: Rules, *axes: str | None) -> NamedSharding:
+    """NamedSharding for an array whose dimensions carry these logical names."""
+    return nn.logical_to_mesh_sharding(PartitionSpec(*axes), mesh, rules)
+
+
+def batch_sharding(mesh: Mesh, rules: Rules, ndim: int) -> NamedSharding:
+    """Leading dimension split as ``batch``, the rest replicated."""
+    return logical_sharding(mesh, rules, "batch", *([None] * (ndim - 1)))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def abstract_and_shardings(init_fn: Callable[..., Any], mesh: Mesh, rules: Rules, *args):
+    """Shapes and shardings of ``init_fn(*args)`` without computing it.
+
+    ``init_fn`` returns a tree with ``nn.Partitioned`` boxes (flax params and anything built
+    from them, such as optimizer moments); logical specs -> mesh shardings. Returns
+    (unboxed abstract tree of ShapeDtypeStructs with shardings, shardings tree).
+    """
+    abstract = jax.eval_shape(init_fn, *args)
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, rules)
+    return abstract_with_shardings(nn.unbox(abstract), shardings), shardings
+
+
+def sharded_init(init_fn: Callable[..., Any], shardings, *args):
+    """Runs ``init_fn(*args)`` under jit with ``out_shardings``: each device computes only
+    its own shards, so no parameter is ever materialized whole on one device."""
+    return jax.jit(lambda *a: nn.unbox(init_fn(*a)), out_shardings=shardings)(*args)
+
+
+def abstract_with_shardings(tree, shardings):
+    """ShapeDtypeStructs carrying target shardings (for restoring onto any mesh)."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def global_batch(local: Mapping[str, np.ndarray], mesh: Mesh, rules: Rules
+                 ) -> dict[str, jax.Array]:
+    """This process's rows of each array -> global jax.Arrays split along ``batch``."""
+    out = {}
+    for name, value in local.items():
+        value = np.asarray(value)
+        sharding = batch_sharding(mesh, rules, value.ndim)
+        global_shape = (value.shape[0] * jax.process_count(), *value.shape[1:])
+        out[name] = jax.make_array_from_process_local_data(sharding, value, global_shape)
+    return out
+
+
+def batch_divisor(mesh: Mesh, rules: Rules) -> int:
+    """How many ways the batch dimension is split (global batch must divide by it)."""
+    spec = batch_sharding(mesh, rules, 1).spec[0]
+    axes = (spec,) if isinstance(spec, str) else (spec or ())
+    return math.prod(mesh.shape[a] for a in axes)

@@ -1,0 +1,256 @@
+"""Experiment configs: the base pretraining ConfigDict, loading ``file.py:variant``, and
+``--config.key=value`` overrides (typed, locked: a typo names the closest valid keys).
+
+Experiment files (``experiments/pretrain.py``) start from :func:`base_config` and change
+fields; :func:`load_config` imports the file, calls ``get_config(variant)``, locks it and
+applies overrides.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import importlib.util
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+from bert_jax.config import BertConfig, get_preset
+from bert_jax.errors import BertJaxError
+from bert_jax.parallel import DEFAULT_RULES
+
+OBJECTIVES = ("nsp", "sop", "mlm")
+DATA_SOURCES = ("tfrecord", "materialized", "synthetic")
+
+
+def _model_section() -> ml_collections.ConfigDict:
+    """``preset`` plus one typed placeholder per BertConfig field (None = the preset's)."""
+    model = ml_collections.ConfigDict()
+    model.preset = "base"
+    for field in dataclasses.fields(BertConfig):
+        kind = type(field.default) if field.default is not None else int
+        model[field.name] = config_dict.placeholder(kind)
+    return model
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """BERT-Base phase 1 as in the paper; experiment variants change what differs."""
+    c = ml_collections.ConfigDict()
+    c.model = _model_section()
+    # nsp: MLM + next-sentence prediction; sop: MLM + sentence order (ALBERT); mlm: MLM only.
+    c.objective = "nsp"
+
+    c.data = ml_collections.ConfigDict()
+    c.data.source = "tfrecord"  # tfrecord | materialized | synthetic
+    # tfrecord: output of `bert-jax create-pretraining-data`; materialized: of
+    # `bert-jax materialize-batches`.
+    c.data.directory = config_dict.placeholder(str)
+    # Tokenizer copied into WORKDIR/tokenizer (default: DIRECTORY/tokenizer if present).
+    c.data.tokenizer = config_dict.placeholder(str)
+    c.data.max_seq_length = 128
+    c.data.max_predictions_per_seq = 20
+    c.data.masked_lm_prob = 0.15
+    c.data.dynamic_masking = True  # re-mask every epoch (RoBERTa) instead of fixed masks
+    c.data.whole_word_masking = False
+    c.data.shuffle_buffer = 10_000
+    c.data.seed = 0
+
+    c.global_batch_size = 256  # sequences per optimizer step, over all processes
+    c.microbatches = 1  # gradient accumulation: the step runs this many slices of the batch
+    c.num_train_steps = 900_000
+    c.seed = 0  # parameter init and dropout
+    # Start from another run's parameters (phase 2 from phase 1): a workdir, step dir or
+    # model dir. Optimizer state and step start fresh.
+    c.init_checkpoint = config_dict.placeholder(str)
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.name = "adamw"  # adamw | lamb
+    c.optimizer.learning_rate = 1e-4
+    c.optimizer.warmup_steps = 10_000
+    c.optimizer.decay = "linear"  # linear | polynomial | cosine | constant
+    c.optimizer.decay_steps = -1  # -1: num_train_steps
+    c.optimizer.end_learning_rate = 0.0
+    c.optimizer.power = 1.0  # polynomial decay exponent
+    c.optimizer.b1 = 0.9
+    c.optimizer.b2 = 0.999
+    c.optimizer.eps = 1e-6
+    c.optimizer.weight_decay = 0.01  # never on LayerNorm parameters or biases
+    c.optimizer.clip_norm = 1.0  # global-norm clipping; 0 disables
+
+    c.parallel = ml_collections.ConfigDict()
+    # Per-slice (ICI) mesh; -1 takes the remaining devices. FSDP: fsdp=-1; TP: tensor=N.
+    c.parallel.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+    # Across slices / hosts (DCN), multiplied with the ICI sizes.
+    c.parallel.dcn_mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
+    c.parallel.logical_axis_rules = DEFAULT_RULES
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every_steps = 5_000
+    c.checkpoint.keep = 3
+    c.checkpoint.async_save = True
+
+    c.log_every = 100  # metrics are fetched from the device only at these steps
+    c.eval_every = 10_000
+    c.eval_steps = 100  # batches of held-out data per evaluation (0: no evaluation)
+    c.profile_steps = ()  # (first, last): jax.profiler trace of steps [first, last)
+    # bf16 matmul peak per device in TFLOP/s for MFU; None: known accelerators' data sheet.
+    c.peak_tflops = config_dict.placeholder(float)
+    c.max_skipped_in_row = 10  # stop after this many consecutive non-finite steps
+    c.progress_bar = True
+    return c
+
+
+# ---- derived objects ----------------------------------------------------------------------
+def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None
+                 ) -> BertConfig:
+    """The BertConfig: preset, then the data's vocabulary size, then explicit fields."""
+    fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
+    if vocab_size is not None and "vocab_size" not in fields:
+        fields["vocab_size"] = vocab_size
+    return get_preset(config.model.preset, **fields)
+
+
+def pair_head(config: ml_collections.ConfigDict) -> bool:
+    if config.objective not in OBJECTIVES:
+        raise BertJaxError(f"objective={config.objective!r}: expected one of {OBJECTIVES}")
+    return config.objective != "mlm"
+
+
+def decay_steps(config: ml_collections.ConfigDict) -> int:
+    return config.num_train_steps if config.optimizer.decay_steps < 0 \
+        else config.optimizer.decay_steps
+
+
+# ---- loading and overrides ----------------------------------------------------------------
+def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+    """``path/to/file.py[:variant]`` -> locked ConfigDict with ``--config.k=v`` overrides."""
+    path, _, variant = spec.partition(":")
+    resolved = _find_file(path)
+    module_spec = importlib.util.spec_from_file_location("_bert_jax_experiment", resolved)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise BertJaxError(f"{resolved}:{e.lineno}: {e.msg}") from None
+    if not hasattr(module, "get_config"):
+        raise BertJaxError(f"{resolved}: defines no get_config(variant)")
+    config = module.get_config(variant) if variant else module.get_config()
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise BertJaxError(f"{resolved}: get_config must return an ml_collections.ConfigDict")
+    config.lock()
+    apply_overrides(config, overrides)
+    return config
+
+
+def _find_file(path: str) -> str:
+    candidates = [path, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), path)]
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            return candidate
+    raise BertJaxError(f"{path}: experiment config file not found")
+
+
+def parse_override_args(args: Sequence[str]) -> list[tuple[str, str]]:
+    """['--config.a.b=1', '--config.c', '2'] -> [('a.b', '1'), ('c', '2')]."""
+    pairs, i = [], 0
+    args = list(args)
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--config."):
+            raise BertJaxError(f"unexpected argument {arg!r} (overrides look like "
+                               "--config.optimizer.learning_rate=1e-4)")
+        key, eq, value = arg[len("--config."):].partition("=")
+        if not eq:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise BertJaxError(f"{arg}: missing value")
+            value = args[i + 1]
+            i += 1
+        pairs.append((key, value))
+        i += 1
+    return pairs
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
+    """Sets each ``--config.key=value``, converting the string to the field's type."""
+    seen: set[str] = set()
+    for key, raw in parse_override_args(overrides):
+        if key in seen:
+            raise BertJaxError(f"--config.{key} is given twice")
+        seen.add(key)
+        parent, leaf = _lookup(config, key)
+        if isinstance(parent[leaf], ml_collections.ConfigDict):
+            raise BertJaxError(f"--config.{key} is a section; set one of its keys: "
+                               f"{sorted(parent[leaf].keys())}")
+        value = _convert(key, raw, parent.get_type(leaf), parent[leaf])
+        try:
+            parent[leaf] = value
+        except (TypeError, ValueError) as e:
+            raise BertJaxError(f"--config.{key}={raw}: {e}") from None
+
+
+def all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in config.items():
+        name = f"{prefix}{k}"
+        out += all_keys(v, name + ".") if isinstance(v, ml_collections.ConfigDict) else [name]
+    return out
+
+
+def _lookup(config: ml_collections.ConfigDict, key: str):
+    node = config
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            close = difflib.get_close_matches(key, all_keys(config), n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join('--config.' + c for c in close)}?" if close \
+                else ""
+            raise BertJaxError(f"--config.{key}: unknown config key"
+                               f" {'.'.join(parts[:i + 1])!r}{hint}")
+        if i == len(parts) - 1:
+            return node, part
+        node = node[part]
+    raise AssertionError("unreachable")
+
+
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _convert(key: str, raw: str, kind: type, current: Any) -> Any:
+    def bad(expected: str):
+        return BertJaxError(f"--config.{key}={raw!r}: expected {expected}")
+
+    if raw in ("None", "none", "null") and (current is None or kind in (type(None),)):
+        return None
+    if kind is bool:
+        if raw.lower() not in _BOOLS:
+            raise bad("true or false")
+        return _BOOLS[raw.lower()]
+    if kind is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise bad("an integer") from None
+    if kind is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise bad("a number") from None
+    if kind is str:
+        return raw
+    if kind in (tuple, list):
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            raise bad("a Python tuple/list literal such as (10, 20)") from None
+        if not isinstance(value, tuple | list):
+            raise bad("a tuple or list")
+        return kind(value)
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw

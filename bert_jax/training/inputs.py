@@ -1,0 +1,155 @@
+"""Per-process pretraining batches for the loop, from one of three sources.
+
+* ``tfrecord``: ``bert_jax.data.pipeline`` (tf.data, dynamic masking) over the output of
+  ``bert-jax create-pretraining-data``;
+* ``materialized``: ``bert_jax.data.materialize.MaterializedBatches`` (pre-masked numpy
+  batches, no tensorflow; for benchmarks and exact replays);
+* ``synthetic``: random token ids from a fixed seed (tests, benchmarks, smoke runs).
+
+Every source yields this process's rows as numpy dicts and has a JSON-serializable
+``state()`` from which it is rebuilt at exactly the next batch after a restart.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from bert_jax.errors import BertJaxError
+
+MASK_ID = 4  # BERT's special ids: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4
+FIRST_REGULAR_ID = 5
+
+
+class SyntheticBatches:
+    """Deterministic random MLM/NSP batches: batch ``n`` depends only on (seed, n, process).
+
+    Each sequence has a random length, [CLS]/[SEP] framing, two segments, and
+    ``max_predictions`` (or 15% of its length, if fewer) masked positions whose original ids
+    are the labels.
+    """
+
+    def __init__(self, batch_size: int, seq_len: int, max_predictions: int, vocab_size: int,
+                 *, seed: int = 0, process_index: int = 0, step: int = 0):
+        if vocab_size <= FIRST_REGULAR_ID:
+            raise BertJaxError(f"synthetic data needs vocab_size > {FIRST_REGULAR_ID}")
+        self.batch_size, self.seq_len = batch_size, seq_len
+        self.max_predictions, self.vocab_size = max_predictions, vocab_size
+        self.seed, self.process_index, self.step = seed, process_index, step
+
+    def state(self) -> dict[str, Any]:
+        return {"source": "synthetic", "step": self.step}
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng([self.seed, self.process_index, self.step])
+        self.step += 1
+        b, s, p = self.batch_size, self.seq_len, self.max_predictions
+        lengths = rng.integers(max(8, s // 2), s + 1, size=b)
+        ids = rng.integers(FIRST_REGULAR_ID, self.vocab_size, size=(b, s)).astype(np.int32)
+        positions = np.arange(s)[None, :]
+        mask = (positions < lengths[:, None]).astype(np.int32)
+        split = lengths // 2
+        segment_ids = ((positions >= split[:, None]) & (mask == 1)).astype(np.int32)
+        ids[:, 0] = 2
+        ids[np.arange(b), lengths - 1] = 3
+        ids[np.arange(b), split] = 3
+        ids = ids * mask
+        mlm_positions = np.zeros((b, p), np.int32)
+        mlm_ids = np.zeros((b, p), np.int32)
+        mlm_weights = np.zeros((b, p), np.float32)
+        for row in range(b):
+            count = min(p, max(1, int(round(0.15 * lengths[row]))))
+            chosen = np.sort(rng.choice(np.arange(1, lengths[row] - 1), count, replace=False))
+            mlm_positions[row, :count] = chosen
+            mlm_ids[row, :count] = ids[row, chosen]
+            mlm_weights[row, :count] = 1.0
+            ids[row, chosen] = MASK_ID
+        return {"input_ids": ids, "input_mask": mask, "segment_ids": segment_ids,
+                "masked_lm_positions": mlm_positions, "masked_lm_ids": mlm_ids,
+                "masked_lm_weights": mlm_weights,
+                "next_sentence_labels": rng.integers(0, 2, size=b).astype(np.int32)}
+
+
+def make_batches(config, split: str, *, batch_size: int, vocab_size: int, process_index: int,
+                 process_count: int, state: dict[str, Any] | None = None):
+    """The configured source for ``split`` (train | eval), this process's ``batch_size``
+    rows per batch, resumed from ``state`` when given."""
+    data = config.data
+    if data.source == "synthetic":
+        seed = data.seed + (0 if split == "train" else 1_000_003)
+        step = int(state["step"]) if state else 0
+        return SyntheticBatches(batch_size, data.max_seq_length, data.max_predictions_per_seq,
+                                vocab_size, seed=seed, process_index=process_index, step=step)
+    if not data.directory:
+        raise BertJaxError(f"data.source={data.source!r} needs --config.data.directory")
+    if data.source == "materialized":
+        from bert_jax.data.materialize import MaterializedBatches
+
+        step = int(state["step"]) if state else 0
+        return MaterializedBatches(data.directory, start_step=step, process_index=process_index,
+                                   process_count=process_count)
+    if data.source == "tfrecord":
+        from bert_jax.data.pipeline import PretrainingIterator, make_pretraining_dataset
+
+        if state is not None:
+            return PretrainingIterator.from_state(state)
+        return make_pretraining_dataset(
+            data.directory, split=split, batch_size=batch_size,
+            max_predictions_per_seq=data.max_predictions_per_seq,
+            masked_lm_prob=data.masked_lm_prob, dynamic_masking=data.dynamic_masking,
+            whole_word_masking=data.whole_word_masking, shuffle_buffer=data.shuffle_buffer,
+            seed=data.seed, process_index=process_index, process_count=process_count)
+    raise BertJaxError(f"data.source={data.source!r}: expected tfrecord, materialized or "
+                       "synthetic")
+
+
+class Prefetcher:
+    """Reads batches on a background thread, ``depth`` ahead, each paired with the source's
+    state *after* it, so a checkpoint at step n records exactly where batch n+1 starts."""
+
+    _END = object()
+
+    def __init__(self, source, transform, depth: int = 2):
+        self._source, self._transform = source, transform
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="prefetch")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for batch in self._source:
+                item = (self._transform(batch), self._source.state())
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._queue.put(self._END)
+        except BaseException as e:  # surfaced in the consumer
+            self._queue.put(e)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self._queue.get()
+        if item is self._END:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

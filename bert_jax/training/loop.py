@@ -1,0 +1,316 @@
+"""The pretraining loop: everything around the pure step that talks to the outside world.
+
+``train_and_evaluate(config, workdir)`` builds the mesh and the directly sharded state,
+resumes from the newest checkpoint (or starts from ``init_checkpoint``), runs the jitted
+step with device prefetch, and handles logging (fetched from the device only every
+``log_every`` steps), evaluation, checkpoints, profiling, SIGTERM and non-finite streaks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bert_jax import parallel
+from bert_jax.checkpoint import store
+from bert_jax.checkpoint.manager import CheckpointManager
+from bert_jax.config import BertConfig
+from bert_jax.errors import BertJaxError
+from bert_jax.modeling.params import flatten_params, to_layout
+from bert_jax.training import config as config_lib
+from bert_jax.training.inputs import Prefetcher, make_batches
+from bert_jax.training.metrics import MetricsWriter, flops_per_sequence, peak_tflops
+from bert_jax.training.setup import build_training
+from bert_jax.training.state import TrainState
+from bert_jax.training.steps import summarize
+
+
+class TrainingDiverged(BertJaxError):
+    """Too many consecutive non-finite steps; the last good state was checkpointed."""
+
+
+def _log(message: str) -> None:
+    if jax.process_index() == 0:
+        print(message, flush=True)
+
+
+# ---- setup helpers --------------------------------------------------------------------------
+def _data_vocab_size(config) -> int | None:
+    """The vocabulary size recorded with TFRecord data (None for other sources)."""
+    if config.data.source != "tfrecord" or not config.data.directory:
+        return None
+    from bert_jax.data.metadata import load_metadata
+
+    meta = load_metadata(config.data.directory)
+    wanted = {"nsp": "nsp", "sop": "sop"}.get(config.objective)
+    if wanted and meta.mode != wanted:
+        raise BertJaxError(f"{config.data.directory}: data was created in mode {meta.mode!r} "
+                           f"but objective={config.objective!r} needs mode {wanted!r}")
+    if meta.max_seq_length != config.data.max_seq_length:
+        raise BertJaxError(f"{config.data.directory}: examples have max_seq_length "
+                           f"{meta.max_seq_length}, config.data.max_seq_length is "
+                           f"{config.data.max_seq_length}")
+    return meta.vocab_size
+
+
+def _check_sizes(config, model_cfg: BertConfig, mesh) -> int:
+    """Validates batch/mesh/sequence arithmetic; returns the per-process batch size."""
+    batch, k = config.global_batch_size, config.microbatches
+    divisor = parallel.batch_divisor(mesh, parallel.rules_from_config(
+        config.parallel.logical_axis_rules))
+    if k < 1 or batch % k:
+        raise BertJaxError(f"global_batch_size={batch} is not divisible by microbatches={k}")
+    if (batch // k) % divisor:
+        raise BertJaxError(f"each microbatch ({batch // k} sequences) must split evenly over "
+                           f"the {divisor} batch shards of the mesh {dict(mesh.shape)}")
+    if batch % jax.process_count():
+        raise BertJaxError(f"global_batch_size={batch} is not divisible by the "
+                           f"{jax.process_count()} processes")
+    if config.data.max_seq_length > model_cfg.max_position_embeddings:
+        raise BertJaxError(f"data.max_seq_length={config.data.max_seq_length} exceeds "
+                           f"model max_position_embeddings={model_cfg.max_position_embeddings}")
+    return batch // jax.process_count()
+
+
+def _write_workdir_files(config, workdir: str, model_cfg: BertConfig) -> None:
+    """WORKDIR/config.json and WORKDIR/tokenizer/, so fine-tuning and export read the run."""
+    if jax.process_index() != 0:
+        return
+    store.write_config(workdir, model_cfg, extra={"experiment": config.to_dict()})
+    target = os.path.join(workdir, store.TOKENIZER_DIR)
+    source = config.data.tokenizer
+    if not source and config.data.directory:
+        candidate = os.path.join(config.data.directory, store.TOKENIZER_DIR)
+        source = candidate if os.path.isdir(candidate) else None
+    if source and not os.path.isdir(target):
+        from bert_jax.tokenization import load_tokenizer
+
+        load_tokenizer(source).save(target)
+
+
+def _load_init_params(path: str, model_cfg: BertConfig, params, shardings):
+    """Copies matching parameters from another run/model (phase 1 -> phase 2) into the
+    freshly initialized sharded ``params``; returns (params, paths not taken)."""
+    _, params_dir = store.resolve(path)
+    loaded = flatten_params(to_layout(store.load_params(params_dir), model_cfg))
+    flat = flatten_params(params)
+    flat_shardings = flatten_params(shardings)
+    for name, value in loaded.items():
+        if name not in flat:
+            continue
+        if tuple(value.shape) != tuple(flat[name].shape):
+            raise BertJaxError(f"{path}: parameter {name} has shape {value.shape}, the model "
+                               f"needs {flat[name].shape}")
+        value = np.asarray(value, dtype=flat[name].dtype)
+        flat[name] = jax.make_array_from_callback(value.shape, flat_shardings[name],
+                                                  lambda idx, v=value: v[idx])
+    from bert_jax.modeling.params import unflatten_params
+
+    return unflatten_params(flat), sorted(set(loaded) - set(flat))
+
+
+# ---- the loop -------------------------------------------------------------------------------
+class _Preemption:
+    """SIGTERM -> a flag the loop checks; the loop then saves and exits cleanly."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous = None
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+        return False
+
+    def agreed(self) -> bool:
+        """All processes must stop at the same step: any process's request stops all."""
+        if jax.process_count() == 1:
+            return self.requested
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.int32(self.requested))
+        return bool(np.max(flags))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Trains (or resumes) the configured experiment in ``workdir``; returns the final
+    metrics (last logged train metrics, ``eval_*`` metrics, ``step``, and ``stopped``:
+    completed | preempted)."""
+    parallel.maybe_initialize_distributed()
+    workdir = os.path.abspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    model_cfg = config_lib.model_config(config, _data_vocab_size(config))
+    mesh = parallel.create_mesh(config.parallel.mesh, config.parallel.dcn_mesh)
+    local_batch = _check_sizes(config, model_cfg, mesh)
+    _write_workdir_files(config, workdir, model_cfg)
+
+    training = build_training(config, model_cfg, mesh)
+    abstract_state, state_shardings = training.abstract_state, training.state_shardings
+    seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
+    init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+    replicated = parallel.replicated(mesh)
+    abstract_rng = jax.ShapeDtypeStruct(dropout_rng.shape, dropout_rng.dtype,
+                                        sharding=replicated)
+    checkpoints = CheckpointManager(workdir, every_steps=config.checkpoint.every_steps,
+                                    keep=config.checkpoint.keep,
+                                    async_save=config.checkpoint.async_save)
+    data_state = None
+    latest = checkpoints.latest_step()
+    if latest is not None:
+        state, dropout_rng, data_state = checkpoints.restore(latest, abstract_state,
+                                                             abstract_rng)
+        _log(f"resumed from {checkpoints.directory}/{latest} onto mesh {dict(mesh.shape)}")
+    else:
+        state = training.init_state(init_rng)
+        dropout_rng = jax.device_put(dropout_rng, replicated)
+        if config.init_checkpoint:
+            params, unused = _load_init_params(config.init_checkpoint, model_cfg, state.params,
+                                               state_shardings.params)
+            state = state.replace(params=params)
+            _log(f"initialized from {config.init_checkpoint}"
+                 + (f" (not used: {unused})" if unused else ""))
+
+    train_step, eval_step, to_global = (training.train_step, training.eval_step,
+                                        training.global_batch)
+
+    def evaluate() -> dict[str, float]:
+        source = make_batches(config, "eval", batch_size=local_batch,
+                              vocab_size=model_cfg.vocab_size,
+                              process_index=jax.process_index(),
+                              process_count=jax.process_count())
+        totals = None
+        for _, local in zip(range(config.eval_steps), source, strict=False):
+            sums = eval_step(state.params, to_global(local))
+            totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        if totals is None:
+            return {}
+        return {k: float(v) for k, v in summarize(jax.device_get(totals)).items()}
+
+    source = make_batches(config, "train", batch_size=local_batch,
+                          vocab_size=model_cfg.vocab_size, process_index=jax.process_index(),
+                          process_count=jax.process_count(), state=data_state)
+    writer = MetricsWriter(workdir, enabled=jax.process_index() == 0)
+    flops = flops_per_sequence(seq, model_cfg.num_hidden_layers, model_cfg.hidden_size,
+                               model_cfg.vocab_size, preds)
+    peak = peak_tflops(config.peak_tflops)
+    start_step = int(jax.device_get(state.step))
+    total_steps = config.num_train_steps
+    progress = _progress_bar(config, start_step, total_steps)
+    result: dict[str, Any] = {"step": start_step, "stopped": "completed"}
+    pending: list[dict[str, jax.Array]] = []
+    data_state = source.state()
+    last_time, last_step = None, start_step
+    profile = tuple(config.profile_steps)
+    prefetch = Prefetcher(source, to_global)
+    step = start_step
+    try:
+        with _Preemption() as preemption:
+            while step < total_steps:
+                if profile and step == profile[0]:
+                    jax.profiler.start_trace(os.path.join(workdir, "profile"))
+                try:
+                    batch, next_data_state = next(prefetch)
+                except StopIteration:
+                    raise BertJaxError(f"the training data ran out at step {step}; use more "
+                                       "data or fewer num_train_steps") from None
+                state, metrics = train_step(state, batch, dropout_rng)
+                pending.append(metrics)
+                step += 1
+                data_state = next_data_state
+                if profile and step == profile[-1]:
+                    jax.block_until_ready(state)
+                    jax.profiler.stop_trace()
+                if last_time is None:  # the first step includes compilation: time from here
+                    jax.block_until_ready(metrics)
+                    last_time, last_step = time.perf_counter(), step
+                if progress is not None:
+                    progress.update(1)
+                at_end = step == total_steps
+                if step % config.log_every == 0 or at_end:
+                    logged = _fetch(pending, state)
+                    pending = []
+                    now = time.perf_counter()
+                    if step > last_step:
+                        rate = (step - last_step) / (now - last_time)
+                        logged.update(steps_per_sec=rate,
+                                      seq_per_sec=rate * config.global_batch_size,
+                                      tokens_per_sec=rate * config.global_batch_size * seq)
+                        if peak:
+                            logged["mfu"] = (logged["seq_per_sec"] * flops
+                                             / (peak * 1e12 * jax.device_count()))
+                    last_time, last_step = now, step
+                    writer.write(step, logged)
+                    result.update(logged)
+                    if progress is not None:
+                        progress.set_postfix(loss=f"{logged['loss']:.3f}",
+                                             mlm_acc=f"{logged['mlm_accuracy']:.3f}")
+                    if logged["skipped_in_row"] >= config.max_skipped_in_row:
+                        checkpoints.save(step, state, dropout_rng, data_state, force=True)
+                        checkpoints.wait()
+                        raise TrainingDiverged(
+                            f"{logged['skipped_in_row']} consecutive steps had a non-finite "
+                            f"loss or gradient (up to step {step}); stopped. The last good "
+                            f"parameters are saved in {checkpoints.directory}/{step}. Lower "
+                            "the learning rate or check the data.")
+                    stop = preemption.agreed()
+                else:
+                    stop = jax.process_count() == 1 and preemption.requested
+                if stop:
+                    checkpoints.save(step, state, dropout_rng, data_state, force=True)
+                    checkpoints.wait()
+                    _log(f"SIGTERM: saved step {step} to {checkpoints.directory}; exiting")
+                    result.update(step=step, stopped="preempted")
+                    return result
+                if config.eval_steps > 0 and (step % config.eval_every == 0 or at_end):
+                    eval_start = time.perf_counter()
+                    evaluated = evaluate()
+                    if last_time is not None:  # keep evaluation out of the throughput window
+                        last_time += time.perf_counter() - eval_start
+                    writer.write(step, evaluated, prefix="eval")
+                    result.update({f"eval_{k}": v for k, v in evaluated.items()})
+                    _log(f"step {step}: eval " + ", ".join(f"{k}={v:.4f}"
+                                                         for k, v in evaluated.items()))
+                checkpoints.save(step, state, dropout_rng, data_state, force=at_end)
+            result["step"] = step
+            return result
+    finally:
+        prefetch.close()
+        if progress is not None:
+            progress.close()
+        checkpoints.close()
+        writer.close()
+
+
+def _fetch(pending: list[dict[str, jax.Array]], state: TrainState) -> dict[str, float]:
+    """One device->host transfer for all steps since the last log; means over them."""
+    host, counters = jax.device_get((pending, (state.skipped_total, state.skipped_in_row)))
+    out = {k: float(np.mean([m[k] for m in host])) for k in host[-1] if k != "skipped"}
+    out["learning_rate"] = float(host[-1]["learning_rate"])
+    out["skipped_steps"] = int(counters[0])
+    out["skipped_in_row"] = int(counters[1])
+    return out
+
+
+def _progress_bar(config, start: int, total: int):
+    if not config.progress_bar or jax.process_index() != 0:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, desc="pretrain", unit="step", dynamic_ncols=True)

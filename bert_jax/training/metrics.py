@@ -1,0 +1,81 @@
+"""Training metrics: model FLOPs / MFU, and the writers (metrics.jsonl + TensorBoard).
+
+FLOPs per trained sequence (forward + backward = 3x forward, 2 FLOPs per multiply-add):
+``6*s*(12*L*H^2) + 12*L*s^2*H + 6*p*(H^2 + H*V)`` — encoder matmuls, attention scores and
+context, and the MLM head on the ``p`` predicted positions only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+
+# Dense bf16 peak TFLOP/s per device (vendor data sheets), keyed by jax device_kind prefix.
+PEAK_TFLOPS = {
+    "NVIDIA H200": 989.0,
+    "NVIDIA H100": 989.0,
+    "NVIDIA A100": 312.0,
+    "TPU v6": 918.0,
+    "TPU v5p": 459.0,
+    "TPU v5 lite": 197.0,
+    "TPU v5e": 197.0,
+    "TPU v4": 275.0,
+}
+
+
+def flops_per_sequence(seq_len: int, num_layers: int, hidden: int, vocab: int,
+                       predictions: int) -> float:
+    s, L, H, V, p = seq_len, num_layers, hidden, vocab, predictions
+    return 6 * s * (12 * L * H * H) + 12 * L * s * s * H + 6 * p * (H * H + H * V)
+
+
+def peak_tflops(configured: float | None) -> float | None:
+    """Configured peak, else the data-sheet value for this device kind, else None."""
+    if configured:
+        return float(configured)
+    kind = jax.devices()[0].device_kind
+    return next((v for k, v in PEAK_TFLOPS.items() if kind.startswith(k)), None)
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to ``metrics.jsonl`` and mirrors scalars to
+    TensorBoard event files (tensorboardX; no tensorflow). Only process 0 writes."""
+
+    def __init__(self, workdir: str, enabled: bool = True):
+        self.enabled = enabled
+        if not enabled:
+            return
+        from tensorboardX import SummaryWriter
+
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def write(self, step: int, metrics: dict[str, Any], prefix: str = "train") -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, "split": prefix, **{k: _plain(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.flush()
+        for key, value in record.items():
+            if isinstance(value, int | float) and key != "step":
+                self._tb.add_scalar(f"{prefix}/{key}", value, step)
+        self._tb.flush()
+
+    def write_text(self, tag: str, text: str) -> None:
+        if self.enabled:
+            self._tb.add_text(tag, text, 0)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._file.close()
+            self._tb.close()
+
+
+def _plain(value):
+    if hasattr(value, "item"):
+        return value.item()
+    return value

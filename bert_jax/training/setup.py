@@ -1,0 +1,86 @@
+"""Builds the sharded pieces of a pretraining run for a given mesh: model, optimizer,
+abstract state with shardings, and the jitted train / eval steps. Shared by the loop,
+tests and benchmarks."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from bert_jax import parallel
+from bert_jax.config import BertConfig
+from bert_jax.modeling.heads import BertForPreTraining
+from bert_jax.training import config as config_lib
+from bert_jax.training.optimizers import make_optimizer
+from bert_jax.training.state import TrainState
+from bert_jax.training.steps import make_eval_step, make_train_step
+
+BATCH_FIELDS = (("input_ids", 2), ("input_mask", 2), ("segment_ids", 2),
+                ("masked_lm_positions", 2), ("masked_lm_ids", 2), ("masked_lm_weights", 2),
+                ("next_sentence_labels", 1))
+
+
+@dataclasses.dataclass
+class Training:
+    """Everything the loop needs that depends on (config, model config, mesh)."""
+
+    model: nn.Module
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    mesh: Mesh
+    rules: tuple
+    init_fn: Callable[[jax.Array], TrainState]  # rng -> boxed TrainState
+    abstract_state: TrainState  # ShapeDtypeStructs with target shardings
+    state_shardings: TrainState
+    batch_shardings: dict[str, NamedSharding]
+    train_step: Callable  # jitted (state, batch, rng) -> (state, metrics), state donated
+    eval_step: Callable  # jitted (params, batch) -> sums
+
+    def init_state(self, rng: jax.Array) -> TrainState:
+        """Fresh state, created directly in its shards."""
+        return parallel.sharded_init(self.init_fn, self.state_shardings, rng)
+
+    def global_batch(self, local: dict[str, Any]) -> dict[str, jax.Array]:
+        """This process's numpy rows -> global sharded arrays (fields the model needs)."""
+        local = {k: local[k] for k in self.batch_shardings}
+        return parallel.global_batch(local, self.mesh, self.rules)
+
+
+def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
+                   mesh: Mesh) -> Training:
+    rules = parallel.rules_from_config(config.parallel.logical_axis_rules)
+    model = BertForPreTraining(model_cfg, pair_head=config_lib.pair_head(config))
+    tx, schedule = make_optimizer(ml_collections.ConfigDict(
+        dict(config.optimizer.to_dict(), decay_steps=config_lib.decay_steps(config))))
+    seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
+
+    def init_fn(rng):
+        ids = jnp.zeros((1, seq), jnp.int32)
+        positions = jnp.zeros((1, preds), jnp.int32)
+        params = model.init({"params": rng}, ids, ids, ids, positions)["params"]
+        return TrainState.create(params, tx.init(params))
+
+    abstract_state, state_shardings = parallel.abstract_and_shardings(
+        init_fn, mesh, rules, jax.random.PRNGKey(0))
+    replicated = parallel.replicated(mesh)
+    batch_shardings = {name: parallel.batch_sharding(mesh, rules, ndim)
+                       for name, ndim in BATCH_FIELDS}
+    step_fn = make_train_step(
+        model, tx, schedule, microbatches=config.microbatches, pair_head=model.pair_head,
+        microbatch_sharding=lambda ndim: parallel.logical_sharding(
+            mesh, rules, None, "batch", *([None] * (ndim - 1))))
+    train_step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings, replicated),
+                         out_shardings=(state_shardings, replicated), donate_argnums=0)
+    eval_step = jax.jit(make_eval_step(model, pair_head=model.pair_head),
+                        in_shardings=(state_shardings.params, batch_shardings),
+                        out_shardings=replicated)
+    return Training(model, tx, schedule, mesh, rules, init_fn, abstract_state,
+                    state_shardings, batch_shardings, train_step, eval_step)

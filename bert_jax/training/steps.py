@@ -1,0 +1,146 @@
+"""Pure pretraining step functions: losses, the train step (with gradient accumulation and
+non-finite skipping) and the eval step. No I/O here; the loop jits these with shardings.
+
+Batch (global arrays): input_ids / input_mask / segment_ids [batch, seq] int32,
+masked_lm_positions / masked_lm_ids [batch, P] int32, masked_lm_weights [batch, P] float32,
+next_sentence_labels [batch] int32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from bert_jax.training.state import TrainState
+
+Batch = dict[str, jax.Array]
+
+# Sums over a (micro)batch; the step divides them by batch-wide denominators so that k
+# microbatches give exactly the full-batch loss and gradient.
+SUM_KEYS = ("mlm_loss_sum", "mlm_correct", "mlm_weight", "nsp_loss_sum", "nsp_correct",
+            "nsp_count")
+
+
+def loss_sums(outputs: dict[str, Any], batch: Batch, pair_head: bool) -> dict[str, jax.Array]:
+    """Weighted MLM cross-entropy / accuracy sums and NSP (or SOP) sums, all float32."""
+    logits = outputs["mlm_logits"].astype(jnp.float32)  # [batch, P, padded_vocab]
+    ids = batch["masked_lm_ids"]
+    weights = batch["masked_lm_weights"].astype(jnp.float32)  # [batch, P]
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, ids)  # [batch, P]
+    correct = (jnp.argmax(logits, axis=-1) == ids).astype(jnp.float32)
+    sums = {"mlm_loss_sum": jnp.sum(nll * weights), "mlm_correct": jnp.sum(correct * weights),
+            "mlm_weight": jnp.sum(weights)}
+    zero = jnp.zeros((), jnp.float32)
+    if pair_head:
+        nsp_logits = outputs["nsp_logits"].astype(jnp.float32)  # [batch, 2]
+        labels = batch["next_sentence_labels"]
+        sums["nsp_loss_sum"] = jnp.sum(
+            optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels))
+        sums["nsp_correct"] = jnp.sum((jnp.argmax(nsp_logits, -1) == labels).astype(jnp.float32))
+        sums["nsp_count"] = jnp.asarray(labels.shape[0], jnp.float32)
+    else:
+        sums.update(nsp_loss_sum=zero, nsp_correct=zero, nsp_count=zero)
+    return sums
+
+
+def summarize(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Sums -> mean losses and accuracies (total loss = MLM + NSP/SOP)."""
+    mlm_weight = jnp.maximum(sums["mlm_weight"], 1.0)
+    nsp_count = jnp.maximum(sums["nsp_count"], 1.0)
+    mlm_loss = sums["mlm_loss_sum"] / mlm_weight
+    nsp_loss = sums["nsp_loss_sum"] / nsp_count
+    return {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss,
+            "mlm_accuracy": sums["mlm_correct"] / mlm_weight, "nsp_loss": nsp_loss,
+            "nsp_accuracy": sums["nsp_correct"] / nsp_count}
+
+
+def _apply(model: nn.Module, params, batch: Batch, *, rng=None) -> dict[str, Any]:
+    return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
+                       batch["segment_ids"], batch["masked_lm_positions"],
+                       deterministic=rng is None,
+                       rngs={"dropout": rng} if rng is not None else None)
+
+
+def _split_microbatches(batch: Batch, k: int, sharding: Callable[[int], Any] | None) -> Batch:
+    """[batch, ...] -> [k, batch/k, ...], microbatch i = rows i, i+k, ... so each device's
+    rows stay on that device (no cross-device shuffle); ``sharding(ndim)`` pins that."""
+    def split(x):
+        y = x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+        return y if sharding is None else jax.lax.with_sharding_constraint(y, sharding(x.ndim))
+
+    return jax.tree.map(split, batch)
+
+
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, *, microbatches: int = 1, pair_head: bool = True,
+                    microbatch_sharding: Callable[[int], Any] | None = None
+                    ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
+    """Builds ``train_step(state, batch, rng) -> (state, metrics)``.
+
+    The dropout key is ``fold_in(rng, state.step)`` (and the microbatch index). Gradients of
+    ``microbatches`` slices are summed in a ``lax.scan`` with batch-wide denominators, which
+    equals one full-batch step; ``microbatch_sharding(ndim)`` pins the [k, batch/k, ...]
+    split (batch on the second axis). A non-finite loss or gradient norm leaves params and
+    optimizer state untouched and bumps the skip counters.
+    """
+
+    def loss_fn(params, mb: Batch, rng, mlm_den, nsp_den):
+        sums = loss_sums(_apply(model, params, mb, rng=rng), mb, pair_head)
+        loss = sums["mlm_loss_sum"] / mlm_den + sums["nsp_loss_sum"] / nsp_den
+        return loss, sums
+
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+
+    def train_step(state: TrainState, batch: Batch, rng: jax.Array):
+        step_rng = jax.random.fold_in(rng, state.step)
+        mlm_den = jnp.maximum(jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1.0)
+        nsp_den = jnp.float32(batch["input_ids"].shape[0])
+        if microbatches == 1:
+            grads, sums = grad_fn(state.params, batch, step_rng, mlm_den, nsp_den)
+        else:
+            def body(carry, xs):
+                grad_acc, sum_acc = carry
+                index, mb = xs
+                g, s = grad_fn(state.params, mb, jax.random.fold_in(step_rng, index),
+                               mlm_den, nsp_den)
+                return (jax.tree.map(jnp.add, grad_acc, g),
+                        jax.tree.map(jnp.add, sum_acc, s)), None
+
+            init = (jax.tree.map(jnp.zeros_like, state.params),
+                    {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS})
+            split = _split_microbatches(batch, microbatches, microbatch_sharding)
+            (grads, sums), _ = jax.lax.scan(body, init, (jnp.arange(microbatches), split))
+        metrics = summarize(sums)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+        updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jnp.where(finite, new, old)
+        skipped = (~finite).astype(jnp.int32)
+        new_state = state.replace(
+            step=state.step + 1,
+            params=jax.tree.map(keep, new_params, state.params),
+            opt_state=jax.tree.map(keep, new_opt_state, state.opt_state),
+            skipped_total=state.skipped_total + skipped,
+            skipped_in_row=(state.skipped_in_row + 1) * skipped)
+        metrics.update(grad_norm=grad_norm, skipped=skipped,
+                       learning_rate=schedule(state.step - state.skipped_total),
+                       mlm_weight=sums["mlm_weight"])
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(model: nn.Module, *, pair_head: bool = True
+                   ) -> Callable[[Any, Batch], dict[str, jax.Array]]:
+    """``eval_step(params, batch) -> sums`` (add over batches, then ``summarize``)."""
+
+    def eval_step(params, batch: Batch):
+        return loss_sums(_apply(model, params, batch), batch, pair_head)
+
+    return eval_step

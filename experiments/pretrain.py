@@ -1,0 +1,118 @@
+"""Pretraining experiments: ``bert-jax pretrain --config experiments/pretrain.py:<variant>``.
+
+Variants
+  tiny                 2-layer 128-wide model, CPU demo (seconds per step, a few hundred steps).
+  bert_base_phase1     BERT paper recipe, seq 128, batch 256, 900k steps (90% of 1M), Adam 1e-4,
+                       10k warmup, linear decay, weight decay 0.01.
+  bert_base_phase2     seq 512, 100k steps (the last 10%); init_checkpoint = phase 1 workdir.
+  bert_large_phase1/2  the same recipe for BERT-Large.
+  lamb_large_batch     NVIDIA's LAMB recipe for BERT-Large phase 1: 64k global batch, lr 6e-3,
+                       7,038 steps, 28.43% warmup, polynomial (power 0.5) decay.
+  lamb_large_batch_phase2  its phase 2: 32k batch at seq 512, lr 4e-3, 1,563 steps, 12.8%
+                       warmup.
+  roberta_style        FULL-SENTENCES data, MLM only (no pair head), dynamic masking, RoBERTa
+                       base hyperparameters (8k batch, lr 6e-4, b2 0.98, 500k steps).
+  albert_base          ALBERT-Base: SOP, one shared layer, 128-wide factorized embeddings,
+                       LAMB lr 0.00176, batch 4096, 125k steps at seq 512.
+Override anything with --config.<key>=<value>, e.g. --config.data.directory=DATA.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from bert_jax.training.config import base_config
+
+VARIANTS = ("tiny", "bert_base_phase1", "bert_base_phase2", "bert_large_phase1",
+            "bert_large_phase2", "lamb_large_batch", "lamb_large_batch_phase2",
+            "roberta_style", "albert_base")
+
+
+def _phase2(c: ml_collections.ConfigDict) -> None:
+    """The paper's last 10%: seq 512, 100k steps. The 1M-step linear schedule is at
+    1e-4 * 100k / 990k when phase 1 ends; phase 2 continues it from there without warmup
+    (its Adam moments start fresh, parameters come from init_checkpoint)."""
+    c.data.max_seq_length = 512
+    c.data.max_predictions_per_seq = 80
+    c.model.max_position_embeddings = 512
+    c.num_train_steps = 100_000
+    c.optimizer.learning_rate = 1e-4 * 100_000 / 990_000
+    c.optimizer.warmup_steps = 0
+
+
+def _lamb(c: ml_collections.ConfigDict, batch: int, lr: float, steps: int, warmup: float
+          ) -> None:
+    c.global_batch_size = batch
+    c.num_train_steps = steps
+    c.optimizer.name = "lamb"
+    c.optimizer.learning_rate = lr
+    c.optimizer.warmup_steps = int(round(warmup * steps))
+    c.optimizer.decay = "polynomial"
+    c.optimizer.power = 0.5
+    c.optimizer.b2 = 0.999
+    c.optimizer.weight_decay = 0.01
+    c.optimizer.clip_norm = 1.0
+    # 64k sequences do not fit at once: accumulate 128 microbatches (512 per microbatch).
+    c.microbatches = batch // 512
+
+
+def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")
+    c = base_config()
+    if variant == "tiny":
+        c.model.preset = "tiny"
+        c.model.max_position_embeddings = 128
+        c.data.source = "synthetic"  # the demo points it at real data
+        c.global_batch_size = 32
+        c.num_train_steps = 300
+        c.optimizer.learning_rate = 1e-3
+        c.optimizer.warmup_steps = 30
+        c.checkpoint.every_steps = 100
+        c.log_every = 20
+        c.eval_every = 100
+        c.eval_steps = 4
+    elif variant.startswith("bert_base"):
+        c.model.preset = "base"
+        if variant.endswith("phase2"):
+            _phase2(c)
+    elif variant.startswith("bert_large"):
+        c.model.preset = "large"
+        if variant.endswith("phase2"):
+            _phase2(c)
+    elif variant == "lamb_large_batch":
+        c.model.preset = "large"
+        _lamb(c, batch=65_536, lr=6e-3, steps=7_038, warmup=0.2843)
+    elif variant == "lamb_large_batch_phase2":
+        c.model.preset = "large"
+        _lamb(c, batch=32_768, lr=4e-3, steps=1_563, warmup=0.128)
+        c.microbatches = 32_768 // 128
+        c.data.max_seq_length = 512
+        c.data.max_predictions_per_seq = 80
+    elif variant == "roberta_style":
+        c.model.preset = "base"
+        c.objective = "mlm"
+        c.data.dynamic_masking = True
+        c.data.max_seq_length = 512
+        c.data.max_predictions_per_seq = 77
+        c.global_batch_size = 8_192
+        c.microbatches = 16
+        c.num_train_steps = 500_000
+        c.optimizer.learning_rate = 6e-4
+        c.optimizer.warmup_steps = 24_000
+        c.optimizer.b2 = 0.98
+        c.optimizer.eps = 1e-6
+    elif variant == "albert_base":
+        c.model.preset = "albert_base"
+        c.objective = "sop"
+        c.data.max_seq_length = 512
+        c.data.max_predictions_per_seq = 20
+        c.global_batch_size = 4_096
+        c.microbatches = 8
+        c.num_train_steps = 125_000
+        c.optimizer.name = "lamb"
+        c.optimizer.learning_rate = 0.00176
+        c.optimizer.warmup_steps = 3_125
+    if variant != "tiny":
+        c.model.dtype = "bfloat16"  # bf16 compute; parameters and optimizer state stay fp32
+    return c

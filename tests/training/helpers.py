@@ -1,0 +1,22 @@
+"""Small pretraining configs shared by the training tests (tiny widths, short sequences)."""
+
+import os
+
+from bert_jax.training.config import load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXPERIMENT = os.path.join(REPO, "experiments", "pretrain.py")
+
+# A model small enough to compile and step in well under a second on simulated CPUs, still
+# divisible by 8 (FSDP) and with 4 heads (tensor parallel 2).
+SMALL = [
+    "--config.model.hidden_size=32", "--config.model.num_attention_heads=4",
+    "--config.model.intermediate_size=64", "--config.model.num_hidden_layers=2",
+    "--config.model.vocab_size=200", "--config.model.max_position_embeddings=32",
+    "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
+    "--config.global_batch_size=16", "--config.progress_bar=false",
+]
+
+
+def small_config(*overrides: str):
+    return load_config(f"{EXPERIMENT}:tiny", [*SMALL, *overrides])
