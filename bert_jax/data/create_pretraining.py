@@ -1,0 +1,335 @@
+"""``bert-jax create-pretraining-data``: raw text -> sharded TFRecord files of unmasked examples.
+
+Input files are grouped (in sorted order, by size) into work units of about ``unit_bytes``; each
+unit is read, split into documents, tokenized with ``Tokenizer.encode_batch`` and turned into
+examples in a worker process with its own ``random.Random(seed, unit)``, so the output depends
+only on the inputs, the tokenizer and the seed, never on the number of workers. Random next
+segments come from other documents of the same unit (as Google's script draws them from the
+files given to one run). A ``--holdout-fraction`` of the documents (not examples, so no held-out
+text is seen in training) goes to ``eval-*`` shards.
+
+Each record is a ``tf.train.Example`` with ``input_ids`` and ``segment_ids`` padded with [PAD]
+and 0 to ``max_seq_length`` (fixed length, so the pipeline parses them with one dense
+``parse_example`` per batch) and ``next_sentence_label`` (0 = true continuation / original
+order, 1 = random next / swapped; always 0 in full_sentences mode). Masking happens later, in the
+pipeline. ``metadata.json`` lists every shard with its example count, the settings, the
+tokenizer's fingerprint, vocab size and special ids, and the counts of repaired and skipped input.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+from typing import Any
+
+from bert_jax.data import instances, text
+from bert_jax.data.example_proto import ExampleEncoder
+from bert_jax.data.metadata import FORMAT_VERSION, write_metadata
+from bert_jax.errors import BertJaxError
+from bert_jax.tokenization.base import SPECIAL_TOKENS, Tokenizer
+
+DEFAULT_UNIT_BYTES = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class CreationConfig:
+    max_seq_length: int = 128
+    short_seq_prob: float = 0.1
+    mode: str = "nsp"
+    dupe_factor: int = 1
+    seed: int = 12345
+    input_format: str = "auto"
+    holdout_fraction: float = 0.0
+
+    def validate(self) -> None:
+        if self.mode not in instances.MODES:
+            raise BertJaxError(f"--mode {self.mode!r}: expected one of {instances.MODES}")
+        if self.input_format not in text.INPUT_FORMATS:
+            raise BertJaxError(f"--input-format {self.input_format!r}: expected one of "
+                               f"{text.INPUT_FORMATS}")
+        if self.max_seq_length < 5:
+            raise BertJaxError(f"--max-seq-length {self.max_seq_length}: must be at least 5")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise BertJaxError(f"--short-seq-prob {self.short_seq_prob}: must be in [0, 1]")
+        if self.dupe_factor < 1:
+            raise BertJaxError(f"--dupe-factor {self.dupe_factor}: must be >= 1")
+        if not 0.0 <= self.holdout_fraction < 1.0:
+            raise BertJaxError(f"--holdout-fraction {self.holdout_fraction}: must be in [0, 1)")
+
+
+def group_files(files: list[str], unit_bytes: int) -> list[list[str]]:
+    """Consecutive files packed into units of about ``unit_bytes`` (a big file is its own)."""
+    units: list[list[str]] = []
+    size = 0
+    for path in files:
+        if not units or size >= unit_bytes:
+            units.append([])
+            size = 0
+        units[-1].append(path)
+        size += os.path.getsize(path)
+    return units
+
+
+# ---- worker side (no tensorflow) ---------------------------------------------------------------
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer: Tokenizer, config: CreationConfig) -> None:
+    _WORKER["tokenizer"] = tokenizer
+    _WORKER["config"] = config
+    _WORKER["encoder"] = ExampleEncoder(max(tokenizer.vocab_size, config.max_seq_length, 2))
+
+
+def _serialize(examples: list[instances.Example], max_seq_length: int, pad_id: int,
+               encoder: ExampleEncoder) -> list[bytes]:
+    out = []
+    for ids, segs, label in examples:
+        pad = max_seq_length - len(ids)
+        out.append(encoder.encode({"input_ids": ids + [pad_id] * pad,
+                                   "segment_ids": segs + [0] * pad,
+                                   "next_sentence_label": [label]}))
+    return out
+
+
+def process_unit(unit_index: int, paths: list[str]) -> dict[str, Any]:
+    """Reads, tokenizes and makes examples for one work unit (runs in a worker)."""
+    tokenizer: Tokenizer = _WORKER["tokenizer"]
+    config: CreationConfig = _WORKER["config"]
+    stats: collections.Counter = collections.Counter()
+    documents: list[list[str]] = []
+    for path in paths:
+        f = text.read_text_file(path)
+        stats["files"] += 1
+        stats["bytes"] += f.bytes
+        if f.replaced_chars:
+            stats["files_with_undecodable_bytes"] += 1
+            stats["undecodable_bytes_replaced"] += f.replaced_chars
+        fmt = text.detect_format(f.text) if config.input_format == "auto" else config.input_format
+        stats[f"files_{fmt}"] += 1
+        docs = text.split_documents(f.text, fmt)
+        if not docs:
+            stats["empty_files"] += 1
+        documents.extend(docs)
+
+    sentences = [s for d in documents for s in d]
+    encoded = iter(tokenizer.encode_batch(sentences))
+    token_docs: list[list[list[int]]] = []
+    for doc in documents:
+        token_doc = []
+        for _ in doc:
+            ids = next(encoded)
+            if ids:
+                token_doc.append(ids)
+            else:
+                stats["sentences_without_tokens"] += 1
+        stats["documents"] += 1
+        stats["sentences"] += len(doc)
+        if not instances.document_is_usable(token_doc, config.mode):
+            stats["documents_too_short"] += 1
+            continue
+        if len(token_doc) == 1:
+            stats["single_sentence_documents"] += 1
+        token_docs.append(token_doc)
+        stats["tokens"] += sum(len(s) for s in token_doc)
+
+    rng = random.Random(config.seed * 1_000_003 + unit_index)
+    pools: dict[str, list] = {"train": [], "eval": []}
+    for doc in token_docs:
+        held_out = config.holdout_fraction > 0 and rng.random() < config.holdout_fraction
+        pools["eval" if held_out else "train"].append(doc)
+    records = {}
+    for split, pool in pools.items():
+        stats[f"{split}_documents"] += len(pool)
+        examples = instances.create_examples(
+            pool, config.mode, config.max_seq_length, config.short_seq_prob,
+            config.dupe_factor, rng, tokenizer.cls_id, tokenizer.sep_id, stats)
+        records[split] = _serialize(examples, config.max_seq_length, tokenizer.pad_id,
+                                    _WORKER["encoder"])
+    return {"unit": unit_index, "records": records, "stats": stats}
+
+
+def _run_unit(args: tuple[int, list[str]]) -> dict[str, Any]:
+    return process_unit(*args)
+
+
+# ---- main process -----------------------------------------------------------------------------
+class _ShardWriter:
+    """Round-robin writer over ``prefix-XXXXX-of-YYYYY.tfrecord`` files."""
+
+    def __init__(self, output_dir: str, prefix: str, num_shards: int):
+        import tensorflow as tf
+
+        self.names = [f"{prefix}-{i:05d}-of-{num_shards:05d}.tfrecord"
+                      for i in range(num_shards)]
+        self._writers = [tf.io.TFRecordWriter(os.path.join(output_dir, n)) for n in self.names]
+        self.counts = [0] * num_shards
+        self._next = 0
+
+    def write(self, records: list[bytes]) -> None:
+        for record in records:
+            self._writers[self._next].write(record)
+            self.counts[self._next] += 1
+            self._next = (self._next + 1) % len(self._writers)
+
+    def close(self) -> list[dict[str, Any]]:
+        for w in self._writers:
+            w.close()
+        return [{"file": n, "examples": c} for n, c in zip(self.names, self.counts, strict=True)]
+
+
+def create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir: str,
+                            config: CreationConfig, num_shards: int = 1, num_workers: int = 1,
+                            unit_bytes: int = DEFAULT_UNIT_BYTES,
+                            progress: bool = True) -> dict[str, Any]:
+    """Writes shards and ``metadata.json`` into ``output_dir``; returns the metadata dict."""
+    config.validate()
+    if num_shards < 1:
+        raise BertJaxError(f"--num-shards {num_shards}: must be >= 1")
+    files = text.list_input_files(inputs)
+    units = group_files(files, unit_bytes)
+    total_bytes = sum(os.path.getsize(f) for f in files)
+    os.makedirs(output_dir, exist_ok=True)
+    num_eval_shards = max(1, round(num_shards * config.holdout_fraction))
+    train = _ShardWriter(output_dir, "train", num_shards)
+    holdout = _ShardWriter(output_dir, "eval", num_eval_shards) if config.holdout_fraction else None
+    stats: collections.Counter = collections.Counter()
+    start = time.time()
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="create-pretraining-data",
+               disable=not progress, file=sys.stderr)
+    jobs = list(enumerate(units))
+    if num_workers <= 1:
+        _init_worker(tokenizer, config)
+        results = map(_run_unit, jobs)
+        pool = None
+    else:  # spawn: the parent holds tensorflow's threads, which fork would copy half-locked;
+        # a worker that dies raises BrokenProcessPool here instead of hanging.
+        pool = concurrent.futures.ProcessPoolExecutor(
+            num_workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+            initargs=(tokenizer, config))
+        results = pool.map(_run_unit, jobs)
+    try:
+        for result in results:  # in unit order, whatever the number of workers
+            train.write(result["records"]["train"])
+            if holdout is not None:
+                holdout.write(result["records"]["eval"])
+            stats.update(result["stats"])
+            bar.update(result["stats"]["bytes"])
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    train_shards = train.close()
+    eval_shards = holdout.close() if holdout is not None else []
+    seconds = time.time() - start
+
+    num_train = sum(s["examples"] for s in train_shards)
+    if stats["tokens"] == 0 or num_train == 0:
+        for name in [s["file"] for s in train_shards + eval_shards]:
+            os.remove(os.path.join(output_dir, name))
+        raise BertJaxError(f"--input {' '.join(inputs)}: empty corpus ({stats['files']} files, "
+                           f"{stats['documents']} documents, {stats['tokens']} usable tokens, "
+                           f"{stats['documents_too_short']} documents too short)")
+    metadata = {
+        "format_version": FORMAT_VERSION,
+        "mode": config.mode,
+        "max_seq_length": config.max_seq_length,
+        "short_seq_prob": config.short_seq_prob,
+        "dupe_factor": config.dupe_factor,
+        "seed": config.seed,
+        "input_format": config.input_format,
+        "holdout_fraction": config.holdout_fraction,
+        "features": {
+            "input_ids": f"int64[{config.max_seq_length}], padded with [PAD]",
+            "segment_ids": f"int64[{config.max_seq_length}], padded with 0",
+            "next_sentence_label": "int64[1]: 1 = random next (nsp) / swapped (sop); 0 in "
+                                   "full_sentences",
+        },
+        "tokenizer": {
+            "kind": tokenizer.kind,
+            "fingerprint": tokenizer.fingerprint(),
+            "vocab_size": tokenizer.vocab_size,
+            "special_ids": {t.strip("[]").lower(): tokenizer.token_to_id(t)
+                            for t in SPECIAL_TOKENS},
+        },
+        "splits": {
+            "train": {"examples": num_train, "shards": train_shards},
+            "eval": {"examples": sum(s["examples"] for s in eval_shards),
+                     "shards": eval_shards},
+        },
+        "input": {"paths": list(inputs), "work_units": len(units), **dict(sorted(stats.items()))},
+        "seconds": round(seconds, 3),
+        "mb_per_second": round(total_bytes / 1e6 / max(seconds, 1e-9), 3),
+    }
+    write_metadata(output_dir, metadata)
+    return metadata
+
+
+def _summary(metadata: dict[str, Any]) -> str:
+    s = metadata["input"]
+    lines = [
+        f"wrote {metadata['splits']['train']['examples']} train examples in "
+        f"{len(metadata['splits']['train']['shards'])} shards"
+        + (f" and {metadata['splits']['eval']['examples']} eval examples"
+           if metadata["splits"]["eval"]["shards"] else ""),
+        f"input: {s.get('files', 0)} files, {s.get('bytes', 0) / 1e6:.1f} MB, "
+        f"{s.get('documents', 0)} documents, {s.get('sentences', 0)} sentences, "
+        f"{s.get('tokens', 0)} tokens ({metadata['mb_per_second']} MB/s)",
+    ]
+    problems = {k: s[k] for k in ("undecodable_bytes_replaced", "files_with_undecodable_bytes",
+                                  "empty_files", "documents_too_short",
+                                  "sentences_without_tokens", "random_next_from_same_document",
+                                  "sop_one_token_chunks_skipped") if s.get(k)}
+    if problems:
+        lines.append("repaired/skipped: " + ", ".join(f"{k}={v}" for k, v in problems.items()))
+    return "\n".join(lines)
+
+
+class command:  # noqa: N801 - the CLI registry names this attribute
+    """CLI entry: ``bert-jax create-pretraining-data``."""
+
+    @staticmethod
+    def add_arguments(parser) -> None:
+        parser.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                            help="text files or directories (read recursively)")
+        parser.add_argument("--tokenizer", required=True,
+                            help="tokenizer directory, vocab.txt or SentencePiece .model")
+        parser.add_argument("--output-dir", required=True)
+        parser.add_argument("--max-seq-length", type=int, default=128)
+        parser.add_argument("--short-seq-prob", type=float, default=0.1)
+        parser.add_argument("--mode", choices=instances.MODES, default="nsp")
+        parser.add_argument("--dupe-factor", type=int, default=1,
+                            help="passes over the corpus (masking is dynamic, so extra passes "
+                                 "only re-sample the pairs)")
+        parser.add_argument("--num-shards", type=int, default=8)
+        parser.add_argument("--seed", type=int, default=12345)
+        parser.add_argument("--num-workers", type=int, default=os.cpu_count() or 1)
+        parser.add_argument("--input-format", choices=text.INPUT_FORMATS, default="auto")
+        parser.add_argument("--holdout-fraction", type=float, default=0.0,
+                            help="fraction of documents written to eval-*.tfrecord instead")
+        parser.add_argument("--no-progress", action="store_true")
+
+    @staticmethod
+    def run(args) -> int:
+        from bert_jax.tokenization.base import load_tokenizer
+
+        if not os.path.exists(args.tokenizer):
+            raise BertJaxError(f"--tokenizer {args.tokenizer}: no such file or directory")
+        tokenizer = load_tokenizer(args.tokenizer)
+        config = CreationConfig(
+            max_seq_length=args.max_seq_length, short_seq_prob=args.short_seq_prob,
+            mode=args.mode, dupe_factor=args.dupe_factor, seed=args.seed,
+            input_format=args.input_format, holdout_fraction=args.holdout_fraction)
+        metadata = create_pretraining_data(
+            args.input, tokenizer, args.output_dir, config, num_shards=args.num_shards,
+            num_workers=args.num_workers, progress=not args.no_progress)
+        print(_summary(metadata))
+        return 0

@@ -1,0 +1,133 @@
+"""Raw-text reading for pretraining: finding files, decoding, and splitting into documents.
+
+Two layouts are understood:
+
+* ``lines`` (BERT's format): one sentence per line, a blank line between documents.
+* ``paragraphs``: ordinary prose (hard-wrapped or one paragraph per line); each blank-line
+  separated paragraph is one document, its wrapped lines are joined and split into sentences
+  with a regular-expression splitter.
+
+``auto`` decides per file from its first lines. Nothing is dropped silently: undecodable bytes
+are replaced (and counted), and the caller counts documents it cannot use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+from bert_jax.errors import BertJaxError
+
+INPUT_FORMATS = ("auto", "lines", "paragraphs")
+
+# A sentence ends at . ! ? (optionally followed by closing quotes/brackets) before whitespace and
+# an upper-case letter, digit or opening quote, unless the word before is a known abbreviation.
+_ABBREVIATIONS = (
+    "mr", "mrs", "ms", "dr", "prof", "st", "sr", "jr", "vs", "etc", "e.g", "i.e", "no", "fig",
+    "gen", "col", "capt", "lt", "sgt", "rev", "hon", "inc", "ltd", "co", "corp", "mt", "jan",
+    "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "u.s", "u.k",
+)
+_BOUNDARY = re.compile(r"""([.!?]+["'”’)\]]*)\s+(?=["'“‘(\[]?[A-Z0-9])""")
+_LAST_WORD = re.compile(r"(\S+)$")
+
+
+@dataclasses.dataclass
+class TextFile:
+    """One decoded input file."""
+
+    path: str
+    text: str
+    bytes: int
+    replaced_chars: int  # U+FFFD inserted for undecodable bytes
+
+
+def list_input_files(inputs: list[str]) -> list[str]:
+    """Expands files and directories (recursively, hidden entries skipped) to a sorted list."""
+    files: list[str] = []
+    for path in inputs:
+        if os.path.isfile(path):
+            files.append(path)
+        elif os.path.isdir(path):
+            for root, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                files.extend(os.path.join(root, n) for n in names if not n.startswith("."))
+        else:
+            raise BertJaxError(f"--input {path}: no such file or directory")
+    files = sorted(dict.fromkeys(os.path.normpath(f) for f in files))
+    if not files:
+        raise BertJaxError(f"--input {' '.join(inputs)}: no files found")
+    return files
+
+
+def read_text_file(path: str) -> TextFile:
+    """Reads a file as UTF-8, replacing undecodable bytes with U+FFFD and counting them."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    text = raw.decode("utf-8", errors="replace")
+    # Only count replacements that decoding introduced, not U+FFFD already in the file.
+    replaced = text.count("\ufffd") - raw.count("\ufffd".encode())
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return TextFile(path, text, len(raw), replaced)
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Splits prose into sentences at terminal punctuation, keeping abbreviations intact."""
+    paragraph = " ".join(paragraph.split())
+    sentences: list[str] = []
+    start = 0
+    for m in _BOUNDARY.finditer(paragraph):
+        head = paragraph[start:m.start(1)]
+        last = _LAST_WORD.search(head)
+        word = last.group(1).lower().lstrip("\"'([“‘") if last else ""
+        if m.group(1) == "." and (word in _ABBREVIATIONS or len(word) == 1 and word.isalpha()):
+            continue
+        sentences.append(paragraph[start:m.end(1)])
+        start = m.end()
+    tail = paragraph[start:].strip()
+    if tail:
+        sentences.append(tail)
+    return sentences
+
+
+def detect_format(text: str, sample_lines: int = 2000) -> str:
+    """Guesses ``lines`` or ``paragraphs`` from the first non-blank lines of a file.
+
+    Prose shows itself either by lines holding several sentences (one paragraph per line) or by
+    hard wrapping (lines that end mid-sentence and continue on the next line).
+    """
+    lines = text.splitlines()[: sample_lines * 2]
+    nonblank = [i for i, line in enumerate(lines) if line.strip()][:sample_lines]
+    if not nonblank:
+        return "lines"
+    multi = sum(len(split_sentences(lines[i])) > 1 for i in nonblank)
+    wrapped = sum(
+        1 for i in nonblank
+        if i + 1 < len(lines) and lines[i + 1].strip()
+        and not re.search(r"""[.!?:;"'”’)\]]\s*$""", lines[i]))
+    if multi > 0.2 * len(nonblank) or wrapped > 0.3 * len(nonblank):
+        return "paragraphs"
+    return "lines"
+
+
+def split_documents(text: str, input_format: str) -> list[list[str]]:
+    """Text -> documents, each a list of sentence strings (possibly empty lists)."""
+    if input_format not in ("lines", "paragraphs"):
+        raise BertJaxError(f"input format {input_format!r}: expected 'lines' or 'paragraphs'")
+    documents: list[list[str]] = [[]]
+    block: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            if input_format == "paragraphs" and block:
+                documents[-1] = split_sentences(" ".join(block))
+                block = []
+            documents.append([])
+        elif input_format == "lines":
+            documents[-1].append(line)
+        else:
+            block.append(line)
+    if block:
+        documents[-1] = split_sentences(" ".join(block))
+    return [d for d in documents if d]
