@@ -1,0 +1,228 @@
+"""Numerical properties of the Flax model: parameter counts of the presets, scan == unrolled,
+remat == no remat, bfloat16 close to float32, jitted forward/backward, optional outputs,
+vocabulary padding, and config validation / JSON round trips."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from bert_jax import modeling
+from bert_jax.config import BertConfig, get_preset
+from bert_jax.errors import BertJaxError
+from bert_jax.modeling.params import flatten_params, to_layout
+
+TINY = BertConfig(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=48, max_position_embeddings=16, hidden_dropout_prob=0.1,
+                  attention_probs_dropout_prob=0.1)
+
+
+def _batch(config, batch=3, seq_len=10, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = np.array([seq_len, 6, 2, 8][:batch])
+    pos = np.arange(seq_len)[None]
+    mask = (pos < lengths[:, None]).astype(np.int32)
+    ids = rng.integers(5, config.vocab_size, (batch, seq_len)).astype(np.int32) * mask
+    segments = ((pos >= (lengths // 2)[:, None]) * mask).astype(np.int32)
+    return jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(segments)
+
+
+def _init(config, module=None, seed=0):
+    """Random params in the model's tree (shapes from jax.eval_shape: eager flax init is
+    slow on CPU); LayerNorm scales near 1, everything else small noise."""
+    module = module or modeling.BertForPreTraining(config)
+    shapes = nn.unbox(jax.eval_shape(module.init, jax.random.key(0), *_batch(config)))["params"]
+    rng = np.random.default_rng(seed)
+
+    def fill(path, x):
+        base = 1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0
+        return jnp.asarray(base + rng.normal(0, 0.05, x.shape), jnp.float32)
+
+    return jax.tree_util.tree_map_with_path(fill, shapes)
+
+
+def _count(config: BertConfig) -> int:
+    """Encoder + pooler parameters (as published), without the vocabulary padding rows."""
+    shapes = jax.eval_shape(modeling.BertModel(config.replace(scan_layers=True)).init,
+                            jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    total = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(nn.unbox(shapes)))
+    return total - (config.padded_vocab_size - config.vocab_size) * config.embedding_dim
+
+
+@pytest.mark.parametrize("preset,published", [("base", 110e6), ("large", 340e6),
+                                              ("albert_base", 12e6)])
+def test_preset_parameter_counts(preset, published):
+    count = _count(get_preset(preset))
+    assert abs(count - published) / published < 0.03, count
+
+
+def _diff(a, b):
+    return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(
+        jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True))
+
+
+def test_scan_and_unrolled_agree_forward_and_backward():
+    params = _init(TINY)
+    scan_cfg = TINY.replace(scan_layers=True)
+    scan_params = to_layout(params, scan_cfg)
+    assert scan_params["bert"]["encoder"]["layers"]["mlp_in"]["kernel"].shape == (2, 32, 48)
+    inputs = _batch(TINY)
+
+    def run(cfg, p):
+        return jax.jit(lambda p: modeling.BertForPreTraining(cfg).apply(
+            {"params": p}, *inputs, output_hidden_states=True, output_attentions=True))(p)
+
+    a, b = run(TINY, params), run(scan_cfg, scan_params)
+    for key in ("sequence_output", "pooled_output", "mlm_logits", "nsp_logits",
+                "hidden_states", "attentions"):
+        assert _diff(a[key], b[key]) <= 1e-5, key
+
+    def loss(cfg, p):
+        out = modeling.BertForPreTraining(cfg).apply({"params": p}, *inputs)
+        return jnp.sum(out["pooled_output"] ** 2) + jnp.sum(out["nsp_logits"])
+
+    g_unrolled = jax.jit(jax.grad(lambda p: loss(TINY, p)))(params)
+    g_scan = jax.jit(jax.grad(lambda p: loss(scan_cfg, p)))(scan_params)
+    assert _diff(to_layout(g_scan, TINY), g_unrolled) <= 1e-5
+
+
+@pytest.mark.parametrize("policy,scan_layers", [("full", False), ("dots", True)])
+def test_remat_matches_no_remat(policy, scan_layers):
+    base = TINY.replace(scan_layers=scan_layers)
+    params = to_layout(_init(TINY), base)
+    inputs = _batch(TINY)
+
+    def loss_fn(cfg):
+        def loss(p):
+            out = modeling.BertForPreTraining(cfg).apply({"params": p}, *inputs)
+            return jnp.mean(out["mlm_logits"][..., :cfg.vocab_size] ** 2)
+        return jax.jit(jax.value_and_grad(loss))
+
+    value, grads = loss_fn(base)(params)
+    value_r, grads_r = loss_fn(base.replace(remat_policy=policy))(params)
+    assert abs(float(value) - float(value_r)) <= 1e-6
+    assert _diff(grads, grads_r) <= 1e-6
+
+
+def test_bfloat16_compute_close_to_float32():
+    params = _init(TINY)
+    inputs = _batch(TINY)
+    f32 = modeling.BertModel(TINY).apply({"params": params["bert"]}, *inputs)
+    bf16 = modeling.BertModel(TINY.replace(dtype="bfloat16")).apply(
+        {"params": params["bert"]}, *inputs)
+    assert bf16["sequence_output"].dtype == jnp.bfloat16
+    valid = np.asarray(inputs[1], bool)
+    diff = np.abs(np.asarray(bf16["sequence_output"], np.float32)
+                  - np.asarray(f32["sequence_output"]))[valid]  # [real tokens, hidden]
+    assert diff.mean() < 0.02 and diff.max() < 0.15
+    # Parameters stay float32 whatever the compute dtype.
+    bf16_params = _init(TINY.replace(dtype="bfloat16"))
+    assert {x.dtype for x in jax.tree_util.tree_leaves(bf16_params)} == {jnp.dtype("float32")}
+
+
+def test_jitted_training_steps_with_dropout_reduce_the_loss():
+    config = TINY.replace(scan_layers=True)
+    params = _init(config)
+    ids, mask, segments = _batch(config)
+    positions = jnp.array([[1, 4], [0, 3], [1, 1]])
+    labels = jnp.take_along_axis(ids, positions, axis=1)
+    model = modeling.BertForPreTraining(config)
+
+    @jax.jit
+    def step(p, rng):
+        def loss(p):
+            out = model.apply({"params": p}, ids, mask, segments, positions,
+                              deterministic=False, rngs={"dropout": rng})
+            logp = jax.nn.log_softmax(out["mlm_logits"])
+            mlm = -jnp.mean(jnp.take_along_axis(logp, labels[..., None], -1))
+            nsp = -jnp.mean(jax.nn.log_softmax(out["nsp_logits"])[:, 0])
+            return mlm + nsp
+        value, grads = jax.value_and_grad(loss)(p)
+        return jax.tree_util.tree_map(lambda w, g: w - 0.5 * g, p, grads), value, grads
+
+    losses = []
+    for i in range(8):
+        params, value, grads = step(params, jax.random.key(i))
+        losses.append(float(value))
+        assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
+    flat = flatten_params(grads)
+    assert float(jnp.abs(flat["bert/encoder/layers/attention/qkv/kernel"]).sum()) > 0
+    assert losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_hidden_states_and_attention_probabilities(scan_layers):
+    config = TINY.replace(scan_layers=scan_layers)
+    params = to_layout(_init(TINY), config)
+    ids, mask, segments = _batch(config)
+    out = modeling.BertModel(config).apply({"params": params["bert"]}, ids, mask, segments,
+                                           output_hidden_states=True, output_attentions=True)
+    b, s = ids.shape
+    assert len(out["hidden_states"]) == config.num_hidden_layers + 1
+    assert all(h.shape == (b, s, config.hidden_size) for h in out["hidden_states"])
+    assert _diff(out["hidden_states"][-1], out["sequence_output"]) == 0.0
+    assert len(out["attentions"]) == config.num_hidden_layers
+    key_valid = np.asarray(mask, bool)[:, None, None, :]
+    for probs in out["attentions"]:
+        probs = np.asarray(probs)
+        assert probs.shape == (b, config.num_attention_heads, s, s)
+        np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
+        assert np.all(np.where(key_valid, 0.0, probs) == 0.0)  # no weight on padding
+    default = modeling.BertModel(config).apply({"params": params["bert"]}, ids, mask, segments)
+    assert default["hidden_states"] is None and default["attentions"] is None
+    assert _diff(default["sequence_output"], out["sequence_output"]) <= 1e-5
+
+
+def test_padded_vocabulary_never_wins():
+    params = _init(TINY)
+    v, padded = TINY.vocab_size, TINY.padded_vocab_size
+    assert padded == 128
+    # Adversarial padding rows: huge embeddings and biases must still never be predicted.
+    table = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    params["bert"]["embeddings"]["word_embeddings"]["embedding"] = table.at[v:].set(50.0)
+    params["mlm"]["bias"] = params["mlm"]["bias"].at[v:].set(1e6)
+    out = modeling.BertForPreTraining(TINY).apply({"params": params}, *_batch(TINY))
+    logits = np.asarray(out["mlm_logits"])
+    assert logits.shape[-1] == padded
+    assert np.all(logits[..., v:] <= -1e8)
+    assert np.all(logits.argmax(-1) < v)
+    probs = jax.nn.softmax(out["mlm_logits"])
+    assert float(probs[..., v:].max()) == 0.0
+
+
+def test_config_validation_messages():
+    with pytest.raises(BertJaxError, match="hidden_size.*768 is not divisible by "
+                                           "num_attention_heads=5"):
+        BertConfig(num_attention_heads=5)
+    with pytest.raises(BertJaxError, match="remat_policy"):
+        TINY.replace(remat_policy="some")
+    with pytest.raises(BertJaxError, match=r"unknown BertConfig field\(s\) \['hidden'\]"):
+        TINY.replace(hidden=3)
+
+
+@pytest.mark.parametrize("flavor", ["hf", "google", "bert_jax"])
+def test_config_json_round_trip(tmp_path, flavor):
+    config = TINY.replace(hidden_act="gelu_new", layer_norm_eps=1e-6, type_vocab_size=3)
+    path = tmp_path / "config.json"
+    config.save_json(path, flavor=flavor)
+    back = BertConfig.from_json_file(path)
+    arch_keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "intermediate_size", "hidden_act", "max_position_embeddings",
+                 "type_vocab_size", "hidden_dropout_prob", "attention_probs_dropout_prob")
+    for key in arch_keys:
+        assert getattr(back, key) == getattr(config, key), key
+    if flavor == "bert_jax":
+        assert back == config
+    if flavor == "hf":
+        transformers = pytest.importorskip("transformers")
+        hf = transformers.BertConfig.from_json_file(path)
+        assert hf.hidden_size == 32 and hf.layer_norm_eps == 1e-6
+        assert back.layer_norm_eps == 1e-6
+    if flavor == "google":
+        assert json.loads(path.read_text()).keys() >= {"vocab_size", "hidden_act"}
