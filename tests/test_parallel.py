@@ -1,0 +1,90 @@
+"""Meshes from config, logical-axis rules, and the same training on every layout."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+from training.helpers import small_config
+
+from bert_jax import parallel
+from bert_jax.errors import BertJaxError
+from bert_jax.training import config as config_lib
+from bert_jax.training.inputs import SyntheticBatches
+from bert_jax.training.setup import build_training
+
+MESHES = {
+    "one_device": ({"data": 1}, 1),
+    "data_parallel": ({"data": -1}, 8),
+    "fsdp": ({"data": 1, "fsdp": -1}, 8),
+    "data_x_tensor": ({"data": -1, "tensor": 2}, 8),
+}
+
+
+def test_axis_sizes_fill_and_errors():
+    assert parallel.resolve_axis_sizes({"data": -1, "tensor": 2}, 8, "m") == (4, 1, 2)
+    assert parallel.resolve_axis_sizes({"fsdp": -1}, 8, "m") == (1, 8, 1)
+    with pytest.raises(BertJaxError, match="at most one -1"):
+        parallel.resolve_axis_sizes({"data": -1, "fsdp": -1}, 8, "m")
+    with pytest.raises(BertJaxError, match="uses 6 devices but 8"):
+        parallel.resolve_axis_sizes({"data": 3, "tensor": 2}, 8, "m")
+    with pytest.raises(BertJaxError, match="unknown mesh axes"):
+        parallel.resolve_axis_sizes({"model": 2}, 8, "m")
+    with pytest.raises(BertJaxError, match="unknown mesh axes"):
+        parallel.rules_from_config([("embed", "model")])
+
+
+def test_hybrid_mesh_over_granules():
+    mesh = parallel.create_mesh({"data": 2, "fsdp": -1}, {"data": 1})
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1}
+
+
+def _losses(mesh_sizes, devices, steps=3):
+    config = small_config("--config.optimizer.warmup_steps=0",
+                          "--config.optimizer.learning_rate=1e-2")
+    mesh = parallel.create_mesh(mesh_sizes, devices=jax.devices()[:devices])
+    training = build_training(config, config_lib.model_config(config), mesh)
+    state = training.init_state(jax.random.PRNGKey(0))
+    batch = training.global_batch(next(SyntheticBatches(16, 32, 5, 200, seed=7)))
+    losses = []
+    for _ in range(steps):  # the same batch: the loss must fall
+        state, metrics = training.train_step(state, batch, jax.random.PRNGKey(1))
+        losses.append(float(metrics["loss"]))
+    return losses, state
+
+
+def test_same_losses_on_every_mesh_and_params_sharded_by_rules():
+    results = {name: _losses(*spec) for name, spec in MESHES.items()}
+    reference = results["one_device"][0]
+    assert reference[-1] < reference[0]
+    for name, (losses, _) in results.items():
+        np.testing.assert_allclose(losses, reference, rtol=2e-5, err_msg=name)
+
+    def spec_and_shard(state, *path):
+        node = state.params
+        for p in path:
+            node = node[p]
+        return node.sharding.spec, node.addressable_shards[0].data.shape
+
+    emb = ("bert", "embeddings", "word_embeddings", "embedding")  # [256, 32] (vocab, embed)
+    mlp_in = ("bert", "encoder", "layer_0", "mlp_in", "kernel")  # [32, 64] (embed, mlp)
+    qkv = ("bert", "encoder", "layer_0", "attention", "qkv", "kernel")  # [32, 3, 4, 8]
+    dp, fsdp, dxt = (results[k][1] for k in ("data_parallel", "fsdp", "data_x_tensor"))
+    assert spec_and_shard(dp, *mlp_in)[1] == (32, 64)  # replicated
+    assert spec_and_shard(fsdp, *emb) == (P("tensor", "fsdp"), (256, 4))
+    assert spec_and_shard(fsdp, *mlp_in) == (P("fsdp", "tensor"), (4, 64))
+    assert spec_and_shard(dxt, *mlp_in) == (P("fsdp", "tensor"), (32, 32))
+    assert spec_and_shard(dxt, *qkv) == (P("fsdp", None, "tensor", None), (32, 3, 2, 8))
+    assert spec_and_shard(dxt, *emb) == (P("tensor", "fsdp"), (128, 32))
+    # Optimizer moments follow their parameters (FSDP shards optimizer state too).
+    mu = fsdp.opt_state[1].mu["bert"]["encoder"]["layer_0"]["mlp_in"]["kernel"]
+    assert mu.addressable_shards[0].data.shape == (4, 64)
+
+
+def test_batch_split_over_data_and_fsdp():
+    mesh = parallel.create_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    rules = parallel.rules_from_config(parallel.DEFAULT_RULES)
+    assert parallel.batch_divisor(mesh, rules) == 4
+    batch = parallel.global_batch({"x": np.arange(16).reshape(8, 2)}, mesh, rules)
+    assert batch["x"].shape == (8, 2)
+    assert batch["x"].addressable_shards[0].data.shape == (2, 2)
+    np.testing.assert_array_equal(np.asarray(batch["x"]), np.arange(16).reshape(8, 2))

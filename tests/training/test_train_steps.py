@@ -1,0 +1,89 @@
+"""The pure steps: accumulation equals the full batch, non-finite updates are skipped,
+weight decay skips LayerNorm and biases."""
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import parallel
+from bert_jax.training import config as config_lib
+from bert_jax.training.inputs import SyntheticBatches
+from bert_jax.training.optimizers import decay_mask
+from bert_jax.training.setup import build_training
+
+from .helpers import small_config
+
+NO_DROPOUT = ("--config.model.hidden_dropout_prob=0.0",
+              "--config.model.attention_probs_dropout_prob=0.0")
+
+
+def _setup(*overrides, devices=2):
+    config = small_config(*NO_DROPOUT, *overrides)
+    mesh = parallel.create_mesh({"data": -1}, devices=jax.devices()[:devices])
+    training = build_training(config, config_lib.model_config(config), mesh)
+    batches = SyntheticBatches(16, 32, 5, 200, seed=3)
+    return training, training.init_state(jax.random.PRNGKey(0)), batches
+
+
+def test_gradient_accumulation_equals_full_batch():
+    rng = jax.random.PRNGKey(1)
+    full, state_full, batches = _setup()
+    accum, state_accum, _ = _setup("--config.microbatches=4")
+    batch = full.global_batch(next(batches))
+    state_full, m_full = full.train_step(state_full, batch, rng)
+    state_accum, m_accum = accum.train_step(state_accum, batch, rng)
+    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "grad_norm"):
+        np.testing.assert_allclose(m_full[key], m_accum[key], rtol=2e-5, err_msg=key)
+    for a, b in zip(jax.tree.leaves(state_full.params), jax.tree.leaves(state_accum.params),
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_non_finite_step_is_skipped_and_counted():
+    training, state, batches = _setup("--config.optimizer.warmup_steps=0")
+    rng = jax.random.PRNGKey(1)
+    before = jax.device_get(state.params)
+    bad = next(batches)
+    bad["masked_lm_weights"] = bad["masked_lm_weights"].copy()
+    bad["masked_lm_weights"][0, 0] = np.nan
+    state, metrics = training.train_step(state, training.global_batch(bad), rng)
+    assert int(metrics["skipped"]) == 1
+    assert (int(state.step), int(state.skipped_total), int(state.skipped_in_row)) == (1, 1, 1)
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    state, metrics = training.train_step(state, training.global_batch(next(batches)), rng)
+    assert int(metrics["skipped"]) == 0 and np.isfinite(float(metrics["loss"]))
+    assert (int(state.step), int(state.skipped_total), int(state.skipped_in_row)) == (2, 1, 0)
+    changed = [not np.array_equal(a, b) for a, b in
+               zip(jax.tree.leaves(before), jax.tree.leaves(state.params), strict=True)]
+    assert all(changed)
+
+
+def test_decay_mask_excludes_layer_norm_and_biases():
+    params = {"bert": {"embeddings": {"LayerNorm": {"scale": 1, "bias": 1},
+                                      "word_embeddings": {"embedding": 1}},
+                       "encoder": {"layer_0": {"mlp_in": {"kernel": 1, "bias": 1},
+                                               "output_norm": {"scale": 1, "bias": 1}}}},
+              "mlm": {"bias": 1, "transform": {"kernel": 1}}}
+    mask = decay_mask(params)
+    assert mask["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert mask["bert"]["encoder"]["layer_0"]["mlp_in"]["kernel"]
+    assert mask["mlm"]["transform"]["kernel"]
+    assert not mask["bert"]["embeddings"]["LayerNorm"]["scale"]
+    assert not mask["bert"]["encoder"]["layer_0"]["mlp_in"]["bias"]
+    assert not mask["bert"]["encoder"]["layer_0"]["output_norm"]["scale"]
+    assert not mask["mlm"]["bias"]
+
+
+@pytest.mark.parametrize("name, lr", [("adamw", 3e-3), ("lamb", 5e-2)])
+def test_optimizers_train(name, lr):
+    training, state, batches = _setup(f"--config.optimizer.name={name}",
+                                      "--config.optimizer.warmup_steps=2",
+                                      f"--config.optimizer.learning_rate={lr}",
+                                      "--config.num_train_steps=40")
+    batch = training.global_batch(next(batches))
+    losses = []
+    for _ in range(15):  # memorize one batch
+        state, metrics = training.train_step(state, batch, jax.random.PRNGKey(0))
+        losses.append(float(metrics["loss"]))
+    assert losses[-1] < losses[0] - 0.5, losses
