@@ -1,0 +1,97 @@
+"""Checkpoints in the loop: resume onto another mesh continues exactly, an interrupted save
+leaves the previous step usable, a non-finite streak stops with a saved last good state,
+and the workdir is readable by store.load_model."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax.checkpoint import store
+from bert_jax.checkpoint.manager import CheckpointManager
+from bert_jax.training.loop import TrainingDiverged, train_and_evaluate
+from bert_jax.training.state import TrainState
+
+from .helpers import small_config
+
+RUN = ("--config.log_every=1", "--config.checkpoint.every_steps=3", "--config.eval_steps=0",
+       "--config.optimizer.warmup_steps=2")
+
+
+def train_losses(workdir) -> dict[int, float]:
+    """step -> loss, the last record for each step (a resumed run rewrites later steps)."""
+    out = {}
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if record["split"] == "train":
+                out[record["step"]] = record["loss"]
+    return out
+
+
+def test_resume_onto_another_mesh_matches_uninterrupted(tmp_path):
+    full = tmp_path / "full"
+    train_and_evaluate(small_config(*RUN, "--config.num_train_steps=6"), str(full))
+    part = tmp_path / "part"
+    first = train_and_evaluate(small_config(*RUN, "--config.num_train_steps=6"), str(part))
+    assert first["step"] == 6
+    # Pretend the run was stopped at step 3: drop the later checkpoint, resume on FSDP x TP.
+    shutil.rmtree(part / "checkpoints" / "6")
+    resumed = train_and_evaluate(small_config(
+        *RUN, "--config.num_train_steps=6", "--config.parallel.mesh.data=1",
+        "--config.parallel.mesh.fsdp=-1", "--config.parallel.mesh.tensor=2"), str(part))
+    assert resumed["step"] == 6
+    want, got = train_losses(full), train_losses(part)
+    assert sorted(got) == list(range(1, 7))
+    np.testing.assert_allclose([got[s] for s in range(1, 7)], [want[s] for s in range(1, 7)],
+                               rtol=1e-5)
+    # The workdir is a model checkpoint for fine-tuning and export.
+    params, config, _, extra = store.load_model(str(part))
+    assert config.hidden_size == 32 and extra["experiment"]["num_train_steps"] == 6
+    assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape == (256, 32)
+
+
+def _tiny_state(value: float) -> TrainState:
+    params = {"dense": {"kernel": np.full((4, 2), value, np.float32)}}
+    return TrainState.create(params, {"mu": params}).replace(step=np.int32(value))
+
+
+def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
+    manager = CheckpointManager(str(tmp_path), every_steps=1, keep=3, async_save=True)
+    rng = jax.random.PRNGKey(0)
+    manager.save(1, _tiny_state(1.0), rng, {"step": 1})
+    manager.save(2, _tiny_state(2.0), rng, {"step": 2})
+    manager.close()
+    # A save of step 3 killed midway: Orbax's temporary directory, never renamed.
+    partial = tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp-1700000000000000"
+    (partial / "params").mkdir(parents=True)
+    (partial / "params" / "_METADATA").write_text("{trunc")
+    assert os.path.basename(store.latest_step_dir(str(tmp_path))) == "2"
+    manager = CheckpointManager(str(tmp_path), every_steps=1, keep=3)
+    assert manager.latest_step() == 2
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
+                            _tiny_state(0.0))
+    state, _, data_state = manager.restore(2, abstract, jax.ShapeDtypeStruct((2,), np.uint32))
+    manager.close()
+    assert data_state == {"step": 2} and int(state.step) == 2
+    np.testing.assert_array_equal(state.params["dense"]["kernel"], np.full((4, 2), 2.0))
+
+
+def test_non_finite_streak_stops_with_checkpoint(tmp_path):
+    config = small_config("--config.log_every=1", "--config.eval_steps=0",
+                          "--config.optimizer.warmup_steps=0",
+                          "--config.optimizer.learning_rate=1e30",
+                          "--config.optimizer.clip_norm=0.0", "--config.max_skipped_in_row=3",
+                          "--config.num_train_steps=50")
+    with pytest.raises(TrainingDiverged, match="3 consecutive steps had a non-finite"):
+        train_and_evaluate(config, str(tmp_path))
+    steps = train_losses(tmp_path)
+    assert max(steps) < 50
+    saved = int(os.path.basename(store.latest_step_dir(str(tmp_path))))
+    assert saved == max(steps)
+    params, _, _, _ = store.load_model(str(tmp_path))
+    leaves = jax.tree.leaves(params)
+    assert all(np.isfinite(x).all() for x in leaves)
