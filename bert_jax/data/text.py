@@ -3,9 +3,9 @@
 Two layouts are understood:
 
 * ``lines`` (BERT's format): one sentence per line, a blank line between documents.
-* ``paragraphs``: ordinary prose (hard-wrapped or one paragraph per line); each blank-line
-  separated paragraph is one document, its wrapped lines are joined and split into sentences
-  with a regular-expression splitter.
+* ``paragraphs``: ordinary prose (hard-wrapped or one paragraph per line); the wrapped lines of
+  a paragraph are joined and split into sentences with a regular-expression splitter, and two
+  or more blank lines in a row (chapter or article breaks) separate documents.
 
 ``auto`` decides per file from its first lines. Nothing is dropped silently: undecodable bytes
 are replaced (and counted), and the caller counts documents it cannot use.
@@ -112,22 +112,35 @@ def detect_format(text: str, sample_lines: int = 2000) -> str:
 
 
 def split_documents(text: str, input_format: str) -> list[list[str]]:
-    """Text -> documents, each a list of sentence strings (possibly empty lists)."""
+    """Text -> documents, each a list of sentence strings.
+
+    ``lines``: each non-blank line is a sentence, a blank line ends the document.
+    ``paragraphs``: a blank line ends a paragraph (its lines are joined and split into
+    sentences); two or more consecutive blank lines (chapter or article breaks) end the
+    document, and a file without them is one document.
+    """
     if input_format not in ("lines", "paragraphs"):
         raise BertJaxError(f"input format {input_format!r}: expected 'lines' or 'paragraphs'")
     documents: list[list[str]] = [[]]
     block: list[str] = []
+    blank_run = 0
     for line in text.splitlines():
         line = line.strip()
         if not line:
-            if input_format == "paragraphs" and block:
-                documents[-1] = split_sentences(" ".join(block))
+            blank_run += 1
+            if input_format == "lines":
+                documents.append([])
+            elif block:
+                documents[-1].extend(split_sentences(" ".join(block)))
                 block = []
-            documents.append([])
-        elif input_format == "lines":
+            continue
+        if input_format == "lines":
             documents[-1].append(line)
         else:
+            if blank_run >= 2 and documents[-1]:
+                documents.append([])
             block.append(line)
+        blank_run = 0
     if block:
-        documents[-1] = split_sentences(" ".join(block))
+        documents[-1].extend(split_sentences(" ".join(block)))
     return [d for d in documents if d]

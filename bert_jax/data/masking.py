@@ -1,0 +1,166 @@
+"""Dynamic masked-LM masking in TF ops, vectorised over a batch, with stateless randomness.
+
+A batch is masked as a whole: the tokens that may be masked (not special, not padding) are
+grouped into *units* (single tokens; whole words with ``whole_word``; with ``span_masking``,
+runs of units whose lengths follow a geometric distribution clipped at ``max_span``, as in
+SpanBERT). Units are drawn in a random order and taken while the running token count stays
+within ``round(n * mask_rate)`` (at least 1, at most ``max_predictions``), so whole words and
+spans are never cut. Google's loop skips a word that does not fit and tries the next; a
+vectorised draw stops at the first that does not fit, so whole-word and span masking may pick a
+few tokens fewer than the budget. Each chosen token becomes [MASK] with probability 0.8, a
+random non-special token with 0.1, and stays unchanged with 0.1.
+
+All randomness comes from ``seed`` (a [2] int64 tensor), so the same seed gives the same masks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from bert_jax.errors import BertJaxError
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingConfig:
+    vocab_size: int
+    special_ids: tuple[int, ...]  # never masked, never used as random replacements
+    mask_id: int
+    max_predictions: int
+    mask_rate: float = 0.15
+    whole_word: bool = False
+    span_masking: bool = False
+    span_p: float = 0.2  # geometric span-length parameter (mean 1/p before clipping)
+    max_span: int = 10
+    word_start_mask: np.ndarray | None = None  # bool[vocab_size], for whole_word
+
+    def validate(self) -> None:
+        if not 0.0 < self.mask_rate < 1.0:
+            raise BertJaxError(f"mask_rate {self.mask_rate}: must be in (0, 1)")
+        if self.max_predictions < 1:
+            raise BertJaxError(f"max_predictions_per_seq {self.max_predictions}: must be >= 1")
+        if self.whole_word:
+            if self.word_start_mask is None:
+                raise BertJaxError("whole_word masking needs the tokenizer's word_start_mask")
+            if len(self.word_start_mask) != self.vocab_size:
+                raise BertJaxError(f"word_start_mask has {len(self.word_start_mask)} entries, "
+                                   f"vocab_size is {self.vocab_size}")
+        if self.span_masking and not (0.0 < self.span_p <= 1.0 and self.max_span >= 1):
+            raise BertJaxError(f"span masking needs 0 < span_p <= 1 and max_span >= 1, got "
+                               f"{self.span_p}, {self.max_span}")
+        bad = [i for i in (*self.special_ids, self.mask_id) if not 0 <= i < self.vocab_size]
+        if bad:
+            raise BertJaxError(f"special ids {bad} outside vocab_size {self.vocab_size}")
+
+
+def _shift_right(x, fill):
+    """x[:, t-1] at position t, ``fill`` at t=0."""
+    import tensorflow as tf
+
+    return tf.concat([tf.fill([tf.shape(x)[0], 1], fill), x[:, :-1]], axis=1)
+
+
+def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed):
+    """bool[B, S]: True where a maskable unit (token, word or span) begins."""
+    import tensorflow as tf
+
+    prev_candidate = _shift_right(candidate, False)
+    starts = candidate
+    if config.whole_word:
+        word_start = tf.gather(tables["word_start"], input_ids)
+        starts = candidate & (word_start | ~prev_candidate)
+    if not config.span_masking:
+        return starts
+    # A span boundary at each unit with probability p gives geometric span lengths; a boundary
+    # is forced after max_span units, which clips the distribution at max_span.
+    coin = tf.random.stateless_uniform(tf.shape(input_ids), seed, alg="philox")
+    boundary = starts & (~prev_candidate | (coin < config.span_p))
+    unit_index = tf.cumsum(tf.cast(starts, tf.int32), axis=1)  # [B, S]
+    seq_len = tf.shape(input_ids)[1]
+    positions = tf.range(seq_len)[None, :]
+    # The position of the latest boundary at or before each token.
+    order = tf.argsort(tf.where(boundary, positions, positions + seq_len), axis=1, stable=True)
+    nth = tf.maximum(tf.cumsum(tf.cast(boundary, tf.int32), axis=1) - 1, 0)
+    last_boundary = tf.gather(order, nth, batch_dims=1)
+    since = unit_index - tf.gather(unit_index, last_boundary, batch_dims=1)
+    forced = starts & (since > 0) & (since % config.max_span == 0)
+    return boundary | forced
+
+
+def mask_batch(input_ids, seed, config: MaskingConfig, tables):
+    """Masks int32[B, S] ids. Returns (masked_ids, positions, ids, weights); see module doc.
+
+    ``tables`` comes from :func:`make_tables` (built once, outside the per-batch function).
+    """
+    import tensorflow as tf
+
+    seeds = tf.random.experimental.stateless_split(seed, 4, alg="philox")  # [4, 2]
+    batch = tf.shape(input_ids)[0]
+    seq_len = int(input_ids.shape[1])  # static: the pipeline pads to a fixed length
+    k = min(config.max_predictions, seq_len)
+    candidate = ~tf.gather(tables["special"], input_ids)  # [B, S]
+    num_candidates = tf.reduce_sum(tf.cast(candidate, tf.int32), axis=1)  # [B]
+    budget = tf.cast(tf.round(tf.cast(num_candidates, tf.float32) * config.mask_rate), tf.int32)
+    budget = tf.minimum(tf.clip_by_value(budget, 1, config.max_predictions), num_candidates)
+
+    if config.whole_word or config.span_masking:
+        starts = _unit_starts(input_ids, candidate, config, tables, seeds[0])
+        # Units numbered 0.. per row; non-candidates go to a dummy unit ``seq_len``.
+        unit = tf.where(candidate, tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1, seq_len)
+        slots = seq_len + 1
+        flat = unit + tf.range(batch)[:, None] * slots
+        unit_len = tf.reshape(tf.math.unsorted_segment_sum(
+            tf.cast(candidate, tf.int32), flat, batch * slots), [batch, slots])  # [B, S+1]
+        score = tf.random.stateless_uniform([batch, slots], seeds[1], alg="philox")
+        score = tf.where(unit_len > 0, score, 2.0)
+        order = tf.argsort(score, axis=1)
+        cum = tf.cumsum(tf.gather(unit_len, order, batch_dims=1), axis=1)
+        take_sorted = cum <= budget[:, None]
+        take_unit = tf.gather(take_sorted, tf.argsort(order, axis=1), batch_dims=1)
+        selected = tf.gather(take_unit, unit, batch_dims=1) & candidate
+    else:
+        # Single tokens: the ``budget`` candidates with the smallest random scores.
+        score = tf.random.stateless_uniform(tf.shape(input_ids), seeds[1], alg="philox")
+        score = tf.where(candidate, score, 2.0)
+        _, lowest = tf.math.top_k(-score, k=k)  # [B, k]
+        chosen = tf.range(k)[None, :] < budget[:, None]
+        flat = tf.boolean_mask(lowest + tf.range(batch)[:, None] * seq_len, chosen)
+        selected = tf.reshape(tf.scatter_nd(flat[:, None], tf.ones_like(flat, tf.bool),
+                                            [batch * seq_len]), [batch, seq_len])
+
+    # Masked positions in increasing order, padded with position 0 / weight 0.
+    positions = tf.range(seq_len)[None, :]
+    key = tf.where(selected, seq_len - positions, 0)
+    values, lm_positions = tf.math.top_k(key, k=k)  # [B, k]
+    valid = values > 0
+    lm_positions = tf.where(valid, lm_positions, 0)
+    lm_ids = tf.where(valid, tf.gather(input_ids, lm_positions, batch_dims=1), 0)
+    weights = tf.cast(valid, tf.float32)
+    pad = config.max_predictions - k
+    lm_positions = tf.pad(lm_positions, [[0, 0], [0, pad]])
+    lm_ids = tf.pad(lm_ids, [[0, 0], [0, pad]])
+    weights = tf.pad(weights, [[0, 0], [0, pad]])
+
+    action = tf.random.stateless_uniform(tf.shape(input_ids), seeds[2], alg="philox")
+    replacement_index = tf.random.stateless_uniform(
+        tf.shape(input_ids), seeds[3], minval=0, maxval=tf.shape(tables["replacements"])[0],
+        dtype=tf.int32, alg="philox")
+    random_tokens = tf.gather(tables["replacements"], replacement_index)
+    masked = tf.where(selected & (action < 0.8), config.mask_id, input_ids)
+    masked = tf.where(selected & (action >= 0.8) & (action < 0.9), random_tokens, masked)
+    return masked, lm_positions, lm_ids, weights
+
+
+def make_tables(config: MaskingConfig) -> dict:
+    """Constant lookup tensors: special[vocab], replacements[n], word_start[vocab]."""
+    import tensorflow as tf
+
+    config.validate()
+    special = np.zeros(config.vocab_size, bool)
+    special[list(config.special_ids)] = True
+    tables = {"special": tf.constant(special),
+              "replacements": tf.constant(np.flatnonzero(~special).astype(np.int32))}
+    if config.word_start_mask is not None:
+        tables["word_start"] = tf.constant(np.asarray(config.word_start_mask, bool))
+    return tables

@@ -1,0 +1,278 @@
+"""tf.data pretraining pipeline: host split, per-epoch shuffle, batching, dynamic masking.
+
+The stream a host sees is a deterministic function of (seed, process index/count, position):
+
+* Host split: with at least as many shard files as hosts, host ``i`` reads files
+  ``i, i + n, ...`` (sorted); otherwise every host reads all files in order and keeps examples
+  ``i, i + n, ...``. Either way the hosts' examples are disjoint and together complete.
+* Epoch ``e`` permutes the host's files with a stateless shuffle keyed by (seed, e), interleaves
+  them and shuffles examples in a buffer seeded by (seed, e). Batches run across epoch ends, so
+  nothing is dropped while repeating.
+* Batch ``step`` (counted per host from 0) is masked with a stateless seed
+  ``fold_in(fold_in((seed, process_index), step))``: each epoch masks differently, and the same
+  (seed, step) always gives the same batch.
+* Resuming at ``start_step`` skips ``start_step * batch`` examples (whole epochs by arithmetic,
+  the rest by reading records, before parsing), so a resumed run continues exactly.
+
+Batches are parsed after batching with one ``parse_example`` over fixed-length features and
+masked with vectorised ops (:mod:`bert_jax.data.masking`), ``AUTOTUNE`` parallel and prefetched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch
+from bert_jax.data.metadata import METADATA_JSON, PretrainingDataConfig, load_metadata
+from bert_jax.errors import BertJaxError
+
+BATCH_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+              "masked_lm_weights", "next_sentence_labels")
+_SEED_MIX = 1_000_003
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFiles:
+    """What one host reads: files, and whether it keeps every ``count``-th example of them."""
+
+    files: list[str]
+    example_stride: int  # 1 = all examples of its files; n = every n-th example
+    example_offset: int
+    num_examples: int  # per epoch
+
+
+def split_for_host(files: Sequence[str], counts: Sequence[int], process_index: int,
+                   process_count: int) -> HostFiles:
+    """Disjoint, complete assignment of shard files (or examples) to hosts."""
+    if not 0 <= process_index < process_count:
+        raise BertJaxError(f"process_index {process_index} not in [0, {process_count})")
+    order = sorted(range(len(files)), key=lambda i: files[i])
+    files = [files[i] for i in order]
+    counts = [counts[i] for i in order]
+    if len(files) >= process_count:
+        mine = list(range(process_index, len(files), process_count))
+        return HostFiles([files[i] for i in mine], 1, 0, sum(counts[i] for i in mine))
+    total = sum(counts)
+    return HostFiles(files, process_count, process_index,
+                     max(0, (total - process_index + process_count - 1) // process_count))
+
+
+def resolve_files(pattern_or_files: str | Sequence[str]) -> tuple[list[str], list[int], int]:
+    """Files, example counts and stored sequence length, from metadata.json where present.
+
+    Accepts a data directory (its train split), a glob pattern or a list of files. Files not
+    listed in a metadata.json beside them are counted by reading them once.
+    """
+    if isinstance(pattern_or_files, str):
+        if os.path.isdir(pattern_or_files):
+            meta = load_metadata(pattern_or_files)
+            return meta.train_files, meta.train_examples, meta.max_seq_length
+        files = sorted(glob.glob(pattern_or_files))
+        if not files:
+            raise BertJaxError(f"{pattern_or_files}: no files match")
+    else:
+        files = [str(f) for f in pattern_or_files]
+        missing = [f for f in files if not os.path.exists(f)]
+        if missing or not files:
+            raise BertJaxError(f"pretraining files: {missing[0] if missing else 'none given'} "
+                               "not found")
+    known: dict[str, tuple[int, int]] = {}
+    for directory in sorted({os.path.dirname(os.path.abspath(f)) for f in files}):
+        if os.path.exists(os.path.join(directory, METADATA_JSON)):
+            meta = load_metadata(directory)
+            for split in ("train", "eval"):
+                for f, c in zip(*meta.files(split), strict=True):
+                    known[os.path.abspath(f)] = (c, meta.max_seq_length)
+    counts, lengths = [], set()
+    for f in files:
+        count, length = known.get(os.path.abspath(f)) or _scan(f)
+        counts.append(count)
+        lengths.add(length)
+    if len(lengths - {0}) > 1:
+        raise BertJaxError(f"pretraining files have different sequence lengths {sorted(lengths)}")
+    return files, counts, max(lengths)
+
+
+def _scan(path: str) -> tuple[int, int]:
+    """(number of records, length of input_ids) of a TFRecord file without metadata."""
+    import tensorflow as tf
+
+    count, length = 0, 0
+    for record in tf.data.TFRecordDataset(path):
+        if count == 0:
+            example = tf.train.Example.FromString(record.numpy())
+            length = len(example.features.feature["input_ids"].int64_list.value)
+        count += 1
+    return count, length
+
+
+def _mix(*values: int) -> int:
+    out = 0
+    for v in values:
+        out = (out * _SEED_MIX + int(v)) % (1 << 62)
+    return out
+
+
+def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_batch_size: int,
+                             seq_len: int, max_predictions_per_seq: int, vocab_size: int,
+                             special_ids: Sequence[int], mask_id: int,
+                             word_start_mask: np.ndarray | None = None, mask_rate: float = 0.15,
+                             whole_word: bool = False, span_masking: bool = False,
+                             seed: int = 0, process_index: int = 0, process_count: int = 1,
+                             shuffle_buffer: int = 10_000, start_step: int = 0,
+                             repeat: bool = True, cycle_length: int = 8,
+                             pad_id: int | None = None):
+    """A ``tf.data.Dataset`` of masked pretraining batches for this host (see module doc).
+
+    Each element is a dict of BATCH_KEYS: int32 [B, seq_len] ids/mask/segments, int32 [B, P]
+    positions/ids, float32 [B, P] weights, int32 [B] next-sentence labels. With ``repeat=False``
+    the stream is one epoch and the last batch may be smaller. ``pad_id`` defaults to
+    ``special_ids[0]`` ([PAD] comes first in BERT's special-token order).
+    """
+    import tensorflow as tf
+
+    files, counts, stored_len = resolve_files(pattern_or_files)
+    if seq_len < stored_len:
+        raise BertJaxError(f"seq_len {seq_len} is shorter than the stored examples "
+                           f"({stored_len} tokens); recreate the data or raise seq_len")
+    if per_host_batch_size < 1:
+        raise BertJaxError(f"per_host_batch_size {per_host_batch_size}: must be >= 1")
+    masking = MaskingConfig(vocab_size=vocab_size, special_ids=tuple(int(i) for i in special_ids),
+                            mask_id=mask_id, max_predictions=max_predictions_per_seq,
+                            mask_rate=mask_rate, whole_word=whole_word,
+                            span_masking=span_masking, word_start_mask=word_start_mask)
+    tables = make_tables(masking)
+    host = split_for_host(files, counts, process_index, process_count)
+    if host.num_examples == 0:
+        raise BertJaxError(f"host {process_index} of {process_count} has no examples "
+                           f"({sum(counts)} examples in {len(files)} files)")
+    start_example = start_step * per_host_batch_size
+    start_epoch, skip = divmod(start_example, host.num_examples)
+    if not repeat and start_epoch > 0:
+        raise BertJaxError(f"start_step {start_step} is past the end of the single epoch")
+
+    host_files = tf.constant(host.files)
+    cycle = min(cycle_length, len(host.files))
+
+    def epoch_examples(epoch):
+        if host.example_stride > 1:  # fewer files than hosts: a fixed example split
+            ds = tf.data.TFRecordDataset(host_files).shard(host.example_stride,
+                                                           host.example_offset)
+        else:
+            order = tf.random.experimental.stateless_shuffle(
+                host_files, tf.stack([tf.constant(_mix(seed, 1), tf.int64), epoch]),
+                alg="philox")
+            ds = tf.data.Dataset.from_tensor_slices(order).interleave(
+                tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if shuffle_buffer > 1:
+            ds = ds.shuffle(shuffle_buffer, seed=tf.constant(_mix(seed, 2), tf.int64) + epoch,
+                            reshuffle_each_iteration=False)
+        return ds
+
+    last_epoch = np.iinfo(np.int64).max if repeat else 1
+    ds = tf.data.Dataset.range(start_epoch, last_epoch).flat_map(epoch_examples).skip(skip)
+    ds = ds.batch(per_host_batch_size, drop_remainder=repeat)
+    ds = ds.enumerate(start=start_step)
+
+    base_seed = tf.constant([_mix(seed, 3), process_index], tf.int64)
+    features = {"input_ids": tf.io.FixedLenFeature([stored_len], tf.int64),
+                "segment_ids": tf.io.FixedLenFeature([stored_len], tf.int64),
+                "next_sentence_label": tf.io.FixedLenFeature([1], tf.int64)}
+    if pad_id is None:
+        pad_id = masking.special_ids[0] if masking.special_ids else 0
+
+    def parse_and_mask(step, serialized):
+        parsed = tf.io.parse_example(serialized, features)
+        input_ids = tf.cast(parsed["input_ids"], tf.int32)
+        segment_ids = tf.cast(parsed["segment_ids"], tf.int32)
+        if seq_len > stored_len:
+            extra = [[0, 0], [0, seq_len - stored_len]]
+            input_ids = tf.pad(input_ids, extra, constant_values=pad_id)
+            segment_ids = tf.pad(segment_ids, extra)
+        input_ids = tf.ensure_shape(input_ids, [None, seq_len])
+        batch_seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
+        masked, positions, ids, weights = mask_batch(input_ids, batch_seed, masking, tables)
+        return {"input_ids": masked,
+                "input_mask": tf.cast(input_ids != pad_id, tf.int32),
+                "segment_ids": segment_ids,
+                "masked_lm_positions": positions,
+                "masked_lm_ids": ids,
+                "masked_lm_weights": weights,
+                "next_sentence_labels": tf.cast(parsed["next_sentence_label"][:, 0], tf.int32)}
+
+    ds = ds.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options)
+
+
+class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
+    """Numpy batches from :func:`make_pretraining_dataset`, with a resumable position.
+
+    ``state()`` is a small JSON-serializable dict; ``PretrainingIterator(..., state=s)`` with the
+    same arguments continues exactly where the saved iterator stood.
+    """
+
+    def __init__(self, pattern_or_files: str | Sequence[str], *, state: dict | None = None,
+                 **dataset_kwargs: Any):
+        self._source = pattern_or_files
+        self._kwargs = dict(dataset_kwargs)
+        self._kwargs.setdefault("start_step", 0)
+        if state is not None:
+            self._check_state(state)
+            self._kwargs["start_step"] = int(state["step"])
+        self.step = self._kwargs["start_step"]
+        self._dataset = make_pretraining_dataset(pattern_or_files, **self._kwargs)
+        self._iterator = iter(self._dataset.as_numpy_iterator())
+
+    @classmethod
+    def from_data_dir(cls, data_dir: str, *, per_host_batch_size: int,
+                      max_predictions_per_seq: int, seq_len: int | None = None,
+                      tokenizer=None, split: str = "train", state: dict | None = None,
+                      **kwargs: Any) -> PretrainingIterator:
+        """Reads metadata.json (checking the tokenizer if given) and fills in the vocabulary."""
+        meta: PretrainingDataConfig = load_metadata(data_dir)
+        if tokenizer is not None:
+            meta.check_tokenizer(tokenizer)
+            if kwargs.get("whole_word") and "word_start_mask" not in kwargs:
+                kwargs["word_start_mask"] = tokenizer.word_start_mask()
+        special = meta.special_ids
+        files, _ = meta.files(split)
+        if not files:
+            raise BertJaxError(f"{data_dir}: no {split} shards")
+        return cls(files, state=state, per_host_batch_size=per_host_batch_size,
+                   seq_len=seq_len or meta.max_seq_length,
+                   max_predictions_per_seq=max_predictions_per_seq,
+                   vocab_size=meta.vocab_size, mask_id=special["mask"], pad_id=special["pad"],
+                   special_ids=[special[k] for k in ("pad", "unk", "cls", "sep", "mask")],
+                   **kwargs)
+
+    def _identity(self) -> dict[str, Any]:
+        k = self._kwargs
+        return {"seed": k.get("seed", 0), "process_index": k.get("process_index", 0),
+                "process_count": k.get("process_count", 1),
+                "per_host_batch_size": k["per_host_batch_size"]}
+
+    def _check_state(self, state: dict) -> None:
+        mine = self._identity()
+        diff = {key: (state.get(key), v) for key, v in mine.items() if state.get(key) != v}
+        if diff or "step" not in state:
+            raise BertJaxError(f"data iterator state {state} does not match this pipeline "
+                               f"(saved vs now: {diff})")
+
+    def state(self) -> dict[str, Any]:
+        """The position to resume from: the next batch to be returned."""
+        return {"step": self.step, **self._identity()}
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = next(self._iterator)
+        self.step += 1
+        return batch
