@@ -268,11 +268,18 @@ def _read_json(path: str) -> dict[str, Any]:
 def _load_safetensors(path: str) -> dict[str, np.ndarray]:
     from safetensors import safe_open
 
-    out = {}
-    # The flax backend reads every dtype (bfloat16 too); numpy cannot represent bfloat16.
-    with safe_open(path, framework="flax") as f:
+    out, half = {}, []
+    with safe_open(path, framework="numpy") as f:
         for key in f.keys():
-            out[key] = np.asarray(f.get_tensor(key))
+            try:
+                out[key] = f.get_tensor(key)
+            except TypeError:  # bfloat16: numpy has no such dtype
+                half.append(key)
+    if half:  # the flax backend reads bfloat16 (as ml_dtypes arrays); keep them on the host
+        import jax
+
+        with jax.default_device(jax.devices("cpu")[0]), safe_open(path, framework="flax") as f:
+            out.update({key: np.asarray(f.get_tensor(key)) for key in half})
     return out
 
 

@@ -172,3 +172,16 @@ def test_sharded_safetensors(tmp_path):
     single, *_ = load_hf(tmp_path / "single")
     np.testing.assert_array_equal(sharded["bert"]["encoder"]["layer_1"]["mlp_out"]["kernel"],
                                   single["bert"]["encoder"]["layer_1"]["mlp_out"]["kernel"])
+
+
+def test_bfloat16_safetensors_load_as_float32(tmp_path):
+    import torch
+
+    model = make_hf_model("BertForPreTraining", "2L-32H-4A", seed=11)
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    params, config, _, report = load_hf(tmp_path / "bf16")
+    assert report.unused == [] and config.param_dtype == "float32"
+    kernel = params["bert"]["encoder"]["layer_0"]["mlp_in"]["kernel"]
+    assert kernel.dtype == np.float32
+    expected = model.bert.encoder.layer[0].intermediate.dense.weight.detach().float().numpy().T
+    np.testing.assert_array_equal(kernel, expected)
