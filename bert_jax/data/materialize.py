@@ -1,0 +1,159 @@
+"""Pre-materialized pretraining batches: the pipeline's output saved as plain ``.npy`` files.
+
+``bert-jax materialize-batches`` runs the tf.data pipeline (one host, the global batch size)
+for N steps and writes one memory-mappable ``KEY.npy`` per batch key, stacked ``[N, B, ...]``,
+plus ``manifest.json``. :class:`MaterializedBatches` reads them back with numpy alone (machines
+without tensorflow train from these); each host takes its contiguous slice of every global
+batch. The masking is the pipeline's, so a materialized run sees the same batches as a live one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from bert_jax.errors import BertJaxError
+
+MANIFEST_JSON = "manifest.json"
+_KEYS_AND_DTYPES = (("input_ids", "int32"), ("input_mask", "int32"), ("segment_ids", "int32"),
+                    ("masked_lm_positions", "int32"), ("masked_lm_ids", "int32"),
+                    ("masked_lm_weights", "float32"), ("next_sentence_labels", "int32"))
+
+
+def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_size: int,
+                        max_predictions: int, seed: int = 0, whole_word: bool = False,
+                        span_masking: bool = False, seq_len: int | None = None,
+                        tokenizer=None, shuffle_buffer: int = 10_000,
+                        progress: bool = True) -> dict[str, Any]:
+    """Runs the pipeline for ``steps`` global batches and writes them; returns the manifest."""
+    from tqdm import tqdm
+
+    from bert_jax.data.metadata import load_metadata
+    from bert_jax.data.pipeline import PretrainingIterator
+
+    if steps < 1 or batch_size < 1:
+        raise BertJaxError(f"--steps {steps} and --batch-size {batch_size} must be >= 1")
+    meta = load_metadata(data_dir)
+    if whole_word and tokenizer is None:
+        raise BertJaxError("--whole-word needs --tokenizer (its word-start table)")
+    iterator = PretrainingIterator.from_data_dir(
+        data_dir, per_host_batch_size=batch_size, max_predictions_per_seq=max_predictions,
+        seq_len=seq_len, tokenizer=tokenizer, seed=seed, whole_word=whole_word,
+        span_masking=span_masking, shuffle_buffer=shuffle_buffer)
+    seq = seq_len or meta.max_seq_length
+    shapes = {"input_ids": (seq,), "input_mask": (seq,), "segment_ids": (seq,),
+              "masked_lm_positions": (max_predictions,), "masked_lm_ids": (max_predictions,),
+              "masked_lm_weights": (max_predictions,), "next_sentence_labels": ()}
+    os.makedirs(output_dir, exist_ok=True)
+    arrays = {k: np.lib.format.open_memmap(os.path.join(output_dir, f"{k}.npy.tmp"), mode="w+",
+                                           dtype=d, shape=(steps, batch_size, *shapes[k]))
+              for k, d in _KEYS_AND_DTYPES}
+    for step in tqdm(range(steps), desc="materialize-batches", disable=not progress):
+        batch = next(iterator)
+        for key, array in arrays.items():
+            array[step] = batch[key]
+    for array in arrays.values():
+        array.flush()
+    arrays.clear()  # close the memory maps before renaming
+    for key, _ in _KEYS_AND_DTYPES:
+        os.replace(os.path.join(output_dir, f"{key}.npy.tmp"),
+                   os.path.join(output_dir, f"{key}.npy"))
+    manifest = {
+        "steps": steps, "batch_size": batch_size, "seq_len": seq,
+        "max_predictions": max_predictions, "seed": seed, "whole_word": whole_word,
+        "span_masking": span_masking, "mode": meta.mode, "data_dir": os.path.abspath(data_dir),
+        "tokenizer": meta.raw["tokenizer"],
+        "keys": {k: {"dtype": d, "shape": [steps, batch_size, *shapes[k]]}
+                 for k, d in _KEYS_AND_DTYPES},
+        "next_state": iterator.state(),
+    }
+    with open(os.path.join(output_dir, MANIFEST_JSON), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+    return manifest
+
+
+class MaterializedBatches(Iterator[dict[str, np.ndarray]]):
+    """Reads materialized batches (numpy only); host ``process_index`` gets rows
+    ``[i*B/n, (i+1)*B/n)`` of every global batch. ``repeat=True`` cycles back to step 0 (the
+    same masks again) instead of stopping after the last step."""
+
+    def __init__(self, directory: str, start_step: int = 0, process_index: int = 0,
+                 process_count: int = 1, repeat: bool = False):
+        path = os.path.join(directory, MANIFEST_JSON)
+        if not os.path.exists(path):
+            raise BertJaxError(f"{path}: not found (run `bert-jax materialize-batches` first)")
+        with open(path, encoding="utf-8") as f:
+            self.manifest = json.load(f)
+        global_batch = self.manifest["batch_size"]
+        if not 0 <= process_index < process_count or global_batch % process_count:
+            raise BertJaxError(f"{path}: batch_size {global_batch} cannot be split over "
+                               f"process {process_index} of {process_count}")
+        self.steps = int(self.manifest["steps"])
+        if not 0 <= start_step <= self.steps and not repeat:
+            raise BertJaxError(f"{path}: start_step {start_step} outside [0, {self.steps}]")
+        self._arrays = {}
+        for key, spec in self.manifest["keys"].items():
+            array = np.load(os.path.join(directory, f"{key}.npy"), mmap_mode="r")
+            if list(array.shape) != spec["shape"] or str(array.dtype) != spec["dtype"]:
+                raise BertJaxError(f"{directory}/{key}.npy: shape {array.shape} {array.dtype}, "
+                                   f"manifest says {spec['shape']} {spec['dtype']}")
+            self._arrays[key] = array
+        per_host = global_batch // process_count
+        self._rows = slice(process_index * per_host, (process_index + 1) * per_host)
+        self.step = start_step
+        self.repeat = repeat
+        self.process_index, self.process_count = process_index, process_count
+
+    def state(self) -> dict[str, Any]:
+        return {"step": self.step, "process_index": self.process_index,
+                "process_count": self.process_count}
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self.step >= self.steps and not self.repeat:
+            raise StopIteration
+        index = self.step % self.steps
+        batch = {k: np.ascontiguousarray(a[index, self._rows]) for k, a in self._arrays.items()}
+        self.step += 1
+        return batch
+
+
+class command:  # noqa: N801 - the CLI registry names this attribute
+    """CLI entry: ``bert-jax materialize-batches``."""
+
+    @staticmethod
+    def add_arguments(parser) -> None:
+        parser.add_argument("--data-dir", required=True, help="output of create-pretraining-data")
+        parser.add_argument("--output", required=True)
+        parser.add_argument("--steps", type=int, required=True)
+        parser.add_argument("--batch-size", type=int, required=True, help="global batch size")
+        parser.add_argument("--max-predictions", type=int, required=True)
+        parser.add_argument("--seq-len", type=int, default=None,
+                            help="pad to this length (default: the data's max_seq_length)")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--whole-word", action="store_true")
+        parser.add_argument("--span-masking", action="store_true")
+        parser.add_argument("--tokenizer", default=None,
+                            help="checked against the data; required for --whole-word")
+        parser.add_argument("--no-progress", action="store_true")
+
+    @staticmethod
+    def run(args) -> int:
+        tokenizer = None
+        if args.tokenizer:
+            from bert_jax.tokenization.base import load_tokenizer
+
+            tokenizer = load_tokenizer(args.tokenizer)
+        manifest = materialize_batches(
+            args.data_dir, args.output, steps=args.steps, batch_size=args.batch_size,
+            max_predictions=args.max_predictions, seed=args.seed, whole_word=args.whole_word,
+            span_masking=args.span_masking, seq_len=args.seq_len, tokenizer=tokenizer,
+            progress=not args.no_progress)
+        print(f"wrote {manifest['steps']} batches of {manifest['batch_size']} to {args.output}")
+        return 0
