@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
+from bert_jax.errors import BertJaxError
 from bert_jax.modeling.attention import explicit_attention, fused_attention
 
 # Logical axis names of activations between layers (mapped to mesh axes by the rules).
@@ -225,8 +226,8 @@ class BertModel(nn.Module):
                  output_attentions: bool = False) -> dict[str, Any]:
         cfg = self.config
         if input_ids.shape[-1] > cfg.max_position_embeddings:
-            raise ValueError(f"sequence length {input_ids.shape[-1]} exceeds "
-                             f"max_position_embeddings={cfg.max_position_embeddings}")
+            raise BertJaxError(f"sequence length {input_ids.shape[-1]} exceeds the position "
+                               f"table (max_position_embeddings={cfg.max_position_embeddings})")
         if input_mask is None:
             input_mask = jnp.ones_like(input_ids)
         if segment_ids is None:
