@@ -35,6 +35,10 @@ from bert_jax.errors import BertJaxError
 from bert_jax.tokenization.base import SPECIAL_TOKENS, Tokenizer
 
 DEFAULT_UNIT_BYTES = 1 << 20
+# Repaired or skipped input, always reported (0 when nothing happened).
+PROBLEM_COUNTS = ("undecodable_bytes_replaced", "files_with_undecodable_bytes", "empty_files",
+                  "documents_too_short", "sentences_without_tokens",
+                  "random_next_from_same_document", "sop_one_token_chunks_skipped")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +202,7 @@ def create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir:
     num_eval_shards = max(1, round(num_shards * config.holdout_fraction))
     train = _ShardWriter(output_dir, "train", num_shards)
     holdout = _ShardWriter(output_dir, "eval", num_eval_shards) if config.holdout_fraction else None
-    stats: collections.Counter = collections.Counter()
+    stats: collections.Counter = collections.Counter({k: 0 for k in PROBLEM_COUNTS})
     start = time.time()
 
     from tqdm import tqdm
@@ -284,10 +288,7 @@ def _summary(metadata: dict[str, Any]) -> str:
         f"{s.get('documents', 0)} documents, {s.get('sentences', 0)} sentences, "
         f"{s.get('tokens', 0)} tokens ({metadata['mb_per_second']} MB/s)",
     ]
-    problems = {k: s[k] for k in ("undecodable_bytes_replaced", "files_with_undecodable_bytes",
-                                  "empty_files", "documents_too_short",
-                                  "sentences_without_tokens", "random_next_from_same_document",
-                                  "sop_one_token_chunks_skipped") if s.get(k)}
+    problems = {k: s[k] for k in PROBLEM_COUNTS if s.get(k)}
     if problems:
         lines.append("repaired/skipped: " + ", ".join(f"{k}={v}" for k, v in problems.items()))
     return "\n".join(lines)
