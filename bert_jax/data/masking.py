@@ -117,7 +117,9 @@ def mask_batch(input_ids, seed, config: MaskingConfig, tables):
         order = tf.argsort(score, axis=1)
         cum = tf.cumsum(tf.gather(unit_len, order, batch_dims=1), axis=1)
         take_sorted = cum <= budget[:, None]
-        take_unit = tf.gather(take_sorted, tf.argsort(order, axis=1), batch_dims=1)
+        rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(order))
+        take_unit = tf.scatter_nd(tf.stack([rows, order], axis=-1), take_sorted,
+                                  tf.shape(order))  # undo the sort
         selected = tf.gather(take_unit, unit, batch_dims=1) & candidate
     else:
         # Single tokens: the ``budget`` candidates with the smallest random scores.

