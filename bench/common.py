@@ -1,0 +1,57 @@
+"""Shared benchmark helpers: FLOP counting (identical for bert-jax and the peer), shapes, and
+result files. No framework imports here."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+
+# name -> (layers, hidden, heads, intermediate)
+MODELS = {
+    "tiny": (2, 128, 2, 512),
+    "mini": (4, 256, 4, 1024),
+    "small": (4, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+}
+VOCAB = 30522
+
+
+def masked_positions(seq_len: int) -> int:
+    """Masked-LM predictions per sequence: 20 at 128, 80 at 512 (15% rounded as BERT)."""
+    return {128: 20, 512: 80}.get(seq_len, max(1, round(seq_len * 0.15)))
+
+
+def train_flops_per_sequence(layers: int, hidden: int, seq_len: int, vocab: int = VOCAB,
+                             predictions: int | None = None) -> float:
+    """Model FLOPs of one training step per sequence (forward + backward = 3x forward):
+    encoder matmuls 6*s*(12*L*H^2) + attention 12*L*s^2*H + MLM head on the predicted
+    positions only 6*p*(H^2 + H*V). Pooler/NSP/embeddings are negligible and not counted."""
+    p = masked_positions(seq_len) if predictions is None else predictions
+    return (6 * seq_len * 12 * layers * hidden ** 2 + 12 * layers * seq_len ** 2 * hidden
+            + 6 * p * (hidden ** 2 + hidden * vocab))
+
+
+def inference_flops_per_sequence(layers: int, hidden: int, seq_len: int) -> float:
+    return (2 * seq_len * 12 * layers * hidden ** 2 + 4 * layers * seq_len ** 2 * hidden)
+
+
+def median_time(fn, repeats: int) -> tuple[float, list[float]]:
+    """Calls ``fn()`` (which must block until the device is done) ``repeats`` times."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def write_result(path: str, record: dict) -> None:
+    record = dict(record, host=platform.node(), time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps(record), flush=True)
