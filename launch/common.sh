@@ -158,7 +158,7 @@ validate_config_spec() {
 }
 
 # validate_overrides GCS_ONLY ARG...: every extra argument is --config.KEY=VALUE; with
-# GCS_ONLY=1 the data patterns must be gs:// (TPU workers share no filesystem).
+# GCS_ONLY=1 the data directories must be gs:// (TPU workers share no filesystem).
 validate_overrides() {
   local gcs_only="$1" arg key value
   shift
@@ -168,14 +168,14 @@ validate_overrides() {
     key="${BASH_REMATCH[1]}"
     value="${BASH_REMATCH[2]}"
     case "$key" in
-      data.train_pattern | data.eval_pattern)
+      data.directory | data.tokenizer)
         if ((gcs_only)); then
           validate_gcs "--config.${key}" "$value"
         elif [[ "$value" != gs://* && "$value" != /* ]]; then
           die "--config.${key} must be an absolute path on a shared filesystem or gs://, got '$value'"
         fi
         ;;
-      mesh.dcn_data | train.batch_size | checkpoint.every_steps)
+      parallel.dcn_mesh.data | global_batch_size | checkpoint.every_steps)
         validate_positive_int "--config.${key}" "$value"
         ;;
     esac

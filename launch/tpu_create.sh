@@ -24,7 +24,7 @@ Options:
   --preemptible             Preemptible capacity (direct creation only; use --spot with --queued)
   --queued                  Request through a queued resource (waits for capacity)
   --num-slices N            Multislice: N slices joined over DCN (implies --queued); nodes are
-                            NAME-0 .. NAME-(N-1); pass --config.mesh.dcn_data=N to tpu_run.sh
+                            NAME-0 .. NAME-(N-1); pass --config.parallel.dcn_mesh.data=N to tpu_run.sh
   --valid-until-duration D  Queued only: give up if not provisioned within D (e.g. 6h)
   --service-account EMAIL   Service account of the workers (needs write access to the bucket)
   --no-wait                 Return right after the request instead of waiting until usable

@@ -23,7 +23,7 @@ Required:
   --workdir GS_URL          Checkpoints, TensorBoard events and metrics, e.g. gs://bucket/runs/base
 Options:
   --project ID              GCP project (default: gcloud's configured project)
-  --num-slices N            Multislice over N slices; adds --config.mesh.dcn_data=N
+  --num-slices N            Multislice over N slices; adds --config.parallel.dcn_mesh.data=N
   --config FILE:VARIANT     Default experiments/pretrain.py:bert_base_phase1 (relative to the
                             bundle tpu_setup.sh installed)
   --run-id ID               Names this launch's logs (default: UTC time, e.g. 20250101-120000)
@@ -35,7 +35,7 @@ Options:
   --dry-run                 Print the exact commands instead of running them
   -h, --help                This help
 After '--': config overrides passed to `bert-jax pretrain`, e.g.
-  -- --config.data.train_pattern='gs://bucket/data/train-*.tfrecord' --config.train.batch_size=512
+  -- --config.data.directory=gs://bucket/data/seq128 --config.global_batch_size=512
 EOF
 }
 
@@ -92,12 +92,12 @@ for kv in "${ENVS[@]+"${ENVS[@]}"}"; do validate_env "$kv"; done
 if ((NUM_SLICES > 1)); then
   dcn=""
   for arg in "${OVERRIDES[@]+"${OVERRIDES[@]}"}"; do
-    [[ "$arg" == --config.mesh.dcn_data=* ]] && dcn="${arg#*=}"
+    [[ "$arg" == --config.parallel.dcn_mesh.data=* ]] && dcn="${arg#*=}"
   done
   if [[ -z "$dcn" ]]; then
-    OVERRIDES+=("--config.mesh.dcn_data=${NUM_SLICES}")
+    OVERRIDES+=("--config.parallel.dcn_mesh.data=${NUM_SLICES}")
   elif ((dcn != NUM_SLICES)); then
-    die "--config.mesh.dcn_data=${dcn} but --num-slices ${NUM_SLICES}: the DCN axis spans the slices"
+    die "--config.parallel.dcn_mesh.data=${dcn} but --num-slices ${NUM_SLICES}: the DCN axis spans the slices"
   fi
 fi
 RUN_ID="${RUN_ID:-$(date -u +%Y%m%d-%H%M%S)}"

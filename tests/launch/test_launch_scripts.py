@@ -122,15 +122,15 @@ RUN = ["--name", "bert-v4", *ZONE, "--accelerator-type", "v4-32", "--workdir", "
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--workdir", "/local/dir"], "--workdir must be a gs://bucket/path"),
-    (["--", "--config.data.train_pattern=/local/*.tfrecord"],
-     "--config.data.train_pattern must be a gs://"),
-    (["--", "--config.train.batch_size=-1"],
-     "--config.train.batch_size must be a positive integer"),
+    (["--", "--config.data.directory=/local/*.tfrecord"],
+     "--config.data.directory must be a gs://"),
+    (["--", "--config.global_batch_size=-1"],
+     "--config.global_batch_size must be a positive integer"),
     (["--", "batch_size=3"], "must be a config override"),
     (["--config", "experiments/pretrain.py:bert_huge"], "unknown variant 'bert_huge'"),
     (["--config", "pretrain"], "must be FILE.py:VARIANT"),
     (["--env", "1X=2"], "must be KEY=VALUE"),
-    (["--num-slices", "2", "--", "--config.mesh.dcn_data=4"], "the DCN axis spans the slices"),
+    (["--num-slices", "2", "--", "--config.parallel.dcn_mesh.data=4"], "the DCN axis spans the slices"),
 ])
 def test_run_validation(extra, message):
     result = sh("tpu_run.sh", *RUN, "--dry-run", *extra)
@@ -147,7 +147,7 @@ def test_run_multislice_one_ssh_per_worker_and_dcn_axis():
     assert nodes == sorted((f"--node={s}", f"--worker={w}") for s in range(2) for w in range(4))
     assert all(a[:5] == ["gcloud", "compute", "tpus", "queued-resources", "ssh"] for a in ssh)
     command = next(x for x in ssh[0] if x.startswith("--command="))
-    assert "--config.mesh.dcn_data=2" in command and "--follow" not in command
+    assert "--config.parallel.dcn_mesh.data=2" in command and "--follow" not in command
     assert out[-1] == "wait"
 
 
@@ -187,7 +187,7 @@ def remote_command(*overrides: str, extra: tuple[str, ...] = ()) -> str:
 
 
 def test_run_quoting_survives_to_the_trainer(fake_worker, tmp_path):
-    overrides = (f"--config.data.train_pattern={TRICKY}", "--config.train.batch_size=512")
+    overrides = (f"--config.data.directory={TRICKY}", "--config.global_batch_size=512")
     command = remote_command(*overrides, extra=("--env", "XLA_FLAGS=--xla_dump_to=/tmp/a b"))
     env = {**fake_worker, "FAKE_RC": "3"}
     result = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
@@ -251,13 +251,13 @@ def verbs(out: list[str]) -> list[str]:
 
 
 def test_resume_after_preemption_recreates_then_relaunches_same_workdir():
-    out = lines(sh("tpu_resume.sh", *RESUME, "--", "--config.train.batch_size=256"))
+    out = lines(sh("tpu_resume.sh", *RESUME, "--", "--config.global_batch_size=256"))
     steps = verbs(out)
     assert steps[:3] == ["tpu-vm describe", "tpu-vm delete", "tpu-vm create"]
     assert steps[-4:] == ["tpu-vm ssh"] * 4 and "storage cp" in " ".join(out)
     create = argv_of(next(line for line in out if " create " in line))
     assert "--spot" in create
-    assert all("--workdir gs://my-bucket/runs/base --config.train.batch_size=256" in line
+    assert all("--workdir gs://my-bucket/runs/base --config.global_batch_size=256" in line
                for line in out if "worker_run.sh start" in line)
 
 
@@ -273,8 +273,8 @@ def test_resume_suspended_queued_resource_deletes_with_force():
 
 
 def test_resume_validates_before_touching_anything():
-    result = sh("tpu_resume.sh", *RESUME, "--", "--config.data.train_pattern=/local/x")
-    assert result.returncode == 2 and result.stdout == "" and "train_pattern" in result.stderr
+    result = sh("tpu_resume.sh", *RESUME, "--", "--config.data.directory=/local/x")
+    assert result.returncode == 2 and result.stdout == "" and "data.directory" in result.stderr
 
 
 def test_delete_queued_and_direct():
@@ -324,7 +324,7 @@ def run_tasks(tmp_path, env, *args):
 
 def test_slurm_one_process_per_gpu(fake_slurm):
     tmp_path, env = fake_slurm
-    override = "--config.data.train_pattern=/shared/my data/it's/*.tfrecord"
+    override = "--config.data.directory=/shared/my data/it's/*.tfrecord"
     tasks = run_tasks(tmp_path, env, "--gpus-per-node", "4", "--", override)
     assert len(tasks) == 8
     for i, task in enumerate(tasks):
@@ -351,7 +351,7 @@ def test_slurm_dry_run_and_validation(fake_slurm):
     assert argv_of(out[2])[:4] == ["srun", "--nodes=2", "--ntasks=16", "--ntasks-per-node=8"]
     for args, message in [(["--workdir", "runs/x"], "absolute path"),
                           (["--workdir", "/x", "--procs-per", "socket"], "'gpu' or 'node'"),
-                          (["--workdir", "/x", "--", "--config.data.train_pattern=rel/*"],
+                          (["--workdir", "/x", "--", "--config.data.directory=rel/*"],
                            "absolute shared path")]:
         result = sh(SBATCH, *args, "--dry-run", env=env)
         assert result.returncode == 2 and message in result.stderr
