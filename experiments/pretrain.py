@@ -92,7 +92,6 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
     elif variant == "roberta_style":
         c.model.preset = "base"
         c.objective = "mlm"
-        c.data.dynamic_masking = True
         c.data.max_seq_length = 512
         c.data.max_predictions_per_seq = 77
         c.global_batch_size = 8_192

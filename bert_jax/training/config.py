@@ -49,12 +49,12 @@ def base_config() -> ml_collections.ConfigDict:
     # tfrecord: output of `bert-jax create-pretraining-data`; materialized: of
     # `bert-jax materialize-batches`.
     c.data.directory = config_dict.placeholder(str)
-    # Tokenizer copied into WORKDIR/tokenizer (default: DIRECTORY/tokenizer if present).
+    # The tokenizer the data was made with (required for tfrecord): checked against the
+    # data's metadata.json and copied into WORKDIR/tokenizer for fine-tuning and export.
     c.data.tokenizer = config_dict.placeholder(str)
     c.data.max_seq_length = 128
     c.data.max_predictions_per_seq = 20
-    c.data.masked_lm_prob = 0.15
-    c.data.dynamic_masking = True  # re-mask every epoch (RoBERTa) instead of fixed masks
+    c.data.masked_lm_prob = 0.15  # every batch is masked afresh (dynamic masking)
     c.data.whole_word_masking = False
     c.data.shuffle_buffer = 10_000
     c.data.seed = 0

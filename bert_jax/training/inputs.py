@@ -1,6 +1,7 @@
 """Per-process pretraining batches for the loop, from one of three sources.
 
-* ``tfrecord``: ``bert_jax.data.pipeline`` (tf.data, dynamic masking) over the output of
+* ``tfrecord``: ``bert_jax.data.pipeline`` (tf.data; every batch masked afresh, i.e.
+  RoBERTa's dynamic masking) over the output of
   ``bert-jax create-pretraining-data``;
 * ``materialized``: ``bert_jax.data.materialize.MaterializedBatches`` (pre-masked numpy
   batches, no tensorflow; for benchmarks and exact replays);
@@ -78,9 +79,10 @@ class SyntheticBatches:
 
 
 def make_batches(config, split: str, *, batch_size: int, vocab_size: int, process_index: int,
-                 process_count: int, state: dict[str, Any] | None = None):
+                 process_count: int, state: dict[str, Any] | None = None, tokenizer=None):
     """The configured source for ``split`` (train | eval), this process's ``batch_size``
-    rows per batch, resumed from ``state`` when given."""
+    rows per batch, resumed from ``state`` when given. ``tokenizer`` (tfrecord) is checked
+    against the data and supplies word starts for whole-word masking."""
     data = config.data
     if data.source == "synthetic":
         seed = data.seed + (0 if split == "train" else 1_000_003)
@@ -96,16 +98,15 @@ def make_batches(config, split: str, *, batch_size: int, vocab_size: int, proces
         return MaterializedBatches(data.directory, start_step=step, process_index=process_index,
                                    process_count=process_count)
     if data.source == "tfrecord":
-        from bert_jax.data.pipeline import PretrainingIterator, make_pretraining_dataset
+        from bert_jax.data.pipeline import PretrainingIterator
 
-        if state is not None:
-            return PretrainingIterator.from_state(state)
-        return make_pretraining_dataset(
-            data.directory, split=split, batch_size=batch_size,
-            max_predictions_per_seq=data.max_predictions_per_seq,
-            masked_lm_prob=data.masked_lm_prob, dynamic_masking=data.dynamic_masking,
-            whole_word_masking=data.whole_word_masking, shuffle_buffer=data.shuffle_buffer,
-            seed=data.seed, process_index=process_index, process_count=process_count)
+        return PretrainingIterator.from_data_dir(
+            data.directory, per_host_batch_size=batch_size,
+            max_predictions_per_seq=data.max_predictions_per_seq, seq_len=data.max_seq_length,
+            tokenizer=tokenizer, split=split, state=state, mask_rate=data.masked_lm_prob,
+            whole_word=data.whole_word_masking, seed=data.seed + (0 if split == "train" else 1),
+            process_index=process_index, process_count=process_count,
+            shuffle_buffer=data.shuffle_buffer)
     raise BertJaxError(f"data.source={data.source!r}: expected tfrecord, materialized or "
                        "synthetic")
 

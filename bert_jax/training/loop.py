@@ -79,20 +79,25 @@ def _check_sizes(config, model_cfg: BertConfig, mesh) -> int:
     return batch // jax.process_count()
 
 
-def _write_workdir_files(config, workdir: str, model_cfg: BertConfig) -> None:
+def _load_tokenizer(config):
+    """The data's tokenizer (required for TFRecord data, optional otherwise)."""
+    if not config.data.tokenizer:
+        if config.data.source == "tfrecord":
+            raise BertJaxError("data.source='tfrecord' needs --config.data.tokenizer (the "
+                               "tokenizer the data was created with)")
+        return None
+    from bert_jax.tokenization import load_tokenizer
+
+    return load_tokenizer(config.data.tokenizer)
+
+
+def _write_workdir_files(config, workdir: str, model_cfg: BertConfig, tokenizer) -> None:
     """WORKDIR/config.json and WORKDIR/tokenizer/, so fine-tuning and export read the run."""
     if jax.process_index() != 0:
         return
     store.write_config(workdir, model_cfg, extra={"experiment": config.to_dict()})
-    target = os.path.join(workdir, store.TOKENIZER_DIR)
-    source = config.data.tokenizer
-    if not source and config.data.directory:
-        candidate = os.path.join(config.data.directory, store.TOKENIZER_DIR)
-        source = candidate if os.path.isdir(candidate) else None
-    if source and not os.path.isdir(target):
-        from bert_jax.tokenization import load_tokenizer
-
-        load_tokenizer(source).save(target)
+    if tokenizer is not None:
+        tokenizer.save(os.path.join(workdir, store.TOKENIZER_DIR))
 
 
 def _load_init_params(path: str, model_cfg: BertConfig, params, shardings):
@@ -159,7 +164,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     model_cfg = config_lib.model_config(config, _data_vocab_size(config))
     mesh = parallel.create_mesh(config.parallel.mesh, config.parallel.dcn_mesh)
     local_batch = _check_sizes(config, model_cfg, mesh)
-    _write_workdir_files(config, workdir, model_cfg)
+    tokenizer = _load_tokenizer(config)
+    _write_workdir_files(config, workdir, model_cfg, tokenizer)
 
     training = build_training(config, model_cfg, mesh)
     abstract_state, state_shardings = training.abstract_state, training.state_shardings
@@ -194,7 +200,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         source = make_batches(config, "eval", batch_size=local_batch,
                               vocab_size=model_cfg.vocab_size,
                               process_index=jax.process_index(),
-                              process_count=jax.process_count())
+                              process_count=jax.process_count(), tokenizer=tokenizer)
         totals = None
         for _, local in zip(range(config.eval_steps), source, strict=False):
             sums = eval_step(state.params, to_global(local))
@@ -205,7 +211,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     source = make_batches(config, "train", batch_size=local_batch,
                           vocab_size=model_cfg.vocab_size, process_index=jax.process_index(),
-                          process_count=jax.process_count(), state=data_state)
+                          process_count=jax.process_count(), state=data_state,
+                          tokenizer=tokenizer)
     writer = MetricsWriter(workdir, enabled=jax.process_index() == 0)
     flops = flops_per_sequence(seq, model_cfg.num_hidden_layers, model_cfg.hidden_size,
                                model_cfg.vocab_size, preds)
