@@ -10,9 +10,12 @@ import jax
 import numpy as np
 import pytest
 
+from bert_jax import parallel
 from bert_jax.checkpoint import store
 from bert_jax.checkpoint.manager import CheckpointManager
-from bert_jax.training.loop import TrainingDiverged, train_and_evaluate
+from bert_jax.training import config as config_lib
+from bert_jax.training.loop import TrainingDiverged, _load_init_params, train_and_evaluate
+from bert_jax.training.setup import build_training
 from bert_jax.training.state import TrainState
 
 from .helpers import small_config
@@ -34,7 +37,15 @@ def train_losses(workdir) -> dict[int, float]:
 
 def test_resume_onto_another_mesh_matches_uninterrupted(tmp_path):
     full = tmp_path / "full"
-    train_and_evaluate(small_config(*RUN, "--config.num_train_steps=6"), str(full))
+    train_and_evaluate(small_config(*RUN, "--config.num_train_steps=6", "--config.peak_tflops=1.0",
+                                    "--config.profile_steps=(2, 3)"), str(full))
+    # Observability: TensorBoard events, MFU with a configured peak, a profiler trace.
+    assert any(f.startswith("events") for f in os.listdir(full / "tensorboard"))
+    with open(full / "metrics.jsonl") as f:
+        last = [json.loads(line) for line in f][-1]
+    assert {"mfu", "seq_per_sec", "tokens_per_sec", "grad_norm", "learning_rate",
+            "skipped_steps"} <= set(last)
+    assert any(files for _, _, files in os.walk(full / "profile"))
     part = tmp_path / "part"
     first = train_and_evaluate(small_config(*RUN, "--config.num_train_steps=6"), str(part))
     assert first["step"] == 6
@@ -52,6 +63,23 @@ def test_resume_onto_another_mesh_matches_uninterrupted(tmp_path):
     params, config, _, extra = store.load_model(str(part))
     assert config.hidden_size == 32 and extra["experiment"]["num_train_steps"] == 6
     assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape == (256, 32)
+
+
+def test_init_checkpoint_loads_another_runs_params(tmp_path):
+    source = tmp_path / "phase1"
+    train_and_evaluate(small_config(*RUN, "--config.num_train_steps=3"), str(source))
+    config = small_config(*RUN, f"--config.init_checkpoint={source}", "--config.seed=5")
+    model_cfg = config_lib.model_config(config)
+    training = build_training(config, model_cfg, parallel.create_mesh({"fsdp": -1}))
+    state = training.init_state(jax.random.PRNGKey(5))
+    params, unused = _load_init_params(str(source), model_cfg, state.params,
+                                       training.state_shardings.params)
+    assert unused == []
+    want = store.load_model(str(source))[0]
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    assert params["bert"]["pooler"]["kernel"].sharding == \
+        training.state_shardings.params["bert"]["pooler"]["kernel"]
 
 
 def _tiny_state(value: float) -> TrainState:

@@ -1,0 +1,37 @@
+"""`make demo` end to end on a tiny budget: tokenizer -> TFRecord data -> pretraining, and the
+workdir loads as a model checkpoint with its tokenizer."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax.checkpoint import store
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+pytest.importorskip("tensorflow")
+
+
+def test_demo_script_runs_end_to_end(tmp_path):
+    env = dict(os.environ, DEMO_DIR=str(tmp_path), DEMO_STEPS="12", DEMO_VOCAB="600",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+               XLA_FLAGS="--xla_force_host_platform_device_count=1",
+               DEMO_EXTRA="--config.global_batch_size=8 --config.log_every=4 "
+                          "--config.eval_every=6 --config.eval_steps=1 "
+                          "--config.checkpoint.every_steps=6 --config.optimizer.warmup_steps=2 "
+                          "--config.progress_bar=false")
+    done = subprocess.run(["bash", os.path.join(REPO, "scripts", "demo.sh")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "held-out MLM accuracy" in done.stdout and "Next:" in done.stdout
+    workdir = tmp_path / "pretrain"
+    with open(workdir / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    assert [r["step"] for r in records if r["split"] == "train"] == [4, 8, 12]
+    params, config, tokenizer, extra = store.load_model(str(workdir))
+    assert tokenizer is not None and tokenizer.vocab_size == config.vocab_size == 600
+    assert extra["experiment"]["data"]["source"] == "tfrecord"
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["12", "6"]
