@@ -1,0 +1,310 @@
+"""bert-jax pretraining step throughput, MFU and peak memory, through the real engine.
+
+The step is the loop's own: ``bert_jax.training.setup.build_training`` (BertForPreTraining,
+``make_optimizer`` AdamW, ``TrainState``, ``make_train_step`` jitted with the state's
+shardings and ``donate_argnums=0``), bf16 compute with fp32 parameters, the MLM head on the
+gathered masked positions only. Inputs are random token ids (never zeros), full-length rows.
+Warm-up (compilation) first, then ``--repeats`` runs of ``--steps`` steps, each ended by
+``block_until_ready`` on the last step's metrics; the median run gives the numbers. MFU is
+against a bf16 matmul peak measured in the same process.
+
+  python bench/bench_pretrain.py --model large --seq-len 512 --batch-size 32 --out r.jsonl
+
+Levers (each off = the engine's default): --attention, --attention-dropout,
+--dropout-impl cudnn, --scan, --remat, --vocab-pad, --microbatches, --xla-flags, --no-donate,
+--skip cond, --mesh fsdp. CPU validation: --model tiny --steps 2 --repeats 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import (  # noqa: E402
+    masked_positions,
+    median_time,
+    train_flops_per_sequence,
+    write_result,
+)
+from bench.levers import XLA_FLAG_PRESETS, apply_xla_flags  # noqa: E402
+
+
+def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
+    """Options shared by the bert-jax benchmarks (model, shapes, timing, numerics levers)."""
+    ap.add_argument("--model", default="base",
+                    choices=["tiny", "mini", "small", "medium", "base", "large"])
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=batch_size,
+                    help="global batch (sequences per optimizer step)")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps (first compiles)")
+    ap.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn"],
+                    help="fused attention backend (used when attention dropout is off, or "
+                         "with --dropout-impl cudnn)")
+    ap.add_argument("--attention-dropout", type=float, default=0.1,
+                    help="attention_probs_dropout_prob (BERT: 0.1; 0 lets the fused kernel run)")
+    ap.add_argument("--dropout-impl", default="explicit", choices=["explicit", "cudnn"],
+                    help="attention with dropout: the model's einsum path or cuDNN's kernel")
+    ap.add_argument("--scan", action="store_true", help="scan over layers")
+    ap.add_argument("--remat", default="none",
+                    choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])
+    ap.add_argument("--vocab-pad", type=int, default=128, help="vocab_pad_multiple")
+    ap.add_argument("--xla-flags", default="none", choices=sorted(XLA_FLAG_PRESETS))
+    ap.add_argument("--no-donate", action="store_true", help="do not donate the state")
+    ap.add_argument("--mesh", default="dp", choices=["dp", "fsdp"],
+                    help="dp: data=-1 (replicated params); fsdp: fsdp=-1")
+    ap.add_argument("--devices", type=int, default=0, help="use the first N devices (0: all)")
+    ap.add_argument("--peak-size", type=int, default=0,
+                    help="matmul size for the measured peak (0: 8192 on GPU/TPU, 1024 on CPU)")
+    ap.add_argument("--tag", default="", help="free-form label stored in the record")
+    ap.add_argument("--out", default="bench_results.jsonl")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_arguments(ap, batch_size=256)
+    ap.add_argument("--microbatches", type=int, default=1)
+    ap.add_argument("--skip", default="where", choices=["where", "cond"],
+                    help="non-finite skip: engine's jnp.where over all leaves, or lax.cond")
+    return ap.parse_args(argv)
+
+
+# ---- measurement helpers (shared by the other bert-jax benchmarks) -------------------------
+def matmul_peak_tflops(size: int = 0, iters: int = 20, repeats: int = 5) -> float:
+    """Median bf16 ``size``^3 matmul rate of device 0 in TFLOP/s, random inputs."""
+    import jax
+    import jax.numpy as jnp
+
+    n = size or (1024 if jax.default_backend() == "cpu" else 8192)
+    device = jax.local_devices()[0]
+    ka, kb = jax.random.split(jax.random.PRNGKey(1))
+    a = jax.device_put(jax.random.normal(ka, (n, n), jnp.bfloat16), device)
+    b = jax.device_put(jax.random.normal(kb, (n, n), jnp.bfloat16), device)
+    matmul = jax.jit(lambda x, y: x @ y)
+    matmul(a, b).block_until_ready()
+
+    def run():
+        out = None
+        for _ in range(iters):
+            out = matmul(a, b)
+        out.block_until_ready()
+
+    t, _ = median_time(run, repeats)
+    return 2 * n ** 3 * iters / t / 1e12
+
+
+def peak_memory_gib() -> float | None:
+    """Largest ``peak_bytes_in_use`` over this process's devices (None where unsupported)."""
+    import jax
+
+    peaks = []
+    for device in jax.local_devices():
+        stats = device.memory_stats() or {}
+        if "peak_bytes_in_use" in stats:
+            peaks.append(stats["peak_bytes_in_use"])
+    return max(peaks) / 2 ** 30 if peaks else None
+
+
+def bytes_on_device(tree, device) -> int:
+    """Bytes of ``tree``'s shards that live on ``device``."""
+    import jax
+
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        for shard in leaf.addressable_shards:
+            if shard.device == device:
+                total += shard.data.nbytes
+    return total
+
+
+def environment() -> dict:
+    import flax
+    import jax
+    import optax
+
+    device = jax.devices()[0]
+    return {"framework": "bert-jax", "jax": jax.__version__, "flax": flax.__version__,
+            "optax": optax.__version__, "backend": jax.default_backend(),
+            "device": getattr(device, "device_kind", str(device)),
+            "device_count": jax.device_count(),
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
+def time_steps(step, state, batches, rng, steps: int, repeats: int, warmup: int):
+    """Runs ``warmup`` then ``repeats`` x ``steps`` steps (state threaded through, batches
+    cycled); returns (state, last metrics, compile+first step seconds, median seconds per
+    run, all run times)."""
+    import jax
+
+    t0 = time.perf_counter()
+    state, metrics = step(state, batches[0], rng)
+    jax.block_until_ready(metrics)
+    first = time.perf_counter() - t0
+    for i in range(1, warmup):
+        state, metrics = step(state, batches[i % len(batches)], rng)
+    jax.block_until_ready(metrics)
+    box = {"state": state, "metrics": metrics}
+
+    def run():
+        s = box["state"]
+        m = None
+        for i in range(steps):
+            s, m = step(s, batches[i % len(batches)], rng)
+        jax.block_until_ready(m)
+        box["state"], box["metrics"] = s, m
+
+    median, times = median_time(run, repeats)
+    return box["state"], box["metrics"], first, median, times
+
+
+# ---- pretraining ------------------------------------------------------------------------------
+def experiment_config(args: argparse.Namespace):
+    """The experiment ConfigDict the loop would get for these benchmark options."""
+    from bert_jax.training.config import base_config
+
+    c = base_config()
+    c.model.preset = args.model
+    c.model.dtype = "bfloat16"
+    c.model.param_dtype = "float32"
+    c.model.attention_impl = args.attention
+    c.model.attention_probs_dropout_prob = float(args.attention_dropout)
+    c.model.scan_layers = bool(args.scan)
+    c.model.remat_policy = args.remat
+    c.model.vocab_pad_multiple = int(args.vocab_pad)
+    c.data.source = "synthetic"
+    c.data.max_seq_length = args.seq_len
+    c.data.max_predictions_per_seq = masked_positions(args.seq_len)
+    c.global_batch_size = args.batch_size
+    c.microbatches = getattr(args, "microbatches", 1)
+    c.num_train_steps = 100_000
+    c.optimizer.warmup_steps = 1_000
+    c.parallel.mesh = ({"data": -1, "fsdp": 1, "tensor": 1} if args.mesh == "dp"
+                       else {"data": 1, "fsdp": -1, "tensor": 1})
+    return c
+
+
+def random_pretraining_batch(rng, batch: int, seq_len: int, predictions: int, vocab: int):
+    """Full-length rows of random ids in [5, vocab), two segments, ``predictions`` distinct
+    masked positions per row (never [CLS] or the last token)."""
+    import numpy as np
+
+    positions = np.sort(np.argsort(rng.random((batch, seq_len - 2)), axis=1)[:, :predictions]
+                        + 1, axis=1).astype(np.int32)
+    segments = (np.arange(seq_len)[None, :] >= seq_len // 2).astype(np.int32)
+    return {
+        "input_ids": rng.integers(5, vocab, (batch, seq_len)).astype(np.int32),
+        "input_mask": np.ones((batch, seq_len), np.int32),
+        "segment_ids": np.repeat(segments, batch, axis=0),
+        "masked_lm_positions": positions,
+        "masked_lm_ids": rng.integers(5, vocab, (batch, predictions)).astype(np.int32),
+        "masked_lm_weights": np.ones((batch, predictions), np.float32),
+        "next_sentence_labels": rng.integers(0, 2, (batch,)).astype(np.int32),
+    }
+
+
+def select_mesh(config, devices: int):
+    import jax
+
+    from bert_jax import parallel
+
+    chosen = jax.devices()[:devices] if devices else jax.devices()
+    return parallel.create_mesh(config.parallel.mesh, config.parallel.dcn_mesh, chosen)
+
+
+def build_step(args, training):
+    """The loop's jitted step, or the same step with a lever (no donation / cond skip)."""
+    import jax
+
+    from bert_jax import parallel
+    from bert_jax.training.steps import make_train_step
+
+    if not args.no_donate and args.skip == "where":
+        return training.train_step
+    if args.skip == "cond":
+        if args.microbatches != 1:
+            raise SystemExit("--skip cond is implemented for --microbatches 1 only")
+        from bench.levers import make_cond_skip_train_step
+
+        fn = make_cond_skip_train_step(training.model, training.tx, training.schedule,
+                                       pair_head=training.model.pair_head)
+    else:
+        mesh, rules = training.mesh, training.rules
+        fn = make_train_step(
+            training.model, training.tx, training.schedule, microbatches=args.microbatches,
+            pair_head=training.model.pair_head,
+            microbatch_sharding=lambda ndim: parallel.logical_sharding(
+                mesh, rules, None, "batch", *([None] * (ndim - 1))))
+    replicated = parallel.replicated(training.mesh)
+    return jax.jit(fn, in_shardings=(training.state_shardings, training.batch_shardings,
+                                     replicated),
+                   out_shardings=(training.state_shardings, replicated),
+                   donate_argnums=() if args.no_donate else 0)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    apply_xla_flags(args.xla_flags)
+    import jax
+    import numpy as np
+
+    if args.dropout_impl == "cudnn":
+        from bench.levers import use_cudnn_dropout_attention
+
+        use_cudnn_dropout_attention()
+    from bert_jax.training.config import model_config
+    from bert_jax.training.setup import build_training
+
+    config = experiment_config(args)
+    model_cfg = model_config(config)
+    mesh = select_mesh(config, args.devices)
+    training = build_training(config, model_cfg, mesh)
+    state = training.init_state(jax.random.PRNGKey(0))
+    rng = jax.device_put(jax.random.PRNGKey(1), jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec()))
+    host_rng = np.random.default_rng(0)
+    p = masked_positions(args.seq_len)
+    batches = [training.global_batch(random_pretraining_batch(
+        host_rng, args.batch_size, args.seq_len, p, model_cfg.vocab_size)) for _ in range(2)]
+    step = build_step(args, training)
+    device0 = mesh.devices.flat[0]
+    state_bytes = {"param_bytes_per_device": bytes_on_device(state.params, device0),
+                   "opt_state_bytes_per_device": bytes_on_device(state.opt_state, device0)}
+    state, metrics, first, median, times = time_steps(step, state, batches, rng, args.steps,
+                                                      args.repeats, args.warmup)
+    metrics = jax.device_get(metrics)
+    skipped = int(jax.device_get(state.skipped_total))
+    peak_mem = peak_memory_gib()
+    peak = matmul_peak_tflops(args.peak_size)
+    n_dev = mesh.devices.size
+    seq_per_s = args.batch_size * args.steps / median
+    flops = train_flops_per_sequence(model_cfg.num_hidden_layers, model_cfg.hidden_size,
+                                     args.seq_len, model_cfg.vocab_size, p)
+    record = {
+        **environment(), "task": "pretrain", "model": args.model, "seq_len": args.seq_len,
+        "batch_size": args.batch_size, "predictions": p, "devices": n_dev,
+        "attention": args.attention, "attention_dropout": args.attention_dropout,
+        "dropout_impl": args.dropout_impl, "scan": args.scan, "remat": args.remat,
+        "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
+        "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,
+        "mesh": args.mesh, "tag": args.tag,
+        "compile_and_first_step_s": first, "step_time_s": median / args.steps,
+        "seq_per_s": seq_per_s, "tokens_per_s": seq_per_s * args.seq_len,
+        "flops_per_seq": flops, "tflops": seq_per_s * flops / 1e12,
+        "tflops_per_device": seq_per_s * flops / 1e12 / n_dev,
+        "matmul_peak_tflops": peak, "mfu": seq_per_s * flops / 1e12 / n_dev / peak,
+        "peak_memory_gib": peak_mem, **state_bytes,
+        "loss": float(metrics["loss"]), "skipped_steps": skipped, "repeat_times_s": times,
+    }
+    if not np.isfinite(record["loss"]) or skipped:
+        record["warning"] = "non-finite loss or skipped steps: the timing is not a valid step"
+    write_result(args.out, record)
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Performance levers the benchmarks can toggle without touching the model or the engine.
+
+* XLA flag presets (must be applied before jax is imported: :func:`apply_xla_flags`).
+* Attention dropout through cuDNN's fused kernel (:func:`use_cudnn_dropout_attention`): the
+  model runs the explicit einsum attention whenever attention dropout is active, so in
+  training the fused kernels are never used. This patches that path for the benchmark only.
+* Non-finite skip through ``lax.cond`` instead of ``jnp.where`` over every parameter and
+  optimizer-state leaf (:func:`make_cond_skip_train_step`).
+
+A lever that pays is then proposed as a patch to bert_jax (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+# name -> XLA_FLAGS additions. Each name was checked against the XLA flag parser of jaxlib
+# 0.10 (an unknown flag aborts the process, so a typo cannot pass silently).
+XLA_FLAG_PRESETS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    # Overlaps independent work (collectives, copies) with compute; the default on TPU.
+    "lhs": ("--xla_gpu_enable_latency_hiding_scheduler=true",),
+    # cuBLAS for every GEMM instead of Triton-generated GEMM fusions.
+    "no_triton_gemm": ("--xla_gpu_enable_triton_gemm=false",),
+    # Multi-GPU: overlap collectives with compute (FSDP all-gathers / reduce-scatters).
+    "collectives": ("--xla_gpu_enable_latency_hiding_scheduler=true",
+                    "--xla_gpu_enable_pipelined_all_gather=true",
+                    "--xla_gpu_enable_pipelined_reduce_scatter=true",
+                    "--xla_gpu_enable_pipelined_all_reduce=true",
+                    "--xla_gpu_enable_while_loop_double_buffering=true",
+                    "--xla_gpu_all_reduce_combine_threshold_bytes=134217728",
+                    "--xla_gpu_all_gather_combine_threshold_bytes=134217728",
+                    "--xla_gpu_reduce_scatter_combine_threshold_bytes=134217728"),
+}
+
+
+def apply_xla_flags(preset: str) -> str:
+    """Appends the preset's flags to ``XLA_FLAGS`` (call before importing jax); returns the
+    resulting value."""
+    if preset not in XLA_FLAG_PRESETS:
+        raise SystemExit(f"--xla-flags {preset!r}: choose one of {sorted(XLA_FLAG_PRESETS)}")
+    flags = " ".join(XLA_FLAG_PRESETS[preset])
+    value = " ".join(v for v in (os.environ.get("XLA_FLAGS", ""), flags) if v)
+    os.environ["XLA_FLAGS"] = value
+    return value
+
+
+def cudnn_dropout_attention(query, key, value, kv_lengths, *, dropout_rng=None,
+                            dropout_rate=0.0, deterministic=True):
+    """Drop-in for ``bert_jax.modeling.attention.explicit_attention`` that runs cuDNN's
+    fused attention with dropout inside the kernel (no [B, heads, S, S] tensor in memory).
+
+    Returns (context, None): no probabilities. Caveat: JAX's cuDNN API takes the dropout
+    seed as a compile-time integer (``dropout_rng`` cannot be passed through), so whether
+    masks differ between steps depends on XLA's handling of the kernel's RNG offset; this is
+    a speed measurement, not yet a training default.
+    """
+    import jax.numpy as jnp
+    from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
+
+    del dropout_rng
+    rate = 0.0 if deterministic else float(dropout_rate)
+    batch, q_len = query.shape[0], query.shape[1]
+    context = dot_product_attention(
+        query, key, value, None, None, jnp.full((batch,), q_len, jnp.int32),
+        kv_lengths.astype(jnp.int32), scale=float(query.shape[-1]) ** -0.5,
+        mask_type=MaskType.PADDING, dropout_rate=rate)
+    return context, None
+
+
+def use_cudnn_dropout_attention() -> None:
+    """Routes the model's dropout-attention path through :func:`cudnn_dropout_attention`
+    (process-wide; call before the model is traced)."""
+    from bert_jax.modeling import encoder
+
+    encoder.explicit_attention = cudnn_dropout_attention
+
+
+def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):
+    """``make_train_step`` (microbatches=1) with the non-finite skip as a ``lax.cond``: the
+    optimizer update runs only when the loss and gradient norm are finite, instead of
+    computing it always and selecting every leaf with ``jnp.where`` (one extra read of
+    params + optimizer state). Same outputs as ``bert_jax.training.steps``."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from bert_jax.training.steps import _apply, loss_sums, summarize
+
+    def loss_fn(params, batch, rng, mlm_den, nsp_den):
+        sums = loss_sums(_apply(model, params, batch, rng=rng), batch, pair_head)
+        return sums["mlm_loss_sum"] / mlm_den + sums["nsp_loss_sum"] / nsp_den, sums
+
+    def train_step(state, batch, rng):
+        step_rng = jax.random.fold_in(rng, state.step)
+        mlm_den = jnp.maximum(jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1.0)
+        nsp_den = jnp.float32(batch["input_ids"].shape[0])
+        grads, sums = jax.grad(loss_fn, has_aux=True)(state.params, batch, step_rng,
+                                                      mlm_den, nsp_den)
+        metrics = summarize(sums)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+
+        def update(operands):
+            params, opt_state, g = operands
+            updates, new_opt_state = tx.update(g, opt_state, params)
+            return optax.apply_updates(params, updates), new_opt_state
+
+        new_params, new_opt_state = jax.lax.cond(
+            finite, update, lambda operands: (operands[0], operands[1]),
+            (state.params, state.opt_state, grads))
+        skipped = (~finite).astype(jnp.int32)
+        new_state = state.replace(
+            step=state.step + 1, params=new_params, opt_state=new_opt_state,
+            skipped_total=state.skipped_total + skipped,
+            skipped_in_row=(state.skipped_in_row + 1) * skipped)
+        metrics.update(grad_norm=grad_norm, skipped=skipped,
+                       learning_rate=schedule(state.step - state.skipped_total),
+                       mlm_weight=sums["mlm_weight"])
+        return new_state, metrics
+
+    return train_step
