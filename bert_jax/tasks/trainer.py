@@ -1,0 +1,319 @@
+"""Fine-tuning mechanics: the task model, per-kind losses, the jitted pure train and predict
+steps over a data-parallel mesh, batching with padding, and the epoch loop.
+
+Nothing here reads task files or checkpoints (``run.py`` does); ``Finetuner`` takes numpy
+feature dicts and parameter trees. Every batch has a fixed shape: the last batch of an epoch
+and of an evaluation is padded with copies of row 0 whose ``example_weight`` is 0, so they
+carry no loss and their predictions are dropped — no example is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from bert_jax import parallel
+from bert_jax.config import BertConfig
+from bert_jax.errors import BertJaxError
+from bert_jax.modeling.heads import (
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from bert_jax.tasks.base import IGNORE_INDEX, INPUT_KEYS, Task
+from bert_jax.training.optimizers import make_optimizer
+from bert_jax.training.state import TrainState
+
+Batch = dict[str, jax.Array]
+WEIGHT_KEY = "example_weight"  # [batch] float32: 1 for real rows, 0 for padding rows
+HEAD_NAMES = ("classifier", "qa_outputs")
+
+
+def build_model(task: Task, config: BertConfig, freeze_encoder: bool = False) -> nn.Module:
+    """The Flax model for the task's kind: {"bert": encoder, head name: head}."""
+    if task.kind in ("classification", "regression"):
+        return BertForSequenceClassification(config, task.num_labels, freeze_encoder)
+    if task.kind == "token_classification":
+        return BertForTokenClassification(config, task.num_labels, freeze_encoder)
+    if task.kind == "span":
+        return BertForQuestionAnswering(config, freeze_encoder)
+    if task.kind == "multiple_choice":
+        return BertForMultipleChoice(config, freeze_encoder)
+    raise BertJaxError(f"task {task.name}: unknown kind {task.kind!r}")
+
+
+def output_keys(kind: str) -> tuple[str, ...]:
+    return ("start_logits", "end_logits") if kind == "span" else ("logits",)
+
+
+# ---- losses ---------------------------------------------------------------------------------
+def _weighted_mean(values, weights):
+    total = jnp.sum(weights)
+    return jnp.sum(values * weights) / jnp.maximum(total, 1.0), total
+
+
+def task_loss(kind: str, outputs: Mapping[str, jax.Array], batch: Batch
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Mean loss over real rows (tokens for NER) and {"loss_sum", "count"} for averaging.
+
+    classification / multiple choice: cross-entropy over classes / choices; regression: MSE
+    of the single output; token classification: cross-entropy over tokens whose label is not
+    ``IGNORE_INDEX``; span: (CE of the start + CE of the end position) / 2.
+    """
+    weights = batch[WEIGHT_KEY].astype(jnp.float32)  # [batch]
+    if kind in ("classification", "multiple_choice"):
+        logits = outputs["logits"].astype(jnp.float32)  # [batch, classes | choices]
+        per_row = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"])
+        loss, count = _weighted_mean(per_row, weights)
+    elif kind == "regression":
+        preds = outputs["logits"].astype(jnp.float32).reshape(weights.shape)
+        loss, count = _weighted_mean(jnp.square(preds - batch["labels"]), weights)
+    elif kind == "token_classification":
+        logits = outputs["logits"].astype(jnp.float32)  # [batch, seq, labels]
+        labels = batch["label_ids"]  # [batch, seq]
+        valid = (labels != IGNORE_INDEX).astype(jnp.float32) * weights[:, None]
+        per_token = optax.softmax_cross_entropy_with_integer_labels(
+            logits, jnp.where(labels == IGNORE_INDEX, 0, labels))
+        loss, count = _weighted_mean(per_token, valid)
+    elif kind == "span":
+        start = optax.softmax_cross_entropy_with_integer_labels(
+            outputs["start_logits"].astype(jnp.float32), batch["start_positions"])
+        end = optax.softmax_cross_entropy_with_integer_labels(
+            outputs["end_logits"].astype(jnp.float32), batch["end_positions"])
+        loss, count = _weighted_mean((start + end) / 2, weights)
+    else:
+        raise BertJaxError(f"unknown task kind {kind!r}")
+    return loss, {"loss_sum": loss * jnp.maximum(count, 1.0), "count": count}
+
+
+# ---- steps ----------------------------------------------------------------------------------
+def _apply(model: nn.Module, params, batch: Batch, rng=None):
+    return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
+                       batch["segment_ids"], deterministic=rng is None,
+                       rngs={"dropout": rng} if rng is not None else None)
+
+
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation, kind: str
+                    ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
+    """``train_step(state, batch, rng) -> (state, {"loss_sum", "count", "grad_norm"})``;
+    dropout key ``fold_in(rng, step)`` so a run depends only on its seed."""
+
+    def loss_fn(params, batch, rng):
+        return task_loss(kind, _apply(model, params, batch, rng), batch)
+
+    def train_step(state: TrainState, batch: Batch, rng: jax.Array):
+        step_rng = jax.random.fold_in(rng, state.step)
+        grads, sums = jax.grad(loss_fn, has_aux=True)(state.params, batch, step_rng)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        sums["grad_norm"] = optax.global_norm(grads)
+        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
+
+    return train_step
+
+
+def make_predict_step(model: nn.Module, kind: str) -> Callable[[Any, Batch], dict]:
+    """``predict_step(params, batch) -> {output key: float32 array}`` (no dropout)."""
+
+    def predict_step(params, batch: Batch):
+        out = _apply(model, params, batch)
+        return {k: out[k].astype(jnp.float32) for k in output_keys(kind)}
+
+    return predict_step
+
+
+def freeze_labels(params) -> Any:
+    """'frozen' for the encoder subtree, 'train' for the head (feature-based fine-tuning)."""
+    return {name: jax.tree.map(lambda _, n=name: "frozen" if n == "bert" else "train", sub)
+            for name, sub in params.items()}
+
+
+def make_tx(config: ml_collections.ConfigDict, total_steps: int
+            ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW (no decay on LayerNorm/bias), linear warmup over ``warmup_proportion`` of the
+    steps then linear decay to 0, global-norm clipping; the encoder untouched when frozen
+    (not even weight decay)."""
+    warmup = int(config.warmup_proportion * total_steps)
+    tx, schedule = make_optimizer(ml_collections.ConfigDict({
+        "name": "adamw", "learning_rate": config.learning_rate, "warmup_steps": warmup,
+        "decay": "linear", "decay_steps": max(total_steps, warmup + 1),
+        "end_learning_rate": 0.0, "power": 1.0, "b1": config.adam_b1, "b2": config.adam_b2,
+        "eps": config.adam_eps, "weight_decay": config.weight_decay,
+        "clip_norm": config.clip_norm}))
+    if config.freeze_encoder:
+        tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, freeze_labels)
+    return tx, schedule
+
+
+# ---- batching -------------------------------------------------------------------------------
+def num_rows(features: Mapping[str, np.ndarray]) -> int:
+    return int(features["input_ids"].shape[0])
+
+
+def padded_batches(features: Mapping[str, np.ndarray], keys: tuple[str, ...],
+                   order: np.ndarray, batch_size: int) -> Iterator[tuple[dict, int]]:
+    """Yields (batch, real rows): ``batch_size`` rows in ``order``; the last batch is padded
+    with row ``order[0]`` at weight 0."""
+    for start in range(0, len(order), batch_size):
+        index = order[start:start + batch_size]
+        real = len(index)
+        if real < batch_size:
+            index = np.concatenate([index, np.full(batch_size - real, order[0])])
+        batch = {k: np.asarray(features[k])[index] for k in keys}
+        weight = np.zeros(batch_size, np.float32)
+        weight[:real] = 1.0
+        batch[WEIGHT_KEY] = weight
+        yield batch, real
+
+
+@dataclasses.dataclass
+class Finetuner:
+    """A task model on a mesh: sharded init/placement, jitted steps, epochs and prediction."""
+
+    task: Task
+    model: nn.Module
+    mesh: Mesh
+    rules: tuple
+    batch_size: int
+    eval_batch_size: int
+    max_seq_length: int
+    tx: optax.GradientTransformation | None = None
+    schedule: optax.Schedule | None = None
+
+    def __post_init__(self):
+        for name, size in (("batch_size", self.batch_size),
+                           ("eval_batch_size", self.eval_batch_size)):
+            divisor = parallel.batch_divisor(self.mesh, self.rules) * jax.process_count()
+            if size % divisor:
+                raise BertJaxError(f"{name}={size} must be divisible by the {divisor} batch "
+                                   f"shards of the mesh {dict(self.mesh.shape)}")
+        self.kind = self.task.kind
+        self.label_keys = tuple(self.task.label_keys)
+        _, self.param_shardings = parallel.abstract_and_shardings(
+            self._init_params, self.mesh, self.rules, jax.random.PRNGKey(0))
+        out_sharding = {k: parallel.batch_sharding(self.mesh, self.rules, 2)
+                        for k in output_keys(self.kind)}
+        # Inputs arrive committed to their shardings (params placed, batches global).
+        self.predict_step = jax.jit(make_predict_step(self.model, self.kind),
+                                    out_shardings=out_sharding)
+        if self.tx is not None:
+            _, self.state_shardings = parallel.abstract_and_shardings(
+                lambda rng: self._init_state(self._init_params(rng)), self.mesh, self.rules,
+                jax.random.PRNGKey(0))
+            self.train_step = jax.jit(
+                make_train_step(self.model, self.tx, self.kind),
+                out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
+                donate_argnums=0)
+
+    # ---- parameters ---------------------------------------------------------------------
+    def _dummy_inputs(self):
+        shape = (1, self.task.num_choices, self.max_seq_length) \
+            if self.kind == "multiple_choice" else (1, self.max_seq_length)
+        return jnp.zeros(shape, jnp.int32)
+
+    def _init_params(self, rng):
+        ids = self._dummy_inputs()
+        return self.model.init({"params": rng}, ids, jnp.ones_like(ids), ids)["params"]
+
+    def _init_state(self, params) -> TrainState:
+        return TrainState.create(params, self.tx.init(params))
+
+    def init_params(self, rng: jax.Array):
+        """Fresh parameters, created directly in their shards."""
+        return parallel.sharded_init(self._init_params, self.param_shardings, rng)
+
+    def place_params(self, params):
+        """Host (numpy) parameters -> global arrays with the model's shardings."""
+        def put(value, sharding):
+            value = np.asarray(value)
+            return jax.make_array_from_callback(value.shape, sharding, lambda i: value[i])
+
+        return jax.tree.map(put, params, self.param_shardings)
+
+    def create_state(self, params) -> TrainState:
+        """Train state (optimizer moments zero, step 0) around sharded ``params``."""
+        return jax.jit(lambda p: nn.unbox(self._init_state(p)),
+                       out_shardings=self.state_shardings)(params)
+
+    # ---- batches ------------------------------------------------------------------------
+    def _global(self, batch: dict[str, np.ndarray]) -> Batch:
+        """The global batch (every process holds it whole) -> this process's rows, sharded."""
+        per_process = len(batch[WEIGHT_KEY]) // jax.process_count()
+        lo = jax.process_index() * per_process
+        local = {k: v[lo:lo + per_process] for k, v in batch.items()}
+        return parallel.global_batch(local, self.mesh, self.rules)
+
+    # ---- training -----------------------------------------------------------------------
+    def steps_per_epoch(self, features: Mapping[str, np.ndarray]) -> int:
+        return math.ceil(num_rows(features) / self.batch_size)
+
+    def train_epoch(self, state: TrainState, features: Mapping[str, np.ndarray], epoch: int,
+                    seed: int, rng: jax.Array, log: Callable[[str], None] | None = None,
+                    log_every: int = 0) -> tuple[TrainState, dict[str, float]]:
+        """One pass over ``features`` in an order drawn from (seed, epoch)."""
+        missing = [k for k in self.label_keys if k not in features]
+        if missing:
+            raise BertJaxError(f"{self.task.name}: training features lack labels {missing}")
+        keys = (*INPUT_KEYS, *self.label_keys)
+        order = np.random.default_rng([seed, epoch]).permutation(num_rows(features))
+        loss_sum = count = 0.0
+        pending = []
+        first_step_s = None
+        t0 = time.perf_counter()
+        for i, (batch, _) in enumerate(padded_batches(features, keys, order, self.batch_size)):
+            state, sums = self.train_step(state, self._global(batch), rng)
+            pending.append(sums)
+            if i == 0:
+                jax.block_until_ready(sums)
+                first_step_s = time.perf_counter() - t0
+            if log is not None and log_every and (i + 1) % log_every == 0:
+                fetched = jax.device_get(pending)
+                pending = []
+                loss_sum += sum(float(s["loss_sum"]) for s in fetched)
+                count += sum(float(s["count"]) for s in fetched)
+                log(f"epoch {epoch + 1} step {i + 1}/{self.steps_per_epoch(features)} "
+                    f"loss {loss_sum / max(count, 1.0):.4f} "
+                    f"grad_norm {float(fetched[-1]['grad_norm']):.3f}")
+        fetched = jax.device_get(pending)
+        loss_sum += sum(float(s["loss_sum"]) for s in fetched)
+        count += sum(float(s["count"]) for s in fetched)
+        jax.block_until_ready(state.step)
+        seconds = time.perf_counter() - t0
+        return state, {"loss": loss_sum / max(count, 1.0), "seconds": seconds,
+                       "first_step_seconds": first_step_s or 0.0,
+                       "sequences": float(num_rows(features))}
+
+    # ---- prediction ---------------------------------------------------------------------
+    def predict(self, params, features: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Model outputs for every feature row (float32 numpy), padding rows dropped."""
+        from jax.experimental import multihost_utils
+
+        n = num_rows(features)
+        if n == 0:
+            raise BertJaxError(f"{self.task.name}: nothing to predict (0 feature rows)")
+        outputs: dict[str, list[np.ndarray]] = {k: [] for k in output_keys(self.kind)}
+        for batch, real in padded_batches(features, INPUT_KEYS, np.arange(n),
+                                          self.eval_batch_size):
+            out = self.predict_step(params, self._global(batch))
+            if jax.process_count() > 1:
+                out = multihost_utils.process_allgather(out, tiled=True)
+            for k, v in out.items():
+                outputs[k].append(np.asarray(v)[:real])
+        return {k: np.concatenate(v) for k, v in outputs.items()}
+
+
+def model_outputs(kind: str, outputs: dict[str, np.ndarray]):
+    """Predict-step outputs -> what ``Task.postprocess`` takes for this kind."""
+    return outputs if kind == "span" else outputs["logits"]
