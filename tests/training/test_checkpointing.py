@@ -104,6 +104,7 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
                             _tiny_state(0.0))
     state, _, data_state = manager.restore(2, abstract, jax.ShapeDtypeStruct((2,), np.uint32))
     manager.close()
+    assert not partial.exists()  # stale temporary directories are removed (in the background)
     assert data_state == {"step": 2} and int(state.step) == 2
     np.testing.assert_array_equal(state.params["dense"]["kernel"], np.full((4, 2), 2.0))
 
