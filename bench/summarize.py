@@ -1,0 +1,158 @@
+"""Markdown tables from the benchmark JSON lines: bert-jax vs transformers (ratio, MFU, memory),
+the lever sweep (change vs the sweep's baseline), the loop vs the step, and scaling.
+
+  python bench/summarize.py $OUT/bench.jsonl
+
+Records are matched on (task, model, seq_len, batch_size); the last record of a kind wins.
+Tags written by bench/run_gpu.sh: ``core`` (headline runs), ``lever:<name>`` (the sweep,
+``lever:baseline`` its reference), ``scaling_*`` (per-run records of bench_scaling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+# Issue 6 targets: (task, model, seq_len) -> (min ratio vs transformers, min MFU)
+TARGETS = {("pretrain", "base", 128): (1.5, 0.55), ("pretrain", "large", 128): (1.5, 0.60),
+           ("pretrain", "large", 512): (1.5, 0.60), ("classify", "base", 128): (1.5, None)}
+
+
+def load(paths: list[str]) -> list[dict]:
+    records = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    records.append(json.loads(line))
+    return records
+
+
+def _key(r: dict) -> tuple:
+    return (r.get("task"), r.get("model"), r.get("seq_len"), r.get("batch_size"))
+
+
+def _fmt(value, spec: str = ",.0f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def _pct(value) -> str:
+    return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def core_table(records: list[dict]) -> list[str]:
+    ours = {_key(r): r for r in records if r.get("framework") == "bert-jax"
+            and r.get("tag") == "core" and "seq_per_s" in r}
+    peer = {_key(r): r for r in records if r.get("framework") == "transformers"
+            and "seq_per_s" in r}
+    lines = ["| task | model | seq | batch | bert-jax seq/s | MFU | peak GiB | transformers "
+             "seq/s | MFU | peak GiB | ratio | target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(set(ours) | set(peer), key=lambda k: tuple(str(x) for x in k)):
+        a, b = ours.get(key), peer.get(key)
+        ratio = a["seq_per_s"] / b["seq_per_s"] if a and b else None
+        target = TARGETS.get(key[:3])
+        met = ""
+        if target and ratio is not None:
+            ok = ratio >= target[0] and (target[1] is None or a["mfu"] >= target[1])
+            met = ("met" if ok else "missed") + f" (≥{target[0]}x" + (
+                f", ≥{target[1]:.0%} MFU)" if target[1] else ")")
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | "
+            f"{_fmt(a and a['seq_per_s'])} | {_pct(a and a['mfu'])} | "
+            f"{_fmt(a and a.get('peak_memory_gib'), '.1f')} | {_fmt(b and b['seq_per_s'])} | "
+            f"{_pct(b and b['mfu'])} | {_fmt(b and b.get('peak_memory_gib'), '.1f')} | "
+            f"{_fmt(ratio, '.2f')} | {met} |")
+    return lines
+
+
+def lever_table(records: list[dict]) -> list[str]:
+    levers = [r for r in records if str(r.get("tag", "")).startswith("lever:")]
+    baselines = {_key(r): r for r in levers if r["tag"] == "lever:baseline" and "seq_per_s" in r}
+    lines = ["| model | seq | batch | lever | seq/s | vs baseline | MFU | peak GiB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in levers:
+        base = baselines.get(_key(r))
+        name = r["tag"][len("lever:"):]
+        if "seq_per_s" not in r:
+            lines.append(f"| {r.get('model')} | {r.get('seq_len')} | {r.get('batch_size')} | "
+                         f"{name} | failed: {r.get('error', '?')} | | | |")
+            continue
+        change = (r["seq_per_s"] / base["seq_per_s"] - 1) if base else None
+        lines.append(f"| {r['model']} | {r['seq_len']} | {r['batch_size']} | {name} | "
+                     f"{r['seq_per_s']:,.0f} | "
+                     f"{'—' if change is None else f'{100 * change:+.1f}%'} | "
+                     f"{_pct(r['mfu'])} | {_fmt(r.get('peak_memory_gib'), '.1f')} |")
+    return lines
+
+
+def loop_table(records: list[dict]) -> list[str]:
+    lines = ["| model | seq | batch | source | loop seq/s | step seq/s | loop/step |",
+             "|---|---|---|---|---|---|---|"]
+    for r in records:
+        if r.get("task") == "pretrain_loop":
+            lines.append(f"| {r['model']} | {r['seq_len']} | {r['batch_size']} | "
+                         f"{r['source']} | {r['loop_seq_per_s']:,.0f} | "
+                         f"{_fmt(r.get('step_seq_per_s'))} | "
+                         f"{_fmt(r.get('loop_over_step'), '.3f')} |")
+    return lines
+
+
+def scaling_tables(records: list[dict]) -> list[str]:
+    lines = []
+    for s in (r for r in records if r.get("task") == "scaling_summary"):
+        lines += [f"Scaling: {s['model']}/{s['seq_len']}, {s['per_device_batch']} sequences "
+                  f"per device, {s.get('device')}", "",
+                  "| devices | DP seq/s | DP efficiency | FSDP seq/s | FSDP cost | "
+                  "state GiB/device FSDP (DP) | peak GiB FSDP (DP) |",
+                  "|---|---|---|---|---|---|---|"]
+        for n, d in sorted(s["dp"].items(), key=lambda kv: int(kv[0])):
+            f = s["fsdp"].get(n) or s["fsdp"].get(str(n)) or {}
+            lines.append(
+                f"| {n} | {d['seq_per_s']:,.0f} | {_pct(d['efficiency'])} | "
+                f"{_fmt(f.get('seq_per_s'))} | {_pct(f.get('throughput_cost'))} | "
+                f"{_fmt(f.get('state_gib_per_device'), '.2f')} "
+                f"({_fmt(f.get('dp_state_gib_per_device'), '.2f')}) | "
+                f"{_fmt(f.get('peak_memory_gib'), '.1f')} "
+                f"({_fmt(f.get('dp_peak_memory_gib'), '.1f')}) |")
+        if s.get("failed"):
+            lines.append(f"\nFailed runs: {', '.join(s['failed'])}")
+        lines.append("")
+    return lines
+
+
+def render(records: list[dict]) -> str:
+    devices = sorted({r["device"] for r in records if r.get("device")})
+    peaks = [r["matmul_peak_tflops"] for r in records if r.get("matmul_peak_tflops")]
+    out = [f"Device(s): {', '.join(devices) or 'unknown'}"]
+    if peaks:
+        out.append(f"Measured bf16 matmul peak: {min(peaks):.0f}–{max(peaks):.0f} TFLOP/s "
+                   f"over {len(peaks)} runs (MFU uses each run's own)")
+    out += ["", "## bert-jax vs transformers", ""] + core_table(records)
+    if any(str(r.get("tag", "")).startswith("lever:") for r in records):
+        out += ["", "## Levers", ""] + lever_table(records)
+    if any(r.get("task") == "pretrain_loop" for r in records):
+        out += ["", "## Loop vs step", ""] + loop_table(records)
+    if any(r.get("task") == "scaling_summary" for r in records):
+        out += ["", "## Scaling", ""] + scaling_tables(records)
+    failed = [r for r in records if "error" in r and not str(r.get("tag", "")).startswith(
+        ("lever:", "scaling_"))]
+    if failed:
+        out += ["", "## Failed runs", ""] + [f"- {r.get('tag') or r.get('task')} "
+                                              f"{r.get('model')}/{r.get('seq_len')}: "
+                                              f"{r['error']}" for r in failed]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="+", help="JSON-lines result files")
+    args = ap.parse_args(argv)
+    sys.stdout.write(render(load(args.paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
