@@ -134,10 +134,11 @@ def make_predict_step(model: nn.Module, kind: str) -> Callable[[Any, Batch], dic
     return predict_step
 
 
-def freeze_labels(params) -> Any:
-    """'frozen' for the encoder subtree, 'train' for the head (feature-based fine-tuning)."""
-    return {name: jax.tree.map(lambda _, n=name: "frozen" if n == "bert" else "train", sub)
-            for name, sub in params.items()}
+def zero_encoder_updates(updates, params=None) -> Any:
+    """Feature-based fine-tuning: the encoder's updates (weight decay included) become 0."""
+    del params
+    return {name: jax.tree.map(jnp.zeros_like, sub) if name == "bert" else sub
+            for name, sub in updates.items()}
 
 
 def make_tx(config: ml_collections.ConfigDict, total_steps: int
@@ -153,7 +154,7 @@ def make_tx(config: ml_collections.ConfigDict, total_steps: int
         "eps": config.adam_eps, "weight_decay": config.weight_decay,
         "clip_norm": config.clip_norm}))
     if config.freeze_encoder:
-        tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, freeze_labels)
+        tx = optax.chain(tx, optax.stateless(zero_encoder_updates))
     return tx, schedule
 
 
