@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# The whole GPU benchmark, in stages that each fit one 10-minute call:
+#
+#   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
+#                                              loop | scaling | all
+#
+# Run from the repository root. Results go to $OUT/bench.jsonl (JSON lines), the stage's log to
+# $OUT/<stage>.log, nvidia-smi and versions to $OUT/env.txt, and the markdown summary of
+# $OUT/bench.jsonl (plus any files listed in $BENCH_PREVIOUS, colon-separated: results
+# fetched from earlier calls) to $OUT/summary.md and stdout. Every configuration runs in
+# its own process (JAX's allocator and torch never share one), under `timeout`; a failed or
+# skipped run leaves an "error" record and the stage goes on.
+#
+# Estimated wall time on one H100 (compilation dominates: ~30-60 s for Base, ~60-120 s for an
+# unrolled Large; torch.compile ~1-2 min per config; the timed steps are seconds):
+#   env            ~10 s
+#   core           ~6 min   bert-jax pretrain base/128 b256, large/128 b256, large/512 b32;
+#                           fine-tune base/128 b32
+#   peer           ~7 min   transformers (bf16 autocast, SDPA, torch.compile, fused AdamW) on
+#                           the same four workloads
+#   levers         ~9 min   base/128 b256: each lever toggled once against the baseline
+#   levers-large   ~8 min   large/512 b32 and large/128 b256: the attention/scan levers
+#   loop           ~3 min   bert-jax pretrain (the real loop) on materialized batches vs the step
+#   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
+#                           DP on 1..N GPUs and FSDP on 2..N
+# Each stage stops starting new runs when its budget (BUDGET_S, default 540 s) would be
+# exceeded; skipped runs are listed in the summary, rerun them with a later call.
+#
+# The device image lacks ml_collections and tensorboardX: carry `.whl` (both wheels) with the
+# call; they are installed into /tmp/site here when missing.
+#
+# BENCH_SMOKE=1 shrinks every run to a tiny model and 2 steps (CPU validation of this script).
+set -uo pipefail
+
+STAGE=${1:-all}
+OUT=${OUT:-$PWD/bench_out}
+PY=${PYTHON:-python3}
+BUDGET_S=${BUDGET_S:-540}
+RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-420}
+SMOKE=${BENCH_SMOKE:-0}
+RESULTS=$OUT/bench.jsonl
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TF_CPP_MIN_LOG_LEVEL=3 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+
+if ! "$PY" -c "import ml_collections, tensorboardX" 2>/dev/null; then
+  if [ -d .whl ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  else
+    echo "ml_collections/tensorboardX missing and no .whl folder carried" >&2
+    exit 1
+  fi
+fi
+
+# JAX runs: own process each, 90% of the card, compiled programs cached across runs of one
+# warm machine (same program = no second compile; timings are unaffected).
+JAX_ENV=(env XLA_PYTHON_CLIENT_MEM_FRACTION=0.90
+         JAX_COMPILATION_CACHE_DIR=/tmp/bert_jax_xla_cache
+         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1)
+
+# Shapes and timing; BENCH_SMOKE replaces them with tiny ones.
+if [ "$SMOKE" = 1 ]; then
+  BASE=tiny; LARGE=tiny; S128=64; S512=128; B256=8; B32=8; B512=16
+  TIMING=(--steps 2 --repeats 1 --warmup 1); LOOP_STEPS=(--steps 6 --log-every 2)
+  SCALE=(--per-device-batch 2 --device-counts "1,2" --steps 2 --repeats 1 --warmup 1)
+else
+  BASE=base; LARGE=large; S128=128; S512=512; B256=256; B32=32; B512=512
+  TIMING=(--steps 20 --repeats 3 --warmup 3); LOOP_STEPS=(--steps 120 --log-every 20)
+  SCALE=(--per-device-batch 128)
+fi
+
+STAGE_START=$(date +%s)
+LOG=/dev/null
+
+error_record() {  # error_record TAG TASK MODEL SEQ BATCH MESSAGE
+  "$PY" - "$RESULTS" "$@" <<'EOF'
+import json, sys
+path, tag, task, model, seq, batch, message = sys.argv[1:]
+with open(path, "a") as f:
+    f.write(json.dumps({"tag": tag, "task": task, "model": model, "seq_len": int(seq),
+                        "batch_size": int(batch), "error": message}) + "\n")
+EOF
+}
+
+run_case() {  # run_case EST_S TAG TASK MODEL SEQ BATCH -- command...
+  local est=$1 tag=$2 task=$3 model=$4 seq=$5 batch=$6
+  shift 7
+  local elapsed=$(( $(date +%s) - STAGE_START ))
+  if (( elapsed + est > BUDGET_S )); then
+    echo "$(date +%T) SKIP (stage budget: ${elapsed}s used, ~${est}s needed) $tag $task $model/$seq b$batch"
+    error_record "$tag" "$task" "$model" "$seq" "$batch" "skipped: stage budget"
+    return 0
+  fi
+  local t0 rc
+  t0=$(date +%s)
+  echo "=== $(date +%T) $tag $task $model/$seq b$batch: $*" >>"$LOG"
+  timeout "$RUN_TIMEOUT_S" "$@" >>"$LOG" 2>&1
+  rc=$?
+  echo "$(date +%T) rc=$rc $(( $(date +%s) - t0 ))s $tag $task $model/$seq b$batch"
+  if (( rc != 0 )); then
+    tail -n 8 "$LOG" | sed 's/^/    | /'
+    error_record "$tag" "$task" "$model" "$seq" "$batch" "exit code $rc"
+  fi
+}
+
+pretrain() {  # pretrain EST TAG MODEL SEQ BATCH [bench_pretrain options...]
+  local est=$1 tag=$2 model=$3 seq=$4 batch=$5
+  shift 5
+  run_case "$est" "$tag" pretrain "$model" "$seq" "$batch" -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_pretrain.py --model "$model" --seq-len "$seq" --batch-size "$batch" \
+    "${TIMING[@]}" --tag "$tag" --out "$RESULTS" "$@"
+}
+
+stage_env() {
+  {
+    date -u
+    nvidia-smi || echo "no nvidia-smi"
+    nvidia-smi topo -m 2>/dev/null
+    "$PY" - <<'EOF'
+import platform
+print("python", platform.python_version())
+for name in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "torch", "transformers"):
+    try:
+        module = __import__(name, fromlist=["_"])
+        print(name, getattr(module, "__version__", "?"))
+    except Exception as e:  # noqa: BLE001 - report whatever is missing
+        print(name, "unavailable:", e)
+EOF
+    "${JAX_ENV[@]}" XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -c \
+      "import jax; print('jax devices:', jax.devices())"
+    env | grep -E '^(XLA_|JAX_|NCCL_|CUDA_VISIBLE)' || true
+  } >"$OUT/env.txt" 2>&1
+  cat "$OUT/env.txt"
+}
+
+stage_core() {
+  pretrain 90 core "$BASE" "$S128" "$B256"
+  pretrain 150 core "$LARGE" "$S128" "$B256"
+  pretrain 150 core "$LARGE" "$S512" "$B32"
+  run_case 60 core classify "$BASE" "$S128" "$B32" -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_finetune.py --model "$BASE" --seq-len "$S128" --batch-size "$B32" \
+    "${TIMING[@]}" --tag core --out "$RESULTS"
+}
+
+stage_peer() {
+  if ! "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    echo "peer: no CUDA device for torch; skipped"
+    return 0
+  fi
+  local w task model seq batch est
+  for w in "pretrain $BASE $S128 $B256 120" "pretrain $LARGE $S128 $B256 150" \
+           "pretrain $LARGE $S512 $B32 150" "classify $BASE $S128 $B32 100"; do
+    read -r task model seq batch est <<<"$w"
+    run_case "$est" peer "$task" "$model" "$seq" "$batch" -- "$PY" bench/peer_hf.py \
+      --task "$task" --model "$model" --seq-len "$seq" --batch-size "$batch" --out "$RESULTS"
+  done
+}
+
+stage_levers() {  # each lever once against the baseline, base/128 b256
+  local m=$BASE s=$S128 b=$B256
+  pretrain 45 lever:baseline "$m" "$s" "$b"
+  pretrain 60 lever:attention_dropout_0 "$m" "$s" "$b" --attention-dropout 0
+  pretrain 60 lever:dropout_cudnn "$m" "$s" "$b" --dropout-impl cudnn
+  pretrain 60 lever:xla_attention_no_dropout "$m" "$s" "$b" --attention-dropout 0 \
+    --attention xla
+  pretrain 45 lever:scan "$m" "$s" "$b" --scan
+  pretrain 60 lever:remat_dots "$m" "$s" "$b" --remat dots
+  pretrain 60 lever:vocab_pad_1 "$m" "$s" "$b" --vocab-pad 1
+  pretrain 60 lever:xla_lhs "$m" "$s" "$b" --xla-flags lhs
+  pretrain 60 lever:no_triton_gemm "$m" "$s" "$b" --xla-flags no_triton_gemm
+  pretrain 60 lever:no_donate "$m" "$s" "$b" --no-donate
+  pretrain 60 lever:skip_cond "$m" "$s" "$b" --skip cond
+  pretrain 60 lever:batch_512 "$m" "$s" "$B512"
+}
+
+stage_levers_large() {  # attention and layer-stack levers where attention matters most
+  pretrain 60 lever:baseline "$LARGE" "$S512" "$B32"
+  pretrain 120 lever:attention_dropout_0 "$LARGE" "$S512" "$B32" --attention-dropout 0
+  pretrain 120 lever:dropout_cudnn "$LARGE" "$S512" "$B32" --dropout-impl cudnn
+  pretrain 90 lever:scan "$LARGE" "$S512" "$B32" --scan
+  pretrain 60 lever:baseline "$LARGE" "$S128" "$B256"
+  pretrain 120 lever:dropout_cudnn "$LARGE" "$S128" "$B256" --dropout-impl cudnn
+}
+
+stage_loop() {
+  run_case 150 loop pretrain_loop "$BASE" "$S128" "$B256" -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_loop.py --model "$BASE" --seq-len "$S128" --batch-size "$B256" \
+    "${LOOP_STEPS[@]}" --compare-step --tag loop --out "$RESULTS"
+}
+
+stage_scaling() {
+  local extra=()
+  [ "$SMOKE" = 1 ] && extra=(--model "$LARGE" --seq-len "$S128")
+  run_case 480 scaling scaling_summary "$LARGE" "$S128" 0 -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_scaling.py "${SCALE[@]}" "${extra[@]}" --out "$RESULTS"
+}
+
+run_stage() {
+  local name=$1
+  LOG=$OUT/$name.log
+  STAGE_START=$(date +%s)
+  echo "### stage $name (budget ${BUDGET_S}s) $(date +%T)"
+  case $name in
+    env) stage_env ;;
+    core) stage_core ;;
+    peer) stage_peer ;;
+    levers) stage_levers ;;
+    levers-large) stage_levers_large ;;
+    loop) stage_loop ;;
+    scaling) stage_scaling ;;
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|all)" >&2
+       exit 2 ;;
+  esac
+  echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
+}
+
+if [ "$STAGE" = all ]; then
+  for s in env core peer levers levers-large loop scaling; do run_stage "$s"; done
+else
+  run_stage env >/dev/null
+  run_stage "$STAGE"
+fi
+
+touch "$RESULTS"
+SOURCES=("$RESULTS")
+if [ -n "${BENCH_PREVIOUS:-}" ]; then
+  IFS=: read -r -a previous <<<"$BENCH_PREVIOUS"
+  SOURCES+=("${previous[@]}")
+fi
+"$PY" bench/summarize.py "${SOURCES[@]}" | tee "$OUT/summary.md"

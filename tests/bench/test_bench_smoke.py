@@ -1,0 +1,127 @@
+"""Smoke tests of the GPU benchmark scripts on CPU: tiny model, 2 steps, real code paths."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from bench import bench_finetune, bench_loop, bench_pretrain, summarize  # noqa: E402
+from bench.common import train_flops_per_sequence  # noqa: E402
+
+TINY = ["--model", "tiny", "--seq-len", "32", "--batch-size", "8", "--steps", "2",
+        "--repeats", "1", "--warmup", "1", "--peak-size", "128"]
+
+
+def test_pretrain_record_and_fsdp_shards_state(tmp_path):
+    out = str(tmp_path / "r.jsonl")
+    dp = bench_pretrain.main(TINY + ["--out", out])
+    fsdp = bench_pretrain.main(TINY + ["--out", out, "--mesh", "fsdp", "--devices", "4"])
+    assert math.isfinite(dp["loss"]) and dp["skipped_steps"] == 0
+    assert dp["seq_per_s"] > 0 and 0 < dp["mfu"]
+    assert dp["flops_per_seq"] == train_flops_per_sequence(2, 128, 32, 30522, 5)
+    assert dp["devices"] == jax.device_count() and fsdp["devices"] == 4
+    # FSDP shards parameters and both Adam moments over 4 devices (replicated small leaves
+    # such as the step count keep it just above a quarter).
+    dp_state = dp["param_bytes_per_device"] + dp["opt_state_bytes_per_device"]
+    fsdp_state = fsdp["param_bytes_per_device"] + fsdp["opt_state_bytes_per_device"]
+    assert 0.24 < fsdp_state / dp_state < 0.30
+    assert abs(fsdp["loss"] - dp["loss"]) < 1e-3  # same model, same data, same step
+    lines = [json.loads(line) for line in open(out)]
+    assert [r["mesh"] for r in lines] == ["dp", "fsdp"]
+
+
+def test_finetune_record(tmp_path):
+    r = bench_finetune.main(TINY + ["--out", str(tmp_path / "r.jsonl")])
+    assert r["task"] == "classify" and math.isfinite(r["loss"]) and r["seq_per_s"] > 0
+    assert r["flops_per_seq"] == train_flops_per_sequence(2, 128, 32, predictions=0)
+
+
+def _tiny_training():
+    from bench.bench_pretrain import experiment_config, parse_args, random_pretraining_batch
+    from bert_jax import parallel
+    from bert_jax.training.config import model_config
+    from bert_jax.training.setup import build_training
+
+    args = parse_args(TINY + ["--devices", "1"])
+    config = experiment_config(args)
+    mesh = parallel.create_mesh(config.parallel.mesh, devices=jax.devices()[:1])
+    training = build_training(config, model_config(config), mesh)
+    batch = random_pretraining_batch(np.random.default_rng(0), 8, 32, 5, 30522)
+    return training, batch
+
+
+def test_cond_skip_step_matches_engine_and_skips_non_finite():
+    from bench.levers import make_cond_skip_train_step
+
+    training, batch = _tiny_training()
+    cond_step = jax.jit(make_cond_skip_train_step(training.model, training.tx,
+                                                  training.schedule))
+    engine_step = training.train_step  # donates its state: give it a copy
+    rng = jax.random.PRNGKey(3)
+    state = training.init_state(jax.random.PRNGKey(0))
+    good = training.global_batch(batch)
+    ref_state, ref_metrics = engine_step(jax.tree.map(jnp.copy, state), good, rng)
+    new_state, metrics = cond_step(jax.tree.map(jnp.copy, state), good, rng)
+    assert float(metrics["loss"]) == pytest.approx(float(ref_metrics["loss"]), rel=1e-6)
+    for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(ref_state.params),
+                    strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    bad = dict(batch, masked_lm_weights=np.full_like(batch["masked_lm_weights"], np.nan))
+    before = jax.device_get(new_state.params)
+    skipped_state, bad_metrics = cond_step(new_state, training.global_batch(bad), rng)
+    assert int(bad_metrics["skipped"]) == 1 and int(skipped_state.skipped_in_row) == 1
+    for a, b in zip(jax.tree.leaves(skipped_state.params), jax.tree.leaves(before), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), b)
+
+
+def test_summarize_ratio_and_targets(tmp_path):
+    common = {"task": "pretrain", "model": "base", "seq_len": 128, "batch_size": 256,
+              "device": "NVIDIA H100 80GB HBM3", "matmul_peak_tflops": 700.0}
+    records = [dict(common, framework="bert-jax", tag="core", seq_per_s=6000.0, mfu=0.56,
+                    peak_memory_gib=30.0),
+               dict(common, framework="transformers", seq_per_s=4000.0, mfu=0.37),
+               dict(common, framework="bert-jax", tag="lever:baseline", seq_per_s=6000.0,
+                    mfu=0.56),
+               dict(common, framework="bert-jax", tag="lever:scan", seq_per_s=5700.0,
+                    mfu=0.53),
+               dict(common, tag="lever:dropout_cudnn", error="exit code 1")]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    text = summarize.render(summarize.load([str(path)]))
+    assert "| pretrain | base | 128 | 256 | 6,000 | 56.0% | 30.0 | 4,000 | 37.0% |" in text
+    assert "| 1.50 | met (≥1.5x, ≥55% MFU) |" in text
+    assert "| scan | 5,700 | -5.0% |" in text
+    assert "dropout_cudnn | failed: exit code 1" in text
+
+
+def test_loop_helpers(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"split": "train", "step": s, "seq_per_sec": v, "mfu": v / 1e4, "loss": 7.0}
+            for s, v in ((20, 100.0), (40, 300.0), (60, 310.0), (80, 290.0))]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = bench_loop.steady_state(str(metrics))
+    assert result["loop_seq_per_s"] == 300.0  # the first interval is dropped
+    assert bench_loop._drop_loop_options(
+        ["--model", "base", "--steps", "120", "--log-every=20", "--source", "synthetic",
+         "--scan"]) == ["--model", "base", "--scan"]
+    from bert_jax.data.materialize import MaterializedBatches
+
+    bench_loop.write_materialized(str(tmp_path / "m"), 3, 4, 32, 5, 30522)
+    batch = next(MaterializedBatches(str(tmp_path / "m")))
+    assert batch["input_ids"].shape == (4, 32) and batch["input_ids"].min() >= 5
+    assert batch["masked_lm_weights"].dtype == np.float32
+
+
+def test_run_gpu_script_parses():
+    subprocess.run(["bash", "-n", os.path.join(ROOT, "bench", "run_gpu.sh")], check=True)
