@@ -144,7 +144,7 @@ def create_mesh(ici: Mapping[str, int], dcn: Mapping[str, int] | None = None,
                            f"{granules} slices")
     ici_shape = resolve_axis_sizes(ici, len(devices) // granules, "parallel.mesh")
     if granules > 1:
-        process_is_granule = not hasattr(devices[0], "slice_index")
+        process_is_granule = not _slices_differ(devices)
         array = mesh_utils.create_hybrid_device_mesh(ici_shape, dcn_shape, devices,
                                                      process_is_granule=process_is_granule)
     else:
@@ -156,8 +156,14 @@ def create_mesh(ici: Mapping[str, int], dcn: Mapping[str, int] | None = None,
     return Mesh(array, MESH_AXES)
 
 
+def _slices_differ(devices: Sequence[Any]) -> bool:
+    """Multislice TPU devices carry distinct ``slice_index``es; devices of several CPU (or
+    GPU) processes carry the attribute too but all 0, so there the granule is the process."""
+    return len({getattr(d, "slice_index", 0) for d in devices}) > 1
+
+
 def _num_granules(devices: Sequence[Any]) -> int:
-    if hasattr(devices[0], "slice_index"):
+    if _slices_differ(devices):
         return len({d.slice_index for d in devices})
     return len({d.process_index for d in devices})
 
@@ -231,6 +237,24 @@ def global_batch(local: Mapping[str, np.ndarray], mesh: Mesh, rules: Rules
         global_shape = (value.shape[0] * jax.process_count(), *value.shape[1:])
         out[name] = jax.make_array_from_process_local_data(sharding, value, global_shape)
     return out
+
+
+def check_batch_split_over_processes(mesh: Mesh, rules: Rules) -> None:
+    """Each process reads its own rows, so no two processes may hold the same batch shard
+    (as when the batch axes ``data``/``fsdp`` stay inside each process and ``tensor`` spans
+    the processes, e.g. pure tensor parallelism over hosts)."""
+    if jax.process_count() == 1:
+        return
+    shards = batch_divisor(mesh, rules)
+    held: dict[int, set[int]] = {}
+    for device, index in batch_sharding(mesh, rules, 1).devices_indices_map((shards,)).items():
+        held.setdefault(device.process_index, set()).add(index[0].start or 0)
+    if sum(map(len, held.values())) != shards:  # some shard is held by several processes
+        raise BertJaxError(
+            f"mesh {dict(mesh.shape)} splits the batch {shards} ways, so the "
+            f"{jax.process_count()} processes cannot each hold distinct rows; make the batch "
+            "axes span the processes (e.g. parallel.mesh.data=-1, or "
+            f"parallel.dcn_mesh.data={jax.process_count()})")
 
 
 def batch_divisor(mesh: Mesh, rules: Rules) -> int:

@@ -63,8 +63,9 @@ def _data_vocab_size(config) -> int | None:
 def _check_sizes(config, model_cfg: BertConfig, mesh) -> int:
     """Validates batch/mesh/sequence arithmetic; returns the per-process batch size."""
     batch, k = config.global_batch_size, config.microbatches
-    divisor = parallel.batch_divisor(mesh, parallel.rules_from_config(
-        config.parallel.logical_axis_rules))
+    rules = parallel.rules_from_config(config.parallel.logical_axis_rules)
+    divisor = parallel.batch_divisor(mesh, rules)
+    parallel.check_batch_split_over_processes(mesh, rules)
     if k < 1 or batch % k:
         raise BertJaxError(f"global_batch_size={batch} is not divisible by microbatches={k}")
     if (batch // k) % divisor:

@@ -1,0 +1,99 @@
+"""Launching several ``jax.distributed`` processes on localhost with bounded waits.
+
+Every child gets ``BERT_JAX_COORDINATOR_ADDRESS`` / ``BERT_JAX_NUM_PROCESSES`` /
+``BERT_JAX_PROCESS_ID`` (the path ``bert_jax.parallel.maybe_initialize_distributed`` reads),
+CPU only, ``devices_per_process`` simulated devices and gloo collectives. Children are always
+killed (by pid) when the launching block ends, whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+EXPERIMENT = os.path.join(REPO, "experiments", "pretrain.py")
+
+# A model that compiles and steps in well under a second on simulated CPUs.
+SMALL = [
+    "--config.model.hidden_size=32", "--config.model.num_attention_heads=4",
+    "--config.model.intermediate_size=64", "--config.model.num_hidden_layers=2",
+    "--config.model.max_position_embeddings=32", "--config.data.max_seq_length=32",
+    "--config.data.max_predictions_per_seq=5", "--config.global_batch_size=8",
+    "--config.progress_bar=false", "--config.log_every=1", "--config.eval_steps=0",
+    "--config.optimizer.warmup_steps=2", "--config.optimizer.decay_steps=100",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_env(port: int, num_processes: int, process_id: int, devices_per_process: int,
+                **extra: str) -> dict[str, str]:
+    return dict(os.environ, BERT_JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                BERT_JAX_NUM_PROCESSES=str(num_processes), BERT_JAX_PROCESS_ID=str(process_id),
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
+                JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", **extra)
+
+
+@contextlib.contextmanager
+def launched(commands: Sequence[Sequence[str]], devices_per_process: int = 2,
+             cwd: str | None = None, **extra_env: str) -> Iterator[list[subprocess.Popen]]:
+    """Starts ``commands[i]`` as process ``i`` of ``len(commands)``; kills leftovers on exit.
+    Output goes to ``LOGDIR/<i>.log`` when ``extra_env`` has ``LOGDIR``, else to pipes."""
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    logdir = extra_env.pop("LOGDIR", None)
+    try:
+        for pid, cmd in enumerate(commands):
+            env = process_env(port, len(commands), pid, devices_per_process, **extra_env)
+            out = (open(os.path.join(logdir, f"{pid}.log"), "w") if logdir  # noqa: SIM115
+                   else subprocess.PIPE)
+            procs.append(subprocess.Popen(list(cmd), env=env, cwd=cwd or REPO, stdout=out,
+                                          stderr=subprocess.STDOUT, text=True))
+            if logdir:
+                out.close()
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+
+
+def run_all(commands: Sequence[Sequence[str]], timeout: float, devices_per_process: int = 2,
+            **extra_env: str) -> list[str]:
+    """Runs the processes to completion (all must exit 0 within ``timeout`` seconds);
+    returns their outputs."""
+    with launched(commands, devices_per_process, **extra_env) as procs:
+        deadline = time.monotonic() + timeout
+        outputs = []
+        for p in procs:
+            try:
+                outputs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"process {procs.index(p)} of {len(procs)} did not finish "
+                                     f"within {timeout}s") from None
+        for i, (p, out) in enumerate(zip(procs, outputs, strict=True)):
+            assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{out[-4000:]}"
+        return outputs
+
+
+def pretrain_command(workdir: str, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "bert_jax", "pretrain", "--config", f"{EXPERIMENT}:tiny",
+            "--workdir", str(workdir), *SMALL, *overrides]
+
+
+def worker_command(mode: str, *args: str) -> list[str]:
+    return [sys.executable, WORKER, mode, *args]
