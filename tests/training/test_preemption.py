@@ -19,6 +19,10 @@ RUN = [*SMALL, "--config.log_every=1", "--config.checkpoint.every_steps=4",
        "--config.optimizer.decay_steps=1000"]
 
 
+# Two simulated devices: compiles faster than eight and still runs a sharded (data=2) step.
+ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+
+
 def _command(workdir, steps):
     return [sys.executable, "-m", "bert_jax", "pretrain", "--config", f"{EXPERIMENT}:tiny",
             "--workdir", str(workdir), *RUN, f"--config.num_train_steps={steps}"]
@@ -32,7 +36,7 @@ def _steps(workdir) -> list[int]:
 
 def _start_and_signal(workdir, sig, min_checkpoint: int, timeout: float = 240.0):
     """Starts a long run, sends ``sig`` once checkpoint >= min_checkpoint exists."""
-    proc = subprocess.Popen(_command(workdir, 1000), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_command(workdir, 1000), env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + timeout
     while not any(s >= min_checkpoint for s in _steps(workdir)):
@@ -57,10 +61,10 @@ def test_sigterm_then_sigkill_then_restart_equals_uninterrupted(tmp_path):
     assert f"resumed from {run}/checkpoints/{saved}" in output
 
     end = _steps(run)[-1] + 4
-    done = subprocess.run(_command(run, end), capture_output=True, text=True)
+    done = subprocess.run(_command(run, end), env=ENV, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     full = tmp_path / "full"
-    subprocess.run(_command(full, end), check=True, capture_output=True)
+    subprocess.run(_command(full, end), env=ENV, check=True, capture_output=True)
     want, got = train_losses(full), train_losses(run)
     assert sorted(got) == list(range(1, end + 1)) and _steps(run)[-1] == end
     np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(got)],

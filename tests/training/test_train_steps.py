@@ -80,7 +80,7 @@ def test_optimizers_train(name, lr):
     training, state, batches = _setup(f"--config.optimizer.name={name}",
                                       "--config.optimizer.warmup_steps=2",
                                       f"--config.optimizer.learning_rate={lr}",
-                                      "--config.num_train_steps=40")
+                                      "--config.num_train_steps=40", devices=1)
     batch = training.global_batch(next(batches))
     losses = []
     for _ in range(15):  # memorize one batch
