@@ -413,9 +413,7 @@ def load_finetuned(workdir: str, overrides: Sequence[str] = ()):
     if "task" not in extra or "finetune" not in extra:
         raise BertJaxError(f"{workdir}: not a fine-tuned workdir (config.json has no task; "
                            "run `bert-jax finetune` first)")
-    config = base_config()
-    config.update_from_flattened_dict(_flatten_dict(extra["finetune"]))
-    config.lock()
+    config = config_from_dict(extra["finetune"])
     config_lib.apply_overrides(config, overrides)
     if tokenizer is None:
         raise BertJaxError(f"{workdir}: no tokenizer/ directory")
@@ -423,6 +421,14 @@ def load_finetuned(workdir: str, overrides: Sequence[str] = ()):
     finetuner = build_finetuner(task, config, model_cfg, None)
     params = finetuner.place_params(to_layout(params, model_cfg))
     return task, config, tokenizer, finetuner, params
+
+
+def config_from_dict(values: dict[str, Any]) -> ml_collections.ConfigDict:
+    """A stored run config (``config.to_dict()`` through JSON) -> locked, typed ConfigDict."""
+    config = base_config()
+    config.update_from_flattened_dict(_flatten_dict(values))
+    config.lock()
+    return config
 
 
 def _flatten_dict(d: dict, prefix: str = "") -> dict[str, Any]:

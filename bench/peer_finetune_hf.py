@@ -1,0 +1,182 @@
+"""The fine-tuning peer: Hugging Face transformers (PyTorch) on exactly the run bert-jax does.
+
+Given a bert-jax fine-tuning run config (JSON, written by ``bench/quality_finetune.py``) and a
+Hugging Face checkpoint directory, it reads the same examples with ``bert_jax.tasks``, holds
+out the same dev split, featurizes with the same tokenizer (the checkpoint's vocab.txt), and
+trains ``AutoModelFor{SequenceClassification,TokenClassification,QuestionAnswering,
+MultipleChoice}`` with the same hyperparameters: AdamW (no decay on biases and LayerNorm),
+linear warmup then decay, gradient clipping, dropout, batch size, epochs and the same
+per-epoch example order. bf16 autocast, SDPA attention, torch.compile. Metrics come from
+``bert_jax.tasks`` on the same examples.
+
+  python bench/peer_finetune_hf.py --config-json RUN.json --checkpoint HF_DIR --out peer.json
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # bert_jax is used for data only; GPU is torch's
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bert_jax.checkpoint.hf import read_hf_tokenizer  # noqa: E402
+from bert_jax.tasks.registry import get_task  # noqa: E402
+from bert_jax.tasks.run import config_from_dict, featurize, train_and_dev  # noqa: E402
+from bert_jax.tasks.trainer import model_outputs  # noqa: E402
+
+NO_DECAY = ("bias", "LayerNorm.weight")
+
+
+def build_model(task, checkpoint: str, config):
+    import transformers as T
+
+    kwargs = {"hidden_dropout_prob": config.model.hidden_dropout_prob,
+              "attention_probs_dropout_prob": config.model.attention_probs_dropout_prob,
+              "attn_implementation": "sdpa"}
+    if task.kind == "classification":
+        return T.AutoModelForSequenceClassification.from_pretrained(
+            checkpoint, num_labels=task.num_labels, **kwargs)
+    if task.kind == "regression":
+        return T.AutoModelForSequenceClassification.from_pretrained(
+            checkpoint, num_labels=1, problem_type="regression", **kwargs)
+    if task.kind == "token_classification":
+        return T.AutoModelForTokenClassification.from_pretrained(
+            checkpoint, num_labels=task.num_labels, **kwargs)
+    if task.kind == "span":
+        return T.AutoModelForQuestionAnswering.from_pretrained(checkpoint, **kwargs)
+    return T.AutoModelForMultipleChoice.from_pretrained(checkpoint, **kwargs)
+
+
+def torch_batch(torch, features, index, kind, device, with_labels: bool):
+    batch = {"input_ids": features["input_ids"][index],
+             "attention_mask": features["input_mask"][index],
+             "token_type_ids": features["segment_ids"][index]}
+    out = {k: torch.from_numpy(np.ascontiguousarray(v)).long().to(device, non_blocking=True)
+           for k, v in batch.items()}
+    if with_labels:
+        if kind == "span":
+            for key in ("start_positions", "end_positions"):
+                out[key] = torch.from_numpy(features[key][index]).long().to(device)
+        elif kind == "regression":
+            out["labels"] = torch.from_numpy(features["labels"][index]).float().to(device)
+        else:
+            out["labels"] = torch.from_numpy(features["label_ids"][index]).long().to(device)
+    return out
+
+
+def run(config, checkpoint: str, device_name: str | None, compile_model: bool) -> dict:
+    import torch
+    import transformers as T
+
+    device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = device.type == "cuda"
+    torch.manual_seed(config.seed)
+    task = get_task(config.task)
+    tokenizer = read_hf_tokenizer(checkpoint)
+    train, devs, source = train_and_dev(task, config)
+    dev_split, dev = next(iter(devs.items()))
+    train_f = featurize(task, train, tokenizer, config)
+    dev_f = featurize(task, dev, tokenizer, config)
+
+    model = build_model(task, checkpoint, config).to(device)
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not n.endswith(NO_DECAY)],
+         "weight_decay": config.weight_decay},
+        {"params": [p for n, p in model.named_parameters() if n.endswith(NO_DECAY)],
+         "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=config.learning_rate,
+                                  betas=(config.adam_b1, config.adam_b2), eps=config.adam_eps,
+                                  fused=cuda)
+    n = len(train_f["input_ids"])
+    steps_per_epoch = -(-n // config.batch_size)
+    total = steps_per_epoch * config.epochs
+    scheduler = T.get_linear_schedule_with_warmup(
+        optimizer, int(config.warmup_proportion * total), total)
+    step_model = torch.compile(model) if compile_model else model
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    train_seconds = steady_seconds = steady_sequences = 0.0
+    losses = []
+    for epoch in range(config.epochs):
+        model.train()
+        order = np.random.default_rng([config.seed, epoch]).permutation(n)
+        t0 = time.perf_counter()
+        first = 0.0
+        loss_sum = torch.zeros((), device=device)
+        for i in range(steps_per_epoch):
+            index = order[i * config.batch_size:(i + 1) * config.batch_size]
+            batch = torch_batch(torch, train_f, index, task.kind, device, True)
+            with autocast:
+                loss = step_model(**batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum += loss.detach() * len(index)
+            if i == 0:
+                sync()
+                first = time.perf_counter() - t0
+        sync()
+        seconds = time.perf_counter() - t0
+        train_seconds += seconds
+        steady_seconds += seconds - first
+        steady_sequences += n * (1 - 1 / steps_per_epoch)
+        losses.append(float(loss_sum) / n)
+        print(f"[transformers] {task.name} epoch {epoch + 1}: loss {losses[-1]:.4f} "
+              f"({seconds:.1f}s)", flush=True)
+
+    model.eval()
+    outputs: dict[str, list] = {}
+    with torch.no_grad(), autocast:
+        for start in range(0, len(dev_f["input_ids"]), config.eval_batch_size):
+            index = np.arange(start, min(start + config.eval_batch_size,
+                                         len(dev_f["input_ids"])))
+            out = step_model(**torch_batch(torch, dev_f, index, task.kind, device, False))
+            keys = ("start_logits", "end_logits") if task.kind == "span" else ("logits",)
+            for k in keys:
+                outputs.setdefault(k, []).append(out[k].float().cpu().numpy())
+    outputs = {k: np.concatenate(v) for k, v in outputs.items()}
+    predictions = task.postprocess(dev_f, model_outputs(task.kind, outputs), dev,
+                                   **config.postprocess)
+    metrics = task.metrics(predictions, dev)
+    return {"framework": "transformers", "task": task.name, "dev_source": source,
+            "train_examples": len(train), "dev_examples": len(dev), "train_sequences": n,
+            "metrics": {dev_split: metrics}, "train_losses": losses,
+            "train_seconds": train_seconds,
+            "train_sequences_per_second": (steady_sequences / steady_seconds
+                                           if steady_seconds > 0 else None),
+            "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "torch": torch.__version__, "transformers": T.__version__,
+            "compiled": compile_model}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config-json", required=True, help="bert-jax fine-tuning run config")
+    ap.add_argument("--checkpoint", required=True, help="Hugging Face model directory")
+    ap.add_argument("--out", required=True, help="result JSON file")
+    ap.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    args = ap.parse_args(argv)
+    with open(args.config_json, encoding="utf-8") as f:
+        config = config_from_dict(json.load(f))
+    record = run(config, args.checkpoint, args.device, not args.no_compile)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2)
+    print(json.dumps({k: record[k] for k in ("task", "metrics", "train_seconds",
+                                            "train_sequences_per_second")}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

