@@ -83,20 +83,19 @@ def write_sst2(directory: str, n_train: int, n_dev: int | None = None, n_test: i
 
 
 def write_stsb(directory: str, n: int = 48):
-    """STS-B layout; score = 5 * word overlap of the two sentences."""
+    """STS-B layout, train only (dev is held out); score = 5 * word overlap of the pair."""
     os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(4)
     header = ("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\t"
               "sentence2\tscore\n")
-    for split in ("train", "dev"):
-        with open(os.path.join(directory, f"{split}.tsv"), "w", encoding="utf-8") as f:
-            f.write(header)
-            for i in range(n):
-                a = list(rng.choice(FILLER, size=6))
-                keep = int(rng.integers(0, 7))
-                b = a[:keep] + list(rng.choice(FILLER, size=6 - keep))
-                f.write(f"{i}\tmain\tx\t2012\t{i}\tnone\tnone\t{' '.join(a)}\t{' '.join(b)}\t"
-                        f"{5 * keep / 6:.3f}\n")
+    with open(os.path.join(directory, "train.tsv"), "w", encoding="utf-8") as f:
+        f.write(header)
+        for i in range(n):
+            a = list(rng.choice(FILLER, size=6))
+            keep = int(rng.integers(0, 7))
+            b = a[:keep] + list(rng.choice(FILLER, size=6 - keep))
+            f.write(f"{i}\tmain\tx\t2012\t{i}\tnone\tnone\t{' '.join(a)}\t{' '.join(b)}\t"
+                    f"{5 * keep / 6:.3f}\n")
     return directory
 
 

@@ -58,8 +58,6 @@ def test_learns_toy_task_then_evaluate_and_predict(data, tmp_path, capsys):
 
 def test_regression_from_random_init_with_holdout(data, tmp_path):
     """STS-B (MSE on one output) from random weights; dev held out from train by row."""
-    os.remove(os.path.join(data["stsb"], "dev.tsv")) if os.path.exists(
-        os.path.join(data["stsb"], "dev.tsv")) else None
     c = config("experiments/glue.py:stsb", "--config.init_checkpoint=",
                f"--config.tokenizer={data['vocab_dir']}", "--config.model.preset=tiny",
                "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
