@@ -42,6 +42,9 @@ seeds="${E2E_SEEDS:-0 1}"
 inits="${E2E_INITS:-pretrained random}"
 parallel="${E2E_PARALLEL:-4}"
 experiment="$here/experiments/e2e.py"
+# The repository's bert_jax, whether or not it is installed (python -m bert_jax = bert-jax).
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+bert_jax() { python -m bert_jax "$@"; }
 case "$scale" in
   gpu) suffix="" ;;
   check) suffix="_check" ;;
@@ -88,23 +91,23 @@ cpu_prep() {
     echo "== 1/4 tokenizer: reusing $data/tokenizer"
   else
     echo "== 1/4 SentencePiece unigram tokenizer, vocab $vocab"
-    bert-jax train-tokenizer --input "${files[@]}" --output "$data/tokenizer" \
+    bert_jax train-tokenizer --input "${files[@]}" --output "$data/tokenizer" \
       --vocab-size "$vocab" --model-type unigram --seed 0
   fi
   if [ -f "$prep/pretrain_data/metadata.json" ]; then
     echo "== 2/4 NSP data: reusing $prep/pretrain_data"
   else
     echo "== 2/4 NSP pretraining data, seq 128, 2% of documents held out"
-    bert-jax create-pretraining-data --input "${files[@]}" --tokenizer "$data/tokenizer" \
+    bert_jax create-pretraining-data --input "${files[@]}" --tokenizer "$data/tokenizer" \
       --output-dir "$prep/pretrain_data" --max-seq-length 128 --mode nsp --dupe-factor 2 \
       --num-shards 16 --holdout-fraction 0.02 --seed 12345 --no-progress
   fi
   echo "== 3/4 materialize $steps x $batch train and $eval_steps x $batch held-out batches"
   rm -rf "$data/batches"
-  bert-jax materialize-batches --data-dir "$prep/pretrain_data" --output "$data/batches/train" \
+  bert_jax materialize-batches --data-dir "$prep/pretrain_data" --output "$data/batches/train" \
     --steps "$steps" --batch-size "$batch" --max-predictions "$preds" --seed 0 \
     --tokenizer "$data/tokenizer" --no-progress
-  bert-jax materialize-batches --data-dir "$prep/pretrain_data" --output "$data/batches/eval" \
+  bert_jax materialize-batches --data-dir "$prep/pretrain_data" --output "$data/batches/eval" \
     --split eval --steps "$eval_steps" --batch-size "$batch" --max-predictions "$preds" \
     --seed 1 --tokenizer "$data/tokenizer" --no-progress
   echo "== 4/4 GLUE train/dev splits (dev held out from train, seed 1234)"
@@ -118,9 +121,23 @@ cpu_prep() {
   fi
 }
 
+# GPU machines without ml_collections / tensorboardX / sentencepiece: install the wheels
+# carried in .whl/ (no index, no network) into /tmp/site.
+ensure_deps() {
+  python -c "import ml_collections, tensorboardX, sentencepiece" 2>/dev/null && return 0
+  if ! ls "$here"/.whl/*.whl > /dev/null 2>&1; then
+    echo "error: ml_collections, tensorboardX or sentencepiece missing and no .whl/ carried" >&2
+    exit 1
+  fi
+  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$here"/.whl/*.whl
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+}
+
 gpu_pretrain() {
+  ensure_deps
   mkdir -p "$work" "$out"
-  bert-jax pretrain --config "$experiment:pretrain$suffix" --workdir "$work/pretrain" \
+  bert_jax pretrain --config "$experiment:pretrain$suffix" --workdir "$work/pretrain" \
     --config.data.directory="$data/batches/train" \
     --config.data.eval_directory="$data/batches/eval" \
     --config.data.tokenizer="$data/tokenizer"
@@ -134,6 +151,7 @@ gpu_finetune() {
     echo "error: no pretrained model in $work/pretrain (run gpu-pretrain on this machine)" >&2
     exit 2
   fi
+  ensure_deps
   mkdir -p "$work/ft" "$out"
   # Identical shapes across inits and seeds compile once for all processes.
   export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$work/jax_cache}"
@@ -163,7 +181,7 @@ gpu_finetune() {
       source_args=(--config.tokenizer="$E2E_DATA_DIR/tokenizer")
     fi
     start=$SECONDS
-    if bert-jax finetune --config "$E2E_EXPERIMENT:finetune_$task$E2E_SUFFIX" \
+    if python -m bert_jax finetune --config "$E2E_EXPERIMENT:finetune_$task$E2E_SUFFIX" \
         --workdir "$dir" --config.data_dir="$E2E_DATA_DIR/glue" --config.seed="$seed" \
         "${source_args[@]}" > "$dir/log.txt" 2>&1; then
       echo "   $init $task seed $seed: $((SECONDS - start)) s"
