@@ -14,6 +14,7 @@ each process's local rows with ``jax.make_array_from_process_local_data``.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -262,3 +263,14 @@ def batch_divisor(mesh: Mesh, rules: Rules) -> int:
     spec = batch_sharding(mesh, rules, 1).spec[0]
     axes = (spec,) if isinstance(spec, str) else (spec or ())
     return math.prod(mesh.shape[a] for a in axes)
+
+
+def traced_in_mesh(fn: Callable[..., Any], mesh: Mesh, rules: Rules) -> Callable[..., Any]:
+    """Wraps ``fn`` so that it traces inside ``mesh`` and the logical-axis ``rules``: the
+    model's activation constraints (``nn.with_logical_constraint``) then take effect."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with mesh, nn.logical_axis_rules(rules):
+            return fn(*args, **kwargs)
+
+    return wrapped

@@ -58,11 +58,38 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
                         bias_init=zeros(("embed",)), name=name)
 
 
-def dense(config: BertConfig, features, axes, name: str, axis=-1) -> nn.DenseGeneral:
-    bias_axes = axes[len(axes) - (len(features) if isinstance(features, tuple) else 1):]
-    return nn.DenseGeneral(features, axis=axis, dtype=config.dtype,
-                           param_dtype=config.param_dtype, kernel_init=initializer(config, axes),
-                           bias_init=zeros(bias_axes), name=name)
+class Projection(nn.Module):
+    """A dense layer contracting the last ``in_dims`` input axes into ``features`` output axes.
+
+    Unlike ``nn.DenseGeneral`` the kernel is created in its full shape (e.g. [embed, 3, heads,
+    head_dim]), so its logical-axis annotation applies as written under an active mesh.
+    """
+
+    features: tuple[int, ...]
+    in_dims: int
+    axes: tuple[str | None, ...]
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        in_shape = x.shape[x.ndim - self.in_dims:]
+        kernel = self.param("kernel", initializer(cfg, self.axes),
+                            (*in_shape, *self.features), cfg.param_dtype)
+        bias = self.param("bias", zeros(self.axes[self.in_dims:]), self.features,
+                          cfg.param_dtype)
+        x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
+        contract = tuple(range(x.ndim - self.in_dims, x.ndim))
+        y = jax.lax.dot_general(x, kernel, ((contract, tuple(range(self.in_dims))), ((), ())))
+        return y + bias
+
+
+def dense(config: BertConfig, features, axes, name: str, axis=-1) -> Projection:
+    """Projection with logical ``axes`` (input axes then output axes); ``axis`` = the
+    contracted input axes (-1, or (-2, -1) for [heads, head_dim] -> hidden)."""
+    features = features if isinstance(features, tuple) else (features,)
+    in_dims = len(axis) if isinstance(axis, tuple) else 1
+    return Projection(features, in_dims, tuple(axes), config, name=name)
 
 
 class BertEmbeddings(nn.Module):

@@ -77,9 +77,11 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
         model, tx, schedule, microbatches=config.microbatches, pair_head=model.pair_head,
         microbatch_sharding=lambda ndim: parallel.logical_sharding(
             mesh, rules, None, "batch", *([None] * (ndim - 1))))
+    step_fn, eval_fn = (parallel.traced_in_mesh(f, mesh, rules) for f in (
+        step_fn, make_eval_step(model, pair_head=model.pair_head)))
     train_step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings, replicated),
                          out_shardings=(state_shardings, replicated), donate_argnums=0)
-    eval_step = jax.jit(make_eval_step(model, pair_head=model.pair_head),
+    eval_step = jax.jit(eval_fn,
                         in_shardings=(state_shardings.params, batch_shardings),
                         out_shardings=replicated)
     return Training(model, tx, schedule, mesh, rules, init_fn, abstract_state,
