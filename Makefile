@@ -16,6 +16,7 @@ $(STAMP): setup.cfg pyproject.toml
 ## make demo: raw text -> tokenizer -> pretraining data -> pretrain a tiny BERT -> fine-tune it
 demo: $(STAMP)
 	PATH=$(VENV)/bin:$$PATH bash scripts/demo.sh
+	PATH=$(VENV)/bin:$$PATH bash scripts/demo_finetune.sh demo_workdir/pretrain
 
 ## make test: the whole test suite on the CPU (8 simulated devices)
 test: $(STAMP)
