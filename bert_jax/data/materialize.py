@@ -39,9 +39,10 @@ def storage_dtypes(vocab_size: int, seq_len: int) -> dict[str, str]:
 def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_size: int,
                         max_predictions: int, seed: int = 0, whole_word: bool = False,
                         span_masking: bool = False, seq_len: int | None = None,
-                        tokenizer=None, shuffle_buffer: int = 10_000,
+                        tokenizer=None, shuffle_buffer: int = 10_000, split: str = "train",
                         progress: bool = True) -> dict[str, Any]:
-    """Runs the pipeline for ``steps`` global batches and writes them; returns the manifest."""
+    """Runs the pipeline for ``steps`` global batches of ``split`` (train, or eval: the
+    held-out shards) and writes them; returns the manifest."""
     from tqdm import tqdm
 
     from bert_jax.data.metadata import load_metadata
@@ -55,7 +56,7 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
     iterator = PretrainingIterator.from_data_dir(
         data_dir, per_host_batch_size=batch_size, max_predictions_per_seq=max_predictions,
         seq_len=seq_len, tokenizer=tokenizer, seed=seed, whole_word=whole_word,
-        span_masking=span_masking, shuffle_buffer=shuffle_buffer)
+        span_masking=span_masking, shuffle_buffer=shuffle_buffer, split=split)
     seq = seq_len or meta.max_seq_length
     shapes = {"input_ids": (seq,), "input_mask": (seq,), "segment_ids": (seq,),
               "masked_lm_positions": (max_predictions,), "masked_lm_ids": (max_predictions,),
@@ -81,7 +82,8 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
     manifest = {
         "steps": steps, "batch_size": batch_size, "seq_len": seq,
         "max_predictions": max_predictions, "seed": seed, "whole_word": whole_word,
-        "span_masking": span_masking, "mode": meta.mode, "data_dir": os.path.abspath(data_dir),
+        "span_masking": span_masking, "split": split, "mode": meta.mode,
+        "data_dir": os.path.abspath(data_dir),
         "tokenizer": meta.raw["tokenizer"],
         "keys": {k: {"dtype": d, "storage_dtype": on_disk[k],
                      "shape": [steps, batch_size, *shapes[k]]} for k, d in _KEYS_AND_DTYPES},
@@ -156,6 +158,8 @@ class command:  # noqa: N801 - the CLI registry names this attribute
         parser.add_argument("--seq-len", type=int, default=None,
                             help="pad to this length (default: the data's max_seq_length)")
         parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--split", choices=("train", "eval"), default="train",
+                            help="eval: the held-out shards (--holdout-fraction)")
         parser.add_argument("--whole-word", action="store_true")
         parser.add_argument("--span-masking", action="store_true")
         parser.add_argument("--tokenizer", default=None,
@@ -173,6 +177,6 @@ class command:  # noqa: N801 - the CLI registry names this attribute
             args.data_dir, args.output, steps=args.steps, batch_size=args.batch_size,
             max_predictions=args.max_predictions, seed=args.seed, whole_word=args.whole_word,
             span_masking=args.span_masking, seq_len=args.seq_len, tokenizer=tokenizer,
-            progress=not args.no_progress)
+            split=args.split, progress=not args.no_progress)
         print(f"wrote {manifest['steps']} batches of {manifest['batch_size']} to {args.output}")
         return 0

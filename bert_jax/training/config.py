@@ -58,6 +58,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.whole_word_masking = False
     c.data.shuffle_buffer = 10_000
     c.data.seed = 0
+    # materialized: cycle back to the first batch (the same masks again) when the batches run
+    # out, instead of stopping; and the held-out batches for evaluation (`bert-jax
+    # materialize-batches --split eval`; unset: evaluate on data.directory's first batches).
+    c.data.repeat = False
+    c.data.eval_directory = config_dict.placeholder(str)
 
     c.global_batch_size = 256  # sequences per optimizer step, over all processes
     c.microbatches = 1  # gradient accumulation: the step runs this many slices of the batch

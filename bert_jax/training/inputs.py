@@ -95,8 +95,11 @@ def make_batches(config, split: str, *, batch_size: int, vocab_size: int, proces
         from bert_jax.data.materialize import MaterializedBatches
 
         step = int(state["step"]) if state else 0
-        return MaterializedBatches(data.directory, start_step=step, process_index=process_index,
-                                   process_count=process_count)
+        directory = data.eval_directory if split == "eval" and data.eval_directory \
+            else data.directory
+        return MaterializedBatches(directory, start_step=step, process_index=process_index,
+                                   process_count=process_count,
+                                   repeat=data.repeat and split == "train")
     if data.source == "tfrecord":
         from bert_jax.data.pipeline import PretrainingIterator
 
