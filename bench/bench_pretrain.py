@@ -273,7 +273,9 @@ def main(argv=None) -> dict:
     step = build_step(args, training)
     device0 = mesh.devices.flat[0]
     state_bytes = {"param_bytes_per_device": bytes_on_device(state.params, device0),
-                   "opt_state_bytes_per_device": bytes_on_device(state.opt_state, device0)}
+                   "opt_state_bytes_per_device": bytes_on_device(state.opt_state, device0),
+                   "state_bytes_total": sum(x.nbytes for x in jax.tree.leaves(
+                       (state.params, state.opt_state)))}
     state, metrics, first, median, times = time_steps(step, state, batches, rng, args.steps,
                                                       args.repeats, args.warmup)
     metrics = jax.device_get(metrics)

@@ -190,9 +190,10 @@ stage_loop() {
     "${LOOP_STEPS[@]}" --compare-step --tag loop --out "$RESULTS"
 }
 
-stage_scaling() {
-  local extra=()
+stage_scaling() {  # SCALING_COUNTS=1,2 limits the device counts (default: 1, 2, 4.. present)
+  local extra=() RUN_TIMEOUT_S=$(( BUDGET_S > 590 ? BUDGET_S : 590 ))
   [ "$SMOKE" = 1 ] && extra=(--model "$LARGE" --seq-len "$S128")
+  [ -n "${SCALING_COUNTS:-}" ] && extra+=(--device-counts "$SCALING_COUNTS")
   run_case 480 scaling scaling_summary "$LARGE" "$S128" 0 -- "${JAX_ENV[@]}" \
     "$PY" bench/bench_scaling.py "${SCALE[@]}" "${extra[@]}" --out "$RESULTS"
 }

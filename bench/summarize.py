@@ -70,11 +70,13 @@ def core_table(records: list[dict]) -> list[str]:
 
 def lever_table(records: list[dict]) -> list[str]:
     levers = [r for r in records if str(r.get("tag", "")).startswith("lever:")]
-    baselines = {_key(r): r for r in levers if r["tag"] == "lever:baseline" and "seq_per_s" in r}
+    # A lever is compared with the baseline of the same workload (any batch: "batch_512").
+    baselines = {_key(r)[:3]: r for r in levers
+                 if r["tag"] == "lever:baseline" and "seq_per_s" in r}
     lines = ["| model | seq | batch | lever | seq/s | vs baseline | MFU | peak GiB |",
              "|---|---|---|---|---|---|---|---|"]
     for r in levers:
-        base = baselines.get(_key(r))
+        base = baselines.get(_key(r)[:3])
         name = r["tag"][len("lever:"):]
         if "seq_per_s" not in r:
             lines.append(f"| {r.get('model')} | {r.get('seq_len')} | {r.get('batch_size')} | "

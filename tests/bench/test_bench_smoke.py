@@ -25,20 +25,15 @@ TINY = ["--model", "tiny", "--seq-len", "32", "--batch-size", "8", "--steps", "2
 
 def test_pretrain_record_and_fsdp_shards_state(tmp_path):
     out = str(tmp_path / "r.jsonl")
-    dp = bench_pretrain.main(TINY + ["--out", out])
-    fsdp = bench_pretrain.main(TINY + ["--out", out, "--mesh", "fsdp", "--devices", "4"])
-    assert math.isfinite(dp["loss"]) and dp["skipped_steps"] == 0
-    assert dp["seq_per_s"] > 0 and 0 < dp["mfu"]
-    assert dp["flops_per_seq"] == train_flops_per_sequence(2, 128, 32, 30522, 5)
-    assert dp["devices"] == jax.device_count() and fsdp["devices"] == 4
-    # FSDP shards parameters and both Adam moments over 4 devices (replicated small leaves
+    r = bench_pretrain.main(TINY + ["--out", out, "--mesh", "fsdp", "--devices", "4"])
+    assert math.isfinite(r["loss"]) and r["skipped_steps"] == 0
+    assert r["seq_per_s"] > 0 and 0 < r["mfu"] and r["devices"] == 4
+    assert r["flops_per_seq"] == train_flops_per_sequence(2, 128, 32, 30522, 5)
+    # FSDP shards parameters and both Adam moments over 4 devices (small replicated leaves
     # such as the step count keep it just above a quarter).
-    dp_state = dp["param_bytes_per_device"] + dp["opt_state_bytes_per_device"]
-    fsdp_state = fsdp["param_bytes_per_device"] + fsdp["opt_state_bytes_per_device"]
-    assert 0.24 < fsdp_state / dp_state < 0.30
-    assert abs(fsdp["loss"] - dp["loss"]) < 1e-3  # same model, same data, same step
-    lines = [json.loads(line) for line in open(out)]
-    assert [r["mesh"] for r in lines] == ["dp", "fsdp"]
+    per_device = r["param_bytes_per_device"] + r["opt_state_bytes_per_device"]
+    assert 0.24 < per_device / r["state_bytes_total"] < 0.30
+    assert json.loads(open(out).read())["mesh"] == "fsdp"
 
 
 def test_finetune_record(tmp_path):
