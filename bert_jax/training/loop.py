@@ -122,6 +122,29 @@ def _load_init_params(path: str, model_cfg: BertConfig, params, shardings):
     return unflatten_params(flat), sorted(set(loaded) - set(flat))
 
 
+def _data_state_for_this_process(saved: dict[str, Any], config, local_batch: int
+                                 ) -> dict[str, Any]:
+    """The restored iterator state, made this process's own.
+
+    Orbax writes JSON items from process 0 only, so every process restores process 0's state.
+    All processes stand at the same step and a source's position is a function of (its
+    identity, step), so each takes the step with its own process index. Resumed on another
+    process count (same global batch), the stream continues at the same step with the new
+    host split (the per-host batch changes with it)."""
+    state = dict(saved)
+    if "process_index" in state:
+        state["process_index"] = jax.process_index()
+    saved_count = state.get("process_count", jax.process_count())
+    if saved_count != jax.process_count():
+        state["process_count"] = jax.process_count()
+        if "per_host_batch_size" in state and (
+                state["per_host_batch_size"] * saved_count == config.global_batch_size):
+            state["per_host_batch_size"] = local_batch
+        _log(f"resuming a run of {saved_count} processes on {jax.process_count()}: the data "
+             f"continues at step {state.get('step')} with a new split over processes")
+    return state
+
+
 # ---- the loop -------------------------------------------------------------------------------
 class _Preemption:
     """SIGTERM -> a flag the loop checks; the loop then saves and exits cleanly."""
@@ -183,6 +206,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if latest is not None:
         state, dropout_rng, data_state = checkpoints.restore(latest, abstract_state,
                                                              abstract_rng)
+        data_state = _data_state_for_this_process(data_state, config, local_batch)
         _log(f"resumed from {checkpoints.directory}/{latest} onto mesh {dict(mesh.shape)}")
     else:
         state = training.init_state(init_rng)

@@ -48,10 +48,10 @@ def pretraining_data(tmp_path_factory) -> tuple[str, str]:
 
 @pytest.fixture(scope="session")
 def materialized(pretraining_data, tmp_path_factory) -> str:
-    """6 global batches of 12 (divisible by 1, 2, 3 and 4 hosts)."""
+    """6 global batches of 24 (divisible by 1, 2, 3, 4 hosts and 8 devices)."""
     out = tmp_path_factory.mktemp("materialized")
     rc = main(["materialize-batches", "--data-dir", pretraining_data[0], "--output", str(out),
-               "--steps", "6", "--batch-size", "12", "--max-predictions", "5", "--seed", "3",
+               "--steps", "6", "--batch-size", "24", "--max-predictions", "5", "--seed", "3",
                "--no-progress"])
     assert rc == 0
     return str(out)

@@ -9,6 +9,7 @@ killed (by pid) when the launching block ends, whatever happened.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -85,8 +86,10 @@ def run_all(commands: Sequence[Sequence[str]], timeout: float, devices_per_proce
             except subprocess.TimeoutExpired:
                 raise AssertionError(f"process {procs.index(p)} of {len(procs)} did not finish "
                                      f"within {timeout}s") from None
-        for i, (p, out) in enumerate(zip(procs, outputs, strict=True)):
-            assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{out[-4000:]}"
+        if any(p.returncode for p in procs):
+            raise AssertionError("\n".join(
+                f"--- process {i} exited {p.returncode}:\n{out[-3000:]}"
+                for i, (p, out) in enumerate(zip(procs, outputs, strict=True))))
         return outputs
 
 
@@ -97,3 +100,14 @@ def pretrain_command(workdir: str, *overrides: str) -> list[str]:
 
 def worker_command(mode: str, *args: str) -> list[str]:
     return [sys.executable, WORKER, mode, *args]
+
+
+def train_losses(workdir) -> dict[int, float]:
+    """step -> train loss from WORKDIR/metrics.jsonl (the last record of each step)."""
+    out = {}
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if record["split"] == "train":
+                out[record["step"]] = record["loss"]
+    return out

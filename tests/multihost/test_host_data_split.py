@@ -94,4 +94,4 @@ def test_materialized_hosts_tile_each_global_batch(materialized, hosts):
             # Host h holds rows [h*B/n, (h+1)*B/n): concatenated in process order they are the
             # global batch, so no row is missing or duplicated.
             np.testing.assert_array_equal(np.concatenate([p[step][key] for p in parts]), value)
-            assert all(len(p[step][key]) == 12 // hosts for p in parts)
+            assert all(len(p[step][key]) == 24 // hosts for p in parts)

@@ -1,0 +1,83 @@
+"""A checkpoint written by N processes restores with M processes: 2 processes train and save
+through the real CLI; 1 process (in this test process, 8 devices) and 4 processes (1 device
+each) resume from it with the parameters that were saved and continue exactly as a run that
+was never split over processes. Same-count resume on the tf.data pipeline, whose iterator
+state names the process."""
+
+from __future__ import annotations
+
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax.checkpoint import store
+from bert_jax.training.config import load_config
+from bert_jax.training.loop import train_and_evaluate
+
+from .helpers import EXPERIMENT, SMALL, pretrain_command, run_all, train_losses
+
+pytestmark = pytest.mark.multiprocess
+
+
+def step_params(workdir, step: int) -> dict:
+    return store.load_params(store.resolve(f"{workdir}/checkpoints/{step}")[1])
+
+
+def in_process(workdir, *overrides: str) -> dict:
+    return train_and_evaluate(load_config(f"{EXPERIMENT}:tiny", [*SMALL, *overrides]),
+                              str(workdir))
+
+
+def test_two_process_checkpoint_resumes_on_one_and_four_processes(materialized, tmp_path):
+    data = ("--config.data.source=materialized", f"--config.data.directory={materialized}",
+            "--config.model.vocab_size=64", "--config.global_batch_size=24",
+            "--config.checkpoint.every_steps=2")
+    two = tmp_path / "two"
+    run_all([pretrain_command(two, *data, "--config.num_train_steps=4")] * 2, timeout=240)
+    one, four = tmp_path / "one", tmp_path / "four"
+    shutil.copytree(two, one)
+    shutil.copytree(two, four)
+    # The reference: one process from scratch (the global batches are the same rows).
+    reference = tmp_path / "reference"
+    in_process(reference, *data, "--config.num_train_steps=6")
+    saved = step_params(two, 4)
+    for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(step_params(reference, 4)),
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # 2 -> 1 process (FSDP over 8 devices), and 2 -> 4 processes.
+    result = in_process(one, *data, "--config.num_train_steps=6",
+                        "--config.parallel.mesh.data=1", "--config.parallel.mesh.fsdp=-1")
+    assert result["step"] == 6
+    outputs = run_all([pretrain_command(four, *data, "--config.num_train_steps=6")] * 4,
+                      timeout=240, devices_per_process=1)
+    assert f"resumed from {four}/checkpoints/4" in outputs[0]
+    want = train_losses(reference)
+    for run in (two, one, four):
+        got = train_losses(run)
+        steps = range(1, 5) if run == two else range(1, 7)
+        assert sorted(got) == list(steps)
+        np.testing.assert_allclose([got[s] for s in steps], [want[s] for s in steps], rtol=1e-4)
+    # The resumed runs started from exactly the saved parameters: step 4 is untouched and
+    # step 6 equals the reference.
+    for run in (one, four):
+        for a, b in zip(jax.tree.leaves(step_params(run, 6)),
+                        jax.tree.leaves(step_params(reference, 6)), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_tfrecord_run_resumes_on_the_same_and_another_process_count(pretraining_data,
+                                                                    tmp_path):
+    data_dir, vocab = pretraining_data
+    data = ("--config.data.source=tfrecord", f"--config.data.directory={data_dir}",
+            f"--config.data.tokenizer={vocab}", "--config.checkpoint.every_steps=2")
+    run_all([pretrain_command(tmp_path, *data, "--config.num_train_steps=2")] * 2, timeout=240)
+    # Every process restores the data position (the checkpoint holds process 0's iterator
+    # state) and continues.
+    outputs = run_all([pretrain_command(tmp_path, *data, "--config.num_train_steps=3")] * 2,
+                      timeout=240)
+    assert f"resumed from {tmp_path}/checkpoints/2" in outputs[0]
+    result = in_process(tmp_path, *data, "--config.num_train_steps=4")
+    assert result["step"] == 4
+    assert sorted(train_losses(tmp_path)) == [1, 2, 3, 4]
