@@ -52,7 +52,8 @@ def maybe_initialize_distributed() -> bool:
     """Initializes ``jax.distributed`` when running as one of several processes.
 
     * ``BERT_JAX_COORDINATOR_ADDRESS`` / ``BERT_JAX_NUM_PROCESSES`` / ``BERT_JAX_PROCESS_ID``
-      (GPU clusters, localhost tests); optional ``BERT_JAX_LOCAL_DEVICE_IDS`` (comma list).
+      (GPU clusters, localhost tests); optional ``BERT_JAX_LOCAL_DEVICE_IDS`` (comma list)
+      and the timeouts of :func:`_timeouts`.
     * SLURM (``SLURM_NTASKS`` > 1) and TPU pods: ``jax.distributed.initialize()`` detects
       everything itself.
     On CPU the cross-process collectives use gloo. Returns True if initialized here.
@@ -71,13 +72,29 @@ def maybe_initialize_distributed() -> bool:
         _use_gloo_on_cpu()
         jax.distributed.initialize(
             coordinator_address=address, num_processes=num_processes, process_id=process_id,
-            local_device_ids=[int(i) for i in local_ids.split(",")] if local_ids else None)
+            local_device_ids=[int(i) for i in local_ids.split(",")] if local_ids else None,
+            **_timeouts())
         return True
     if int(os.environ.get("SLURM_NTASKS", "1")) > 1 or _on_tpu_pod():
         _use_gloo_on_cpu()
-        jax.distributed.initialize()
+        jax.distributed.initialize(**_timeouts())
         return True
     return False
+
+
+def _timeouts() -> dict[str, int]:
+    """``BERT_JAX_HEARTBEAT_TIMEOUT_SECONDS`` (how soon a silent peer fails the job; jax's
+    default 100) and ``BERT_JAX_INITIALIZATION_TIMEOUT_SECONDS`` (how long to wait for all
+    processes to join; default 300), where set."""
+    out = {}
+    for env, arg in (("BERT_JAX_HEARTBEAT_TIMEOUT_SECONDS", "heartbeat_timeout_seconds"),
+                     ("BERT_JAX_INITIALIZATION_TIMEOUT_SECONDS", "initialization_timeout")):
+        if os.environ.get(env):
+            try:
+                out[arg] = int(os.environ[env])
+            except ValueError:
+                raise BertJaxError(f"{env}={os.environ[env]!r}: expected whole seconds") from None
+    return out
 
 
 def _distributed_is_initialized() -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -322,12 +323,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 checkpoints.save(step, state, dropout_rng, data_state, force=at_end)
             result["step"] = step
             return result
+    except jax.errors.JaxRuntimeError as error:
+        if jax.process_count() > 1:
+            _exit_on_lost_peer(error, step, checkpoints.directory)
+        raise
     finally:
         prefetch.close()
         if progress is not None:
             progress.close()
         checkpoints.close()
         writer.close()
+
+
+EXIT_LOST_PEER = 3
+
+
+def _exit_on_lost_peer(error: Exception, step: int, directory: str) -> None:
+    """A failed computation in a multi-process run almost always means a peer process died
+    (its collectives break). Says so and exits at once: a normal exit would wait in the
+    distributed shutdown barrier (and pending checkpoint barriers) for the dead peer until the
+    heartbeat timeout, then abort with a C++ stack trace."""
+    detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    sys.stderr.write(
+        f"error: process {jax.process_index()} of {jax.process_count()}: lost contact with "
+        f"another process at step {step} (distributed failure: {detail}). A peer process "
+        "probably died or was killed; stopping this one. Restart all processes with the same "
+        f"command to resume from the last complete checkpoint in {directory}.\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(EXIT_LOST_PEER)
 
 
 def _fetch(pending: list[dict[str, jax.Array]], state: TrainState) -> dict[str, float]:

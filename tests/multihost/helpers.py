@@ -26,7 +26,7 @@ SMALL = [
     "--config.model.hidden_size=32", "--config.model.num_attention_heads=4",
     "--config.model.intermediate_size=64", "--config.model.num_hidden_layers=2",
     "--config.model.max_position_embeddings=32", "--config.data.max_seq_length=32",
-    "--config.data.max_predictions_per_seq=5", "--config.global_batch_size=8",
+    "--config.data.max_predictions_per_seq=5",
     "--config.progress_bar=false", "--config.log_every=1", "--config.eval_steps=0",
     "--config.optimizer.warmup_steps=2", "--config.optimizer.decay_steps=100",
 ]
