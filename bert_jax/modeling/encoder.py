@@ -103,7 +103,9 @@ class BertEmbeddings(nn.Module):
 
     def setup(self):
         cfg = self.config
-        emb = functools.partial(nn.Embed, features=cfg.embedding_dim, dtype=cfg.dtype,
+        # Tables are looked up in the parameter dtype and the sum is cast afterwards: the
+        # backward pass then scatter-adds in float32 (bfloat16 atomics serialize on GPUs).
+        emb = functools.partial(nn.Embed, features=cfg.embedding_dim, dtype=cfg.param_dtype,
                                 param_dtype=cfg.param_dtype)
         self.word_embeddings = emb(num_embeddings=cfg.padded_vocab_size,
                                    embedding_init=initializer(cfg, ("vocab", "embed")))
@@ -119,10 +121,13 @@ class BertEmbeddings(nn.Module):
 
     def __call__(self, input_ids, segment_ids, deterministic: bool = True):
         seq_len = input_ids.shape[-1]
-        positions = jnp.arange(seq_len)[None, :]
-        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
-             + self.token_type_embeddings(segment_ids))  # [batch, seq, embedding_dim]
-        x = self.layer_norm(x)
+        words = self.word_embeddings(input_ids)  # [batch, seq, embedding_dim]
+        # Positions are a slice and segments a one-hot product: neither needs a scatter in
+        # the backward pass (every token of a batch hits the same few rows).
+        positions = self.position_embeddings.embedding[None, :seq_len]
+        types = jax.nn.one_hot(segment_ids, self.config.type_vocab_size,
+                               dtype=words.dtype) @ self.token_type_embeddings.embedding
+        x = self.layer_norm((words + positions + types).astype(self.config.dtype))
         x = self.dropout(x, deterministic=deterministic)
         if self.config.embedding_dim != self.config.hidden_size:
             x = self.projection(x)

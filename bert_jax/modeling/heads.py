@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
@@ -21,8 +22,10 @@ NEG_INF = -1e9
 
 
 def gather_positions(sequence, positions):
-    """[batch, seq, hidden], [batch, P] -> [batch, P, hidden]."""
-    return jnp.take_along_axis(sequence, positions[..., None].astype(jnp.int32), axis=1)
+    """[batch, seq, hidden], [batch, P] -> [batch, P, hidden], as a one-hot product: its
+    backward is a matmul, not a scatter-add (padded predictions all point at position 0)."""
+    one_hot = jax.nn.one_hot(positions, sequence.shape[1], dtype=sequence.dtype)  # [b, P, seq]
+    return jnp.einsum("bps,bsh->bph", one_hot, sequence)
 
 
 def mask_padded_vocab(logits, vocab_size: int):
