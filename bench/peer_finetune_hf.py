@@ -38,9 +38,13 @@ NO_DECAY = ("bias", "LayerNorm.weight")
 def build_model(task, checkpoint: str, config):
     import transformers as T
 
+    import torch
+
+    # float32 master weights whatever the checkpoint's dtype (transformers 5 loads a bf16
+    # checkpoint as bf16 parameters by default); bf16 comes from autocast, as for bert-jax.
     kwargs = {"hidden_dropout_prob": config.model.hidden_dropout_prob,
               "attention_probs_dropout_prob": config.model.attention_probs_dropout_prob,
-              "attn_implementation": "sdpa"}
+              "attn_implementation": "sdpa", "dtype": torch.float32}
     if task.kind == "classification":
         return T.AutoModelForSequenceClassification.from_pretrained(
             checkpoint, num_labels=task.num_labels, **kwargs)
