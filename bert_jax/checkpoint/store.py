@@ -106,13 +106,19 @@ def resolve(path: str) -> tuple[str, str]:
 
 def load_params(params_dir: str, target=None):
     """Restores a params pytree (numpy arrays, or ``target``'s shardings if given)."""
+    import jax
     import orbax.checkpoint as ocp
 
     with ocp.StandardCheckpointer() as ckptr:
-        if target is not None:
-            return ckptr.restore(params_dir, target)
-        restored = ckptr.restore(params_dir)
-    return _to_numpy(restored)
+        if target is None:
+            # A target on this process's first device: checkpoints written by several
+            # processes (sharded over another topology) restore onto one machine too.
+            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            tree = ckptr.metadata(params_dir).item_metadata.tree
+            target = jax.tree.map(
+                lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device), tree)
+            return _to_numpy(ckptr.restore(params_dir, target))
+        return ckptr.restore(params_dir, target)
 
 
 def _to_numpy(tree):
