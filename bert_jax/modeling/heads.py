@@ -89,6 +89,26 @@ class BertForPreTraining(nn.Module):
         return out
 
 
+def _encode(module: nn.Module, pooled: bool, input_ids, input_mask, segment_ids,
+            deterministic: bool):
+    """Runs the encoder as ``module``'s "bert" child; returns (outputs, features) where the
+    features (pooled or per-token) are cut from the gradient when the encoder is frozen."""
+    out = BertModel(module.config, add_pooler=pooled, name="bert")(
+        input_ids, input_mask, segment_ids, deterministic=deterministic)
+    features = out["pooled_output" if pooled else "sequence_output"]
+    return out, _maybe_freeze(features, module.freeze_encoder)
+
+
+def _classify(module: nn.Module, features, num_outputs: int, deterministic: bool,
+              name: str = "classifier", dropout: bool = True):
+    """Dropout then a dense layer (``name`` keeps checkpoint paths), logits in float32."""
+    if dropout:
+        features = nn.Dropout(module.config.hidden_dropout_prob)(features,
+                                                                 deterministic=deterministic)
+    logits = dense(module.config, num_outputs, ("embed", "classes"), name)(features)
+    return logits.astype(jnp.float32)
+
+
 class BertForSequenceClassification(nn.Module):
     """Pooled output -> dropout -> dense. ``num_labels=1`` is regression (STS-B)."""
 
@@ -99,17 +119,13 @@ class BertForSequenceClassification(nn.Module):
     @nn.compact
     def __call__(self, input_ids, input_mask=None, segment_ids=None, *,
                  deterministic: bool = True) -> dict[str, Any]:
-        out = BertModel(self.config, name="bert")(input_ids, input_mask, segment_ids,
-                                                   deterministic=deterministic)
-        pooled = _maybe_freeze(out["pooled_output"], self.freeze_encoder)
-        pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
-        logits = dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(pooled)
-        out["logits"] = logits.astype(jnp.float32)
+        out, pooled = _encode(self, True, input_ids, input_mask, segment_ids, deterministic)
+        out["logits"] = _classify(self, pooled, self.num_labels, deterministic)
         return out
 
 
 class BertForTokenClassification(nn.Module):
-    """Per-token labels (NER)."""
+    """Per-token labels (NER): logits [batch, seq, labels]."""
 
     config: BertConfig
     num_labels: int
@@ -118,12 +134,8 @@ class BertForTokenClassification(nn.Module):
     @nn.compact
     def __call__(self, input_ids, input_mask=None, segment_ids=None, *,
                  deterministic: bool = True) -> dict[str, Any]:
-        out = BertModel(self.config, add_pooler=False, name="bert")(
-            input_ids, input_mask, segment_ids, deterministic=deterministic)
-        seq = _maybe_freeze(out["sequence_output"], self.freeze_encoder)
-        seq = nn.Dropout(self.config.hidden_dropout_prob)(seq, deterministic=deterministic)
-        logits = dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(seq)
-        out["logits"] = logits.astype(jnp.float32)  # [batch, seq, labels]
+        out, seq = _encode(self, False, input_ids, input_mask, segment_ids, deterministic)
+        out["logits"] = _classify(self, seq, self.num_labels, deterministic)
         return out
 
 
@@ -136,11 +148,8 @@ class BertForQuestionAnswering(nn.Module):
     @nn.compact
     def __call__(self, input_ids, input_mask=None, segment_ids=None, *,
                  deterministic: bool = True) -> dict[str, Any]:
-        out = BertModel(self.config, add_pooler=False, name="bert")(
-            input_ids, input_mask, segment_ids, deterministic=deterministic)
-        seq = _maybe_freeze(out["sequence_output"], self.freeze_encoder)
-        logits = dense(self.config, 2, ("embed", "classes"), "qa_outputs")(seq)
-        logits = logits.astype(jnp.float32)
+        out, seq = _encode(self, False, input_ids, input_mask, segment_ids, deterministic)
+        logits = _classify(self, seq, 2, deterministic, name="qa_outputs", dropout=False)
         out["start_logits"], out["end_logits"] = logits[..., 0], logits[..., 1]
         return out
 
@@ -156,17 +165,12 @@ class BertForMultipleChoice(nn.Module):
                  deterministic: bool = True) -> dict[str, Any]:
         batch, choices, seq_len = input_ids.shape
         flat = lambda a: None if a is None else a.reshape(batch * choices, seq_len)
-        out = BertModel(self.config, name="bert")(flat(input_ids), flat(input_mask),
-                                                   flat(segment_ids), deterministic=deterministic)
-        pooled = _maybe_freeze(out["pooled_output"], self.freeze_encoder)
-        pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
-        logits = dense(self.config, 1, ("embed", "classes"), "classifier")(pooled)
-        out["logits"] = logits.reshape(batch, choices).astype(jnp.float32)
+        out, pooled = _encode(self, True, flat(input_ids), flat(input_mask),
+                              flat(segment_ids), deterministic)
+        out["logits"] = _classify(self, pooled, 1, deterministic).reshape(batch, choices)
         return out
 
 
 def _maybe_freeze(x, freeze: bool):
     """Feature-based use: no gradient flows into the encoder."""
-    import jax
-
     return jax.lax.stop_gradient(x) if freeze else x
