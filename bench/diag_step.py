@@ -28,9 +28,9 @@ def main():
     import jax.numpy as jnp
     import optax
 
+    from bench.common import masked_positions
     from bert_jax.config import get_preset
     from bert_jax.modeling import BertForPreTraining
-    from bench.common import masked_positions
 
     cfg = get_preset(args.model, dtype="bfloat16", attention_impl=args.attention)
     b, s, p = args.batch_size, args.seq_len, masked_positions(args.seq_len)

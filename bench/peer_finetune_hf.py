@@ -36,9 +36,8 @@ NO_DECAY = ("bias", "LayerNorm.weight")
 
 
 def build_model(task, checkpoint: str, config):
-    import transformers as T
-
     import torch
+    import transformers as T
 
     # float32 master weights whatever the checkpoint's dtype (transformers 5 loads a bf16
     # checkpoint as bf16 parameters by default); bf16 comes from autocast, as for bert-jax.

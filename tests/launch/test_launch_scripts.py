@@ -130,7 +130,8 @@ RUN = ["--name", "bert-v4", *ZONE, "--accelerator-type", "v4-32", "--workdir", "
     (["--config", "experiments/pretrain.py:bert_huge"], "unknown variant 'bert_huge'"),
     (["--config", "pretrain"], "must be FILE.py:VARIANT"),
     (["--env", "1X=2"], "must be KEY=VALUE"),
-    (["--num-slices", "2", "--", "--config.parallel.dcn_mesh.data=4"], "the DCN axis spans the slices"),
+    (["--num-slices", "2", "--", "--config.parallel.dcn_mesh.data=4"],
+     "the DCN axis spans the slices"),
 ])
 def test_run_validation(extra, message):
     result = sh("tpu_run.sh", *RUN, "--dry-run", *extra)
