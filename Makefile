@@ -1,6 +1,6 @@
 # Quickstart targets. Each creates and uses a local virtualenv (.venv) by itself.
 PYTHON ?= python3
-VENV ?= .venv
+VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
