@@ -210,6 +210,19 @@ ssh_argv() {
 }
 
 # require FLAG VALUE: fail with a clear message when a required flag is missing.
+# validate_slice NAME ZONE PROJECT NUM_SLICES [ACCELERATOR]: the flags every slice command
+# shares, required and validated (the accelerator type only where the command takes one).
+validate_slice() {
+  require --name "$1"
+  require --zone "$2"
+  if (($# > 4)); then require --accelerator-type "$5"; fi
+  validate_name "$1"
+  validate_zone "$2"
+  validate_project "$3"
+  if (($# > 4)); then validate_accelerator "$5"; fi
+  validate_positive_int --num-slices "$4"
+}
+
 require() {
   [[ -n "$2" ]] || die "$1 is required (see --help)"
 }

@@ -60,14 +60,7 @@ while (($#)); do
   esac
 done
 
-require --name "$NAME"
-require --zone "$ZONE"
-require --accelerator-type "$ACCELERATOR"
-validate_name "$NAME"
-validate_zone "$ZONE"
-validate_project "$PROJECT"
-validate_accelerator "$ACCELERATOR"
-validate_positive_int --num-slices "$NUM_SLICES"
+validate_slice "$NAME" "$ZONE" "$PROJECT" "$NUM_SLICES" "$ACCELERATOR"
 validate_positive_int --wait-timeout "$WAIT_TIMEOUT"
 RUNTIME="${RUNTIME:-$(default_runtime_version "$ACCELERATOR")}"
 [[ "$RUNTIME" =~ ^[a-z0-9][-a-z0-9.]*$ ]] || die "--runtime-version '$RUNTIME' is not a TPU software version name"

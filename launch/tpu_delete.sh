@@ -40,12 +40,7 @@ while (($#)); do
   esac
 done
 
-require --name "$NAME"
-require --zone "$ZONE"
-validate_name "$NAME"
-validate_zone "$ZONE"
-validate_project "$PROJECT"
-validate_positive_int --num-slices "$NUM_SLICES"
+validate_slice "$NAME" "$ZONE" "$PROJECT" "$NUM_SLICES"
 ((NUM_SLICES > 1)) && QUEUED=1
 
 scope_flags

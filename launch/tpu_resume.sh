@@ -58,14 +58,7 @@ while (($#)); do
   esac
 done
 
-require --name "$NAME"
-require --zone "$ZONE"
-require --accelerator-type "$ACCELERATOR"
-validate_name "$NAME"
-validate_zone "$ZONE"
-validate_project "$PROJECT"
-validate_accelerator "$ACCELERATOR"
-validate_positive_int --num-slices "$NUM_SLICES"
+validate_slice "$NAME" "$ZONE" "$PROJECT" "$NUM_SLICES" "$ACCELERATOR"
 [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || die "--max-restarts must be 0 or a positive integer, got '$MAX_RESTARTS'"
 [[ "$ASSUMED" =~ ^[A-Z_]+$ ]] || die "--assume-state '$ASSUMED' must be a state name such as PREEMPTED or READY"
 ((NUM_SLICES > 1)) && QUEUED=1

@@ -66,14 +66,7 @@ while (($#)); do
   esac
 done
 
-require --name "$NAME"
-require --zone "$ZONE"
-require --accelerator-type "$ACCELERATOR"
-validate_name "$NAME"
-validate_zone "$ZONE"
-validate_project "$PROJECT"
-validate_accelerator "$ACCELERATOR"
-validate_positive_int --num-slices "$NUM_SLICES"
+validate_slice "$NAME" "$ZONE" "$PROJECT" "$NUM_SLICES" "$ACCELERATOR"
 WORKERS="$(workers_per_slice "$ACCELERATOR")"
 
 if ((STOP)); then
