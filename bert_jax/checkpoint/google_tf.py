@@ -132,9 +132,5 @@ def load_google_tf(path: str, **config_overrides: Any):
     report.architecture = "google-bert"
     vocab = os.path.join(directory, VOCAB_FILE)
     tokenizer = WordPieceTokenizer.from_vocab_file(vocab) if os.path.exists(vocab) else None
-    if tokenizer is None:
-        report.notes.append(f"no {VOCAB_FILE}: the checkpoint has no tokenizer")
-    elif tokenizer.vocab_size != config.vocab_size:
-        report.notes.append(f"{VOCAB_FILE} has {tokenizer.vocab_size} tokens but the model "
-                            f"has vocab_size={config.vocab_size}")
+    report.check_tokenizer(tokenizer, config)
     return params, config, tokenizer, report

@@ -65,6 +65,14 @@ class ConversionReport:
     notes: list[str] = dataclasses.field(default_factory=list)
     unused_label: str = "UNUSED: source tensors not converted"
 
+    def check_tokenizer(self, tokenizer, config: BertConfig) -> None:
+        """Notes a missing tokenizer or one whose size differs from the model's vocabulary."""
+        if tokenizer is None:
+            self.notes.append(f"no {VOCAB_FILE}: the checkpoint has no tokenizer")
+        elif tokenizer.vocab_size != config.vocab_size:
+            self.notes.append(f"{VOCAB_FILE} has {tokenizer.vocab_size} tokens but the model "
+                              f"has vocab_size={config.vocab_size}")
+
     def lines(self) -> list[str]:
         out = [f"source: {self.source}"]
         if self.architecture:
@@ -371,11 +379,7 @@ def load_hf(directory: str, **config_overrides: Any):
     params, report = params_from_hf_state(state, config, source=weights_path)
     report.architecture = ",".join(raw.get("architectures") or [])
     tokenizer = read_hf_tokenizer(directory)
-    if tokenizer is None:
-        report.notes.append(f"no {VOCAB_FILE}: the checkpoint has no tokenizer")
-    elif tokenizer.vocab_size != config.vocab_size:
-        report.notes.append(f"{VOCAB_FILE} has {tokenizer.vocab_size} tokens but the model "
-                            f"has vocab_size={config.vocab_size}")
+    report.check_tokenizer(tokenizer, config)
     return params, config, tokenizer, report
 
 

@@ -157,6 +157,25 @@ def _encode_parallel(tokenizer: Tokenizer, texts: list[str], num_workers: int) -
         return [ids for part in pool.map(_encode_chunk, chunks) for ids in part]
 
 
+def write_metadata(directory: str, meta: dict) -> None:
+    """Writes ``tokenizer.json`` (kind, files, options, fingerprint) beside the vocabulary."""
+    with open(os.path.join(directory, TOKENIZER_JSON), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+
+
+def read_metadata(directory: str, kind: str) -> dict:
+    """Reads ``tokenizer.json`` and checks that it describes a tokenizer of ``kind``."""
+    meta_path = os.path.join(directory, TOKENIZER_JSON)
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise BertJaxError(f"{meta_path}: cannot read tokenizer metadata ({e})") from None
+    if meta.get("kind") != kind:
+        raise BertJaxError(f"{meta_path}: kind is {meta.get('kind')!r}, expected {kind!r}")
+    return meta
+
+
 def truncate_pair(a: list, b: list | None, budget: int, strategy: str = "longest_first"):
     """Truncates a (and b) so that len(a) + len(b) <= budget, trimming the longer one first
     (as Google BERT does; on ties the second segment loses a token)."""

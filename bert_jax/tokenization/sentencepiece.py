@@ -9,14 +9,19 @@ WordPiece tokenizer). A word starts at a piece beginning with "▁" (U+2581).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 
 import numpy as np
 
 from bert_jax.errors import BertJaxError
-from bert_jax.tokenization.base import SPECIAL_TOKENS, TOKENIZER_JSON, Tokenizer
+from bert_jax.tokenization.base import (
+    SPECIAL_TOKENS,
+    TOKENIZER_JSON,
+    Tokenizer,
+    read_metadata,
+    write_metadata,
+)
 
 MODEL_FILE = "spm.model"
 WORD_START = "\u2581"
@@ -82,20 +87,12 @@ class SentencePieceTokenizer(Tokenizer):
             shutil.copyfile(self.model_path, target)
         meta = {"kind": self.kind, "model_file": MODEL_FILE, "vocab_size": self.vocab_size,
                 "fingerprint": self.fingerprint()}
-        with open(os.path.join(directory, TOKENIZER_JSON), "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2)
+        write_metadata(directory, meta)
 
     @classmethod
     def load(cls, directory: str) -> SentencePieceTokenizer:
         meta_path = os.path.join(directory, TOKENIZER_JSON)
-        try:
-            with open(meta_path, encoding="utf-8") as f:
-                meta = json.load(f)
-        except (OSError, ValueError) as e:
-            raise BertJaxError(f"{meta_path}: cannot read tokenizer metadata ({e})") from None
-        if meta.get("kind") != cls.kind:
-            raise BertJaxError(f"{meta_path}: kind is {meta.get('kind')!r}, "
-                               "expected 'sentencepiece'")
+        meta = read_metadata(directory, cls.kind)
         tok = cls(os.path.join(directory, meta.get("model_file", MODEL_FILE)))
         if "fingerprint" in meta and meta["fingerprint"] != tok.fingerprint():
             raise BertJaxError(f"{meta_path}: model fingerprint {tok.fingerprint()} does not "

@@ -15,7 +15,6 @@ regexes compiled once from the Unicode tables, and word -> ids results are cache
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import sys
@@ -24,7 +23,13 @@ import unicodedata
 import numpy as np
 
 from bert_jax.errors import BertJaxError
-from bert_jax.tokenization.base import SPECIAL_TOKENS, TOKENIZER_JSON, Tokenizer
+from bert_jax.tokenization.base import (
+    SPECIAL_TOKENS,
+    TOKENIZER_JSON,
+    Tokenizer,
+    read_metadata,
+    write_metadata,
+)
 
 VOCAB_FILE = "vocab.txt"
 _CACHE_LIMIT = 1 << 19  # words; the cache is cleared when it grows past this
@@ -152,20 +157,13 @@ class WordPieceTokenizer(Tokenizer):
             f.writelines(t + "\n" for t in self._tokens)
         meta = {"kind": self.kind, "vocab_file": VOCAB_FILE, **self.options(),
                 "vocab_size": self.vocab_size, "fingerprint": self.fingerprint()}
-        with open(os.path.join(directory, TOKENIZER_JSON), "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2)
+        write_metadata(directory, meta)
 
     @classmethod
     def load(cls, directory: str) -> WordPieceTokenizer:
         """Loads a directory written by ``save``."""
         meta_path = os.path.join(directory, TOKENIZER_JSON)
-        try:
-            with open(meta_path, encoding="utf-8") as f:
-                meta = json.load(f)
-        except (OSError, ValueError) as e:
-            raise BertJaxError(f"{meta_path}: cannot read tokenizer metadata ({e})") from None
-        if meta.get("kind") != cls.kind:
-            raise BertJaxError(f"{meta_path}: kind is {meta.get('kind')!r}, expected 'wordpiece'")
+        meta = read_metadata(directory, cls.kind)
         known = {"do_lower_case", "strip_accents", "tokenize_chinese_chars",
                  "max_input_chars_per_word", "split_special_tokens"}
         options = {k: v for k, v in meta.items() if k in known}
