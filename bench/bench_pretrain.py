@@ -225,20 +225,12 @@ def build_step(args, training):
 
     if not args.no_donate and args.skip == "where":
         return training.train_step
-    if args.skip == "cond":
-        if args.microbatches != 1:
-            raise SystemExit("--skip cond is implemented for --microbatches 1 only")
-        from bench.levers import make_cond_skip_train_step
-
-        fn = make_cond_skip_train_step(training.model, training.tx, training.schedule,
-                                       pair_head=training.model.pair_head)
-    else:
-        mesh, rules = training.mesh, training.rules
-        fn = make_train_step(
-            training.model, training.tx, training.schedule, microbatches=args.microbatches,
-            pair_head=training.model.pair_head,
-            microbatch_sharding=lambda ndim: parallel.logical_sharding(
-                mesh, rules, None, "batch", *([None] * (ndim - 1))))
+    mesh, rules = training.mesh, training.rules
+    fn = parallel.traced_in_mesh(make_train_step(
+        training.model, training.tx, training.schedule, microbatches=args.microbatches,
+        pair_head=training.model.pair_head, skip=args.skip,
+        microbatch_sharding=lambda ndim: parallel.logical_sharding(
+            mesh, rules, None, "batch", *([None] * (ndim - 1)))), mesh, rules)
     replicated = parallel.replicated(training.mesh)
     return jax.jit(fn, in_shardings=(training.state_shardings, training.batch_shardings,
                                      replicated),

@@ -77,46 +77,9 @@ def use_cudnn_dropout_attention() -> None:
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):
-    """``make_train_step`` (microbatches=1) with the non-finite skip as a ``lax.cond``: the
-    optimizer update runs only when the loss and gradient norm are finite, instead of
-    computing it always and selecting every leaf with ``jnp.where`` (one extra read of
-    params + optimizer state). Same outputs as ``bert_jax.training.steps``."""
-    import jax
-    import jax.numpy as jnp
-    import optax
+    """The engine's train step with the non-finite skip as a ``lax.cond``: the optimizer
+    update runs only when the loss and gradient norm are finite, instead of computing it
+    always and selecting every leaf with ``jnp.where``."""
+    from bert_jax.training.steps import make_train_step
 
-    from bert_jax.training.steps import _apply, loss_sums, summarize
-
-    def loss_fn(params, batch, rng, mlm_den, nsp_den):
-        sums = loss_sums(_apply(model, params, batch, rng=rng), batch, pair_head)
-        return sums["mlm_loss_sum"] / mlm_den + sums["nsp_loss_sum"] / nsp_den, sums
-
-    def train_step(state, batch, rng):
-        step_rng = jax.random.fold_in(rng, state.step)
-        mlm_den = jnp.maximum(jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1.0)
-        nsp_den = jnp.float32(batch["input_ids"].shape[0])
-        grads, sums = jax.grad(loss_fn, has_aux=True)(state.params, batch, step_rng,
-                                                      mlm_den, nsp_den)
-        metrics = summarize(sums)
-        grad_norm = optax.global_norm(grads)
-        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
-
-        def update(operands):
-            params, opt_state, g = operands
-            updates, new_opt_state = tx.update(g, opt_state, params)
-            return optax.apply_updates(params, updates), new_opt_state
-
-        new_params, new_opt_state = jax.lax.cond(
-            finite, update, lambda operands: (operands[0], operands[1]),
-            (state.params, state.opt_state, grads))
-        skipped = (~finite).astype(jnp.int32)
-        new_state = state.replace(
-            step=state.step + 1, params=new_params, opt_state=new_opt_state,
-            skipped_total=state.skipped_total + skipped,
-            skipped_in_row=(state.skipped_in_row + 1) * skipped)
-        metrics.update(grad_norm=grad_norm, skipped=skipped,
-                       learning_rate=schedule(state.step - state.skipped_total),
-                       mlm_weight=sums["mlm_weight"])
-        return new_state, metrics
-
-    return train_step
+    return make_train_step(model, tx, schedule, pair_head=pair_head, skip="cond")

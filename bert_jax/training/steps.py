@@ -78,7 +78,8 @@ def _split_microbatches(batch: Batch, k: int, sharding: Callable[[int], Any] | N
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, *, microbatches: int = 1, pair_head: bool = True,
-                    microbatch_sharding: Callable[[int], Any] | None = None
+                    microbatch_sharding: Callable[[int], Any] | None = None,
+                    skip: str = "where"
                     ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
     """Builds ``train_step(state, batch, rng) -> (state, metrics)``.
 
@@ -86,8 +87,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     ``microbatches`` slices are summed in a ``lax.scan`` with batch-wide denominators, which
     equals one full-batch step; ``microbatch_sharding(ndim)`` pins the [k, batch/k, ...]
     split (batch on the second axis). A non-finite loss or gradient norm leaves params and
-    optimizer state untouched and bumps the skip counters.
+    optimizer state untouched and bumps the skip counters: ``skip="where"`` computes the
+    update and selects every leaf; ``skip="cond"`` runs the update under a ``lax.cond``.
     """
+    if skip not in ("where", "cond"):
+        raise ValueError(f"skip={skip!r}: expected 'where' or 'cond'")
 
     def loss_fn(params, mb: Batch, rng, mlm_den, nsp_den):
         sums = loss_sums(_apply(model, params, mb, rng=rng), mb, pair_head)
@@ -118,14 +122,20 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
         metrics = summarize(sums)
         grad_norm = optax.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
-        updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
-        keep = lambda new, old: jnp.where(finite, new, old)
+        def update(operands):
+            params, opt_state = operands
+            updates, new_opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), new_opt_state
+
+        operands = (state.params, state.opt_state)
+        if skip == "cond":
+            new_params, new_opt_state = jax.lax.cond(finite, update, lambda o: o, operands)
+        else:
+            keep = lambda new, old: jnp.where(finite, new, old)
+            new_params, new_opt_state = jax.tree.map(keep, update(operands), operands)
         skipped = (~finite).astype(jnp.int32)
         new_state = state.replace(
-            step=state.step + 1,
-            params=jax.tree.map(keep, new_params, state.params),
-            opt_state=jax.tree.map(keep, new_opt_state, state.opt_state),
+            step=state.step + 1, params=new_params, opt_state=new_opt_state,
             skipped_total=state.skipped_total + skipped,
             skipped_in_row=(state.skipped_in_row + 1) * skipped)
         metrics.update(grad_norm=grad_norm, skipped=skipped,
