@@ -43,6 +43,8 @@ def model_config(args):
     return get_preset(args.model, dtype="bfloat16", param_dtype="float32",
                       attention_impl=args.attention,
                       attention_probs_dropout_prob=float(args.attention_dropout),
+                      dropout_attention_impl=("auto" if args.dropout_impl == "cudnn"
+                                              else args.dropout_impl),
                       scan_layers=bool(args.scan), remat_policy=args.remat,
                       vocab_pad_multiple=int(args.vocab_pad))
 

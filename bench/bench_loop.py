@@ -88,6 +88,8 @@ def loop_overrides(args, data_dir: str, peak: float) -> list[str]:
         "model.preset": args.model, "model.dtype": "bfloat16", "model.param_dtype": "float32",
         "model.attention_impl": args.attention,
         "model.attention_probs_dropout_prob": args.attention_dropout,
+        "model.dropout_attention_impl": ("auto" if args.dropout_impl == "cudnn"
+                                         else args.dropout_impl),
         "model.scan_layers": args.scan, "model.remat_policy": args.remat,
         "model.vocab_pad_multiple": args.vocab_pad,
         f"parallel.mesh.{mesh}": -1, f"parallel.mesh.{other}": 1,

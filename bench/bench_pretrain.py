@@ -48,8 +48,10 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                          "with --dropout-impl cudnn)")
     ap.add_argument("--attention-dropout", type=float, default=0.1,
                     help="attention_probs_dropout_prob (BERT: 0.1; 0 lets the fused kernel run)")
-    ap.add_argument("--dropout-impl", default="explicit", choices=["explicit", "cudnn"],
-                    help="attention with dropout: the model's einsum path or cuDNN's kernel")
+    ap.add_argument("--dropout-impl", default="auto",
+                    choices=["auto", "explicit", "flash", "cudnn"],
+                    help="attention with dropout: model.dropout_attention_impl (auto = the "
+                         "flash kernel on GPU, explicit = einsum path) or cudnn (bench patch)")
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])
@@ -173,6 +175,8 @@ def experiment_config(args: argparse.Namespace):
     c.model.param_dtype = "float32"
     c.model.attention_impl = args.attention
     c.model.attention_probs_dropout_prob = float(args.attention_dropout)
+    if args.dropout_impl != "cudnn":
+        c.model.dropout_attention_impl = args.dropout_impl
     c.model.scan_layers = bool(args.scan)
     c.model.remat_policy = args.remat
     c.model.vocab_pad_multiple = int(args.vocab_pad)

@@ -46,26 +46,24 @@ def apply_xla_flags(preset: str) -> str:
 
 
 def cudnn_dropout_attention(query, key, value, kv_lengths, *, dropout_rng=None,
-                            dropout_rate=0.0, deterministic=True):
-    """Drop-in for ``bert_jax.modeling.attention.explicit_attention`` that runs cuDNN's
+                            dropout_rate=0.0, implementation="auto"):
+    """Drop-in for ``bert_jax.modeling.attention.dropout_attention`` that runs cuDNN's
     fused attention with dropout inside the kernel (no [B, heads, S, S] tensor in memory).
 
-    Returns (context, None): no probabilities. Caveat: JAX's cuDNN API takes the dropout
-    seed as a compile-time integer (``dropout_rng`` cannot be passed through), so whether
-    masks differ between steps depends on XLA's handling of the kernel's RNG offset; this is
-    a speed measurement, not yet a training default.
+    Caveat: JAX's cuDNN API takes the dropout seed as a compile-time integer
+    (``dropout_rng`` cannot be passed through), so the masks may repeat from step to step;
+    a speed measurement only. bert-jax's own answer is the flash kernel
+    (``bert_jax/modeling/flash.py``), whose mask follows the dropout key.
     """
     import jax.numpy as jnp
     from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
 
-    del dropout_rng
-    rate = 0.0 if deterministic else float(dropout_rate)
+    del dropout_rng, implementation
     batch, q_len = query.shape[0], query.shape[1]
-    context = dot_product_attention(
+    return dot_product_attention(
         query, key, value, None, None, jnp.full((batch,), q_len, jnp.int32),
         kv_lengths.astype(jnp.int32), scale=float(query.shape[-1]) ** -0.5,
-        mask_type=MaskType.PADDING, dropout_rate=rate)
-    return context, None
+        mask_type=MaskType.PADDING, dropout_rate=float(dropout_rate))
 
 
 def use_cudnn_dropout_attention() -> None:
@@ -73,7 +71,7 @@ def use_cudnn_dropout_attention() -> None:
     (process-wide; call before the model is traced)."""
     from bert_jax.modeling import encoder
 
-    encoder.explicit_attention = cudnn_dropout_attention
+    encoder.dropout_attention = cudnn_dropout_attention
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

@@ -13,6 +13,8 @@ from typing import Any
 from bert_jax.errors import BertJaxError
 
 ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
+# Attention while attention dropout is active (training): fused kernels above have no dropout.
+DROPOUT_ATTENTION_IMPLS = ("explicit", "flash", "auto")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "offload_dots")
 DTYPES = ("float32", "bfloat16", "float16")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_approx", "relu", "tanh")
@@ -47,6 +49,9 @@ class BertConfig:
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"
     attention_impl: str = "auto"  # xla | cudnn | splash | auto (cudnn on GPU, else xla)
+    # With attention dropout active: explicit einsum | flash (Pallas kernel with in-kernel
+    # dropout, bert_jax/modeling/flash.py) | auto (flash on GPU where shapes allow).
+    dropout_attention_impl: str = "auto"
     scan_layers: bool = False
     remat_policy: str = "none"
 
@@ -77,6 +82,9 @@ class BertConfig:
                 bad(key, f"{getattr(self, key)!r} is not one of {DTYPES}")
         if self.attention_impl not in ATTENTION_IMPLS:
             bad("attention_impl", f"{self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
+        if self.dropout_attention_impl not in DROPOUT_ATTENTION_IMPLS:
+            bad("dropout_attention_impl", f"{self.dropout_attention_impl!r} is not one of "
+                f"{DROPOUT_ATTENTION_IMPLS}")
         if self.remat_policy not in REMAT_POLICIES:
             bad("remat_policy", f"{self.remat_policy!r} is not one of {REMAT_POLICIES}")
         if not 0 <= self.pad_token_id < self.vocab_size:

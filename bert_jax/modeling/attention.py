@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def resolve_implementation(name: str) -> str:
@@ -57,3 +58,79 @@ def fused_attention(query, key, value, kv_lengths, implementation: str):
     return jax.nn.dot_product_attention(
         query, key, value, key_value_seq_lengths=kv_lengths.astype(jnp.int32),
         implementation=impl)
+
+
+def resolve_dropout_implementation(name: str, query, key) -> str:
+    """``auto`` -> the flash kernel on GPU when its shapes are supported, else explicit."""
+    from bert_jax.modeling import flash
+
+    if name != "auto":
+        return name
+    ok = flash.supported(query.shape[1], key.shape[1], query.shape[-1])
+    return "flash" if ok and jax.default_backend() == "gpu" else "explicit"
+
+
+def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rate: float,
+                      implementation: str = "auto"):
+    """Training-time attention with dropout on the probabilities. Returns the context.
+
+    ``flash`` runs the Pallas kernel of ``bert_jax.modeling.flash`` (dropout in the kernel,
+    probabilities never in memory), split over the active mesh with ``shard_map`` because a
+    Pallas call is not partitioned by XLA; ``explicit`` is the einsum path.
+    """
+    impl = resolve_dropout_implementation(implementation, query, key)
+    if impl == "explicit":
+        return explicit_attention(query, key, value, kv_lengths, dropout_rng=dropout_rng,
+                                  dropout_rate=dropout_rate, deterministic=False)[0]
+    if impl != "flash":
+        raise ValueError(f"unknown dropout attention implementation {impl!r}")
+    from bert_jax.modeling import flash
+
+    salt = flash.salt_from_rng(dropout_rng, query.shape[0], query.shape[2])
+
+    def local(q, k, v, lengths, s):
+        return flash.flash_attention(q, k, v, lengths, salt=s, dropout_rate=dropout_rate)
+
+    return _over_mesh(local, query, key, value, kv_lengths, salt)
+
+
+def _active_mesh():
+    """The physical mesh of an enclosing ``with mesh:`` (how bert-jax traces), else None."""
+    try:
+        from jax._src import mesh as mesh_lib
+
+        mesh = mesh_lib.thread_resources.env.physical_mesh
+    except (ImportError, AttributeError):
+        return None
+    return None if mesh.empty or mesh.size == 1 else mesh
+
+
+def _over_mesh(fn, query, key, value, kv_lengths, salt):
+    """Runs ``fn`` per shard: batch and heads split as the logical-axis rules say, sequence
+    and head_dim whole (attention needs every key of an example)."""
+    mesh = _active_mesh()
+    if mesh is None:
+        return fn(query, key, value, kv_lengths, salt)
+    import flax.linen as nn
+    from jax.sharding import PartitionSpec as P
+
+    batch_axes, _, head_axes, _ = nn.logical_to_mesh_axes(("batch", "length", "heads", None))
+    if query.shape[0] % _axes_size(mesh, batch_axes) or query.shape[2] % _axes_size(
+            mesh, head_axes):
+        return fn(query, key, value, kv_lengths, salt)  # uneven split: let XLA gather
+    qkv = P(batch_axes, None, head_axes, None)
+    shard_map = getattr(jax, "shard_map", None)
+    kwargs = {"check_vma": False}
+    if shard_map is None:  # older jax
+        from jax.experimental.shard_map import shard_map
+        kwargs = {"check_rep": False}
+    return shard_map(fn, mesh=mesh, in_specs=(qkv, qkv, qkv, P(batch_axes), P(batch_axes,
+                                                                               head_axes)),
+                     out_specs=qkv, **kwargs)(query, key, value, kv_lengths, salt)
+
+
+def _axes_size(mesh, axes) -> int:
+    if axes is None:
+        return 1
+    names = (axes,) if isinstance(axes, str) else axes
+    return int(np.prod([mesh.shape[a] for a in names]))

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
-from bert_jax.modeling.attention import explicit_attention, fused_attention
+from bert_jax.modeling.attention import dropout_attention, explicit_attention, fused_attention
 
 # Logical axis names of activations between layers (mapped to mesh axes by the rules).
 ACTIVATION_AXES = ("batch", "length", "activation_embed")
@@ -149,11 +149,16 @@ class BertSelfAttention(nn.Module):
         qkv = dense(cfg, (3, n, d), ("embed", None, "heads", "kv"), "qkv")(x)
         query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         dropout_active = not self.deterministic and cfg.attention_probs_dropout_prob > 0.0
-        if self.output_attentions or dropout_active:
+        if self.output_attentions:
             rng = self.make_rng("dropout") if dropout_active else None
             context, probs = explicit_attention(
                 query, key, value, kv_lengths, dropout_rng=rng,
                 dropout_rate=cfg.attention_probs_dropout_prob, deterministic=self.deterministic)
+        elif dropout_active:
+            context, probs = dropout_attention(
+                query, key, value, kv_lengths, dropout_rng=self.make_rng("dropout"),
+                dropout_rate=cfg.attention_probs_dropout_prob,
+                implementation=cfg.dropout_attention_impl), None
         else:
             context, probs = fused_attention(query, key, value, kv_lengths,
                                              cfg.attention_impl), None

@@ -53,8 +53,8 @@ METRICS_FILE = "metrics.json"
 # Model fields a fine-tuning run may change on a checkpoint's config; every other field must
 # match the checkpoint (it decides the encoder's shapes and function).
 RUNTIME_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dtype",
-                  "param_dtype", "attention_impl", "scan_layers", "remat_policy",
-                  "initializer_range")
+                  "param_dtype", "attention_impl", "dropout_attention_impl", "scan_layers",
+                  "remat_policy", "initializer_range")
 
 
 def base_config() -> ml_collections.ConfigDict:
