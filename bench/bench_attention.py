@@ -20,12 +20,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# block_q, block_k, block_q_bwd, block_k_bwd, num_warps, num_stages
+# block_q, block_k, block_q_bwd, block_k_bwd, num_warps, num_stages, backward
 TUNINGS = {
     "none": [],
-    "small": [(128, 128, 64, 64, 4, 2), (64, 128, 64, 64, 4, 2), (128, 64, 64, 64, 4, 2),
-              (128, 128, 128, 128, 8, 2), (64, 64, 32, 64, 4, 2), (128, 128, 64, 128, 4, 2),
-              (128, 128, 128, 64, 4, 2), (64, 128, 64, 128, 4, 3)],
+    "small": [(128, 128, 64, 64, 4, 2, "split"), (64, 128, 64, 64, 4, 2, "split"),
+              (128, 64, 64, 64, 4, 2, "split"), (128, 128, 128, 128, 8, 2, "split"),
+              (64, 64, 32, 64, 4, 2, "split"), (128, 128, 64, 128, 4, 2, "split"),
+              (128, 128, 32, 64, 4, 2, "fused"), (128, 128, 64, 64, 8, 2, "fused"),
+              (128, 128, 16, 64, 4, 2, "fused"), (64, 128, 32, 64, 4, 3, "fused")],
 }
 
 
@@ -43,15 +45,8 @@ def timed(fn, *args, repeats=5, inner=10):
     return sorted(times)[len(times) // 2]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="256x128x12x64,32x512x16x64,256x128x16x64",
-                    help="comma list of batch x seq x heads x head_dim")
-    ap.add_argument("--rate", type=float, default=0.1)
-    ap.add_argument("--tune", default="small", choices=sorted(TUNINGS))
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-
+def run_shape(shape: str, args) -> list[dict]:
+    """Correctness check, the implementations and the kernel tunings at one shape."""
     import jax
     import jax.numpy as jnp
 
@@ -61,64 +56,81 @@ def main(argv=None) -> int:
     on_gpu = jax.default_backend() == "gpu"
     dtype = jnp.bfloat16 if on_gpu else jnp.float32
     records = []
-    for shape in args.shapes.split(","):
-        b, s, h, d = (int(x) for x in shape.split("x"))
-        ks = jax.random.split(jax.random.key(0), 5)
-        q, k, v = (jax.random.normal(kk, (b, s, h, d), dtype) for kk in ks[:3])
-        lengths = jnp.full((b,), s, jnp.int32).at[0].set(s // 2 + 3)
-        cot = jax.random.normal(ks[3], q.shape, dtype)
-        salt = flash.salt_from_rng(ks[4], b, h)
+    b, s, h, d = (int(x) for x in shape.split("x"))
+    ks = jax.random.split(jax.random.key(0), 5)
+    q, k, v = (jax.random.normal(kk, (b, s, h, d), dtype) for kk in ks[:3])
+    lengths = jnp.full((b,), s, jnp.int32).at[0].set(s // 2 + 3)
+    cot = jax.random.normal(ks[3], q.shape, dtype)
+    salt = flash.salt_from_rng(ks[4], b, h)
 
-        def grad_of(attn):
-            def loss(q, k, v):
-                return jnp.sum(attn(q, k, v).astype(jnp.float32) * cot.astype(jnp.float32))
-            return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    def grad_of(attn):
+        def loss(q, k, v):
+            return jnp.sum(attn(q, k, v).astype(jnp.float32) * cot.astype(jnp.float32))
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
-        # correctness on the device: the kernel vs the reference with the same mask
-        ref = grad_of(lambda q, k, v: flash.reference_attention(
-            q, k, v, lengths, salt=salt, dropout_rate=args.rate))(q, k, v)
-        mine = grad_of(lambda q, k, v: flash.flash_attention(
-            q, k, v, lengths, salt=salt, dropout_rate=args.rate))(q, k, v)
-        errors = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - r.astype(jnp.float32))) /
-                        (float(jnp.max(jnp.abs(r.astype(jnp.float32)))) + 1e-6))
-                  for a, r in zip(mine[1], ref[1], strict=True)]
-        base = {"shape": shape, "device": jax.devices()[0].device_kind, "rate": args.rate}
-        records.append({**base, "check": "flash_vs_reference_grad_rel_err",
-                        "dq_dk_dv": errors})
+    # correctness on the device: the kernel vs the reference with the same mask
+    ref = grad_of(lambda q, k, v: flash.reference_attention(
+        q, k, v, lengths, salt=salt, dropout_rate=args.rate))(q, k, v)
+    mine = grad_of(lambda q, k, v: flash.flash_attention(
+        q, k, v, lengths, salt=salt, dropout_rate=args.rate))(q, k, v)
+    errors = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - r.astype(jnp.float32))) /
+                    (float(jnp.max(jnp.abs(r.astype(jnp.float32)))) + 1e-6))
+              for a, r in zip(mine[1], ref[1], strict=True)]
+    base = {"shape": shape, "device": jax.devices()[0].device_kind, "rate": args.rate}
+    records.append({**base, "check": "flash_vs_reference_grad_rel_err",
+                    "dq_dk_dv": errors})
+    print(json.dumps(records[-1]), flush=True)
+
+    impls = {
+        "explicit_dropout": lambda q, k, v: explicit_attention(
+            q, k, v, lengths, dropout_rng=ks[4], dropout_rate=args.rate,
+            deterministic=False)[0],
+        "flash_dropout": lambda q, k, v: flash.flash_attention(
+            q, k, v, lengths, salt=salt, dropout_rate=args.rate),
+        "flash_no_dropout": lambda q, k, v: flash.flash_attention(q, k, v, lengths),
+        "fused_no_dropout": lambda q, k, v: fused_attention(q, k, v, lengths, "auto"),
+    }
+    for name, fn in impls.items():
+        try:
+            t = timed(grad_of(fn), q, k, v)
+            records.append({**base, "impl": name, "fwd_bwd_ms": 1e3 * t})
+        except Exception as e:  # noqa: BLE001 (report and go on)
+            records.append({**base, "impl": name, "error": f"{type(e).__name__}: {e}"[:400]})
         print(json.dumps(records[-1]), flush=True)
+    for tune in TUNINGS[args.tune]:
+        if tune[-1] == "fused" and s > 256:
+            continue
 
-        impls = {
-            "explicit_dropout": lambda q, k, v: explicit_attention(
-                q, k, v, lengths, dropout_rng=ks[4], dropout_rate=args.rate,
-                deterministic=False)[0],
-            "flash_dropout": lambda q, k, v: flash.flash_attention(
-                q, k, v, lengths, salt=salt, dropout_rate=args.rate),
-            "flash_no_dropout": lambda q, k, v: flash.flash_attention(q, k, v, lengths),
-            "fused_no_dropout": lambda q, k, v: fused_attention(q, k, v, lengths, "auto"),
-        }
-        for name, fn in impls.items():
-            try:
-                t = timed(grad_of(fn), q, k, v)
-                records.append({**base, "impl": name, "fwd_bwd_ms": 1e3 * t})
-            except Exception as e:  # noqa: BLE001 (report and go on)
-                records.append({**base, "impl": name, "error": f"{type(e).__name__}: {e}"[:400]})
-            print(json.dumps(records[-1]), flush=True)
-        for bq, bk, bqb, bkb, warps, stages in TUNINGS[args.tune]:
-            def fn(q, k, v, bq=bq, bk=bk, bqb=bqb, bkb=bkb, warps=warps, stages=stages):
-                return flash.flash_attention(q, k, v, lengths, salt=salt, dropout_rate=args.rate,
-                                             block_q=bq, block_k=bk, block_q_bwd=bqb,
-                                             block_k_bwd=bkb, num_warps=warps,
-                                             num_stages=stages)
-            tune = [bq, bk, bqb, bkb, warps, stages]
-            try:
-                fwd = jax.jit(fn)
-                records.append({**base, "impl": "flash_dropout", "tune": tune,
-                                "fwd_bwd_ms": 1e3 * timed(grad_of(fn), q, k, v),
-                                "fwd_ms": 1e3 * timed(fwd, q, k, v)})
-            except Exception as e:  # noqa: BLE001
-                records.append({**base, "impl": "flash_dropout", "tune": tune,
-                                "error": f"{type(e).__name__}: {e}"[:400]})
-            print(json.dumps(records[-1]), flush=True)
+        def fn(q, k, v, tune=tune):
+            bq, bk, bqb, bkb, warps, stages, backward = tune
+            return flash.flash_attention(q, k, v, lengths, salt=salt, dropout_rate=args.rate,
+                                         block_q=bq, block_k=bk, block_q_bwd=bqb,
+                                         block_k_bwd=bkb, num_warps=warps,
+                                         num_stages=stages, backward=backward)
+        try:
+            fwd = jax.jit(fn)
+            records.append({**base, "impl": "flash_dropout", "tune": list(tune),
+                            "fwd_bwd_ms": 1e3 * timed(grad_of(fn), q, k, v),
+                            "fwd_ms": 1e3 * timed(fwd, q, k, v)})
+        except Exception as e:  # noqa: BLE001
+            records.append({**base, "impl": "flash_dropout", "tune": list(tune),
+                            "error": f"{type(e).__name__}: {e}"[:400]})
+        print(json.dumps(records[-1]), flush=True)
+    return records
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="256x128x12x64,32x512x16x64,256x128x16x64",
+                    help="comma list of batch x seq x heads x head_dim")
+    ap.add_argument("--rate", type=float, default=0.1)
+    ap.add_argument("--tune", default="small", choices=sorted(TUNINGS))
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    records = []
+    for shape in args.shapes.split(","):
+        records += run_shape(shape, args)
     with open(args.out, "a", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")

@@ -34,6 +34,7 @@ import numpy as np
 from jax import lax
 
 LOG2E = math.log2(math.e)
+FUSED_BACKWARD_MAX_KV = 128  # ``backward="auto"``: one-pass backward up to this many keys
 MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 gives 0)
 
 
@@ -49,6 +50,7 @@ class FlashSettings:
     num_warps: int
     num_stages: int
     interpret: bool
+    fused_backward: bool = False
 
 
 def supported(seq_len: int, kv_seq_len: int, head_dim: int) -> bool:
@@ -101,6 +103,13 @@ def salt_from_rng(rng, batch: int, heads: int):
 # ---------------------------------------------------------------------------------------------
 # Kernels. Scores are kept in log2 units (exp2 is the hardware's native exponential).
 
+def _dot(a, b, trans_a: bool = False, trans_b: bool = False):
+    """2-D matmul with float32 accumulation (what Triton's tl.dot does); transposes are
+    folded into the contraction dimensions."""
+    dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+    return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
 def _iota(n: int, offset):
     return offset + lax.broadcasted_iota(jnp.int32, (n,), 0)
 
@@ -117,26 +126,26 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, o_ref, lse_ref, *,
     qk_scale = s.scale * LOG2E
 
     def body(j, carry):
-        m, l, acc = carry
+        m, denom, acc = carry
         keys = pl.ds(j * block_k, block_k)
         k, v = k_ref[keys, :], v_ref[keys, :]
-        scores = pl.dot(q, k, trans_b=True) * qk_scale + bias_ref[keys][None, :]
+        scores = _dot(q, k, trans_b=True) * qk_scale + bias_ref[keys][None, :]
         m_new = jnp.maximum(m, jnp.max(scores, axis=1))
         p = jnp.exp2(scores - m_new[:, None])
         alpha = jnp.exp2(m - m_new)
-        l = l * alpha + jnp.sum(p, axis=1)
+        denom = denom * alpha + jnp.sum(p, axis=1)
         if s.dropout_rate > 0.0:
             p = jnp.where(_keep(rows, _iota(block_k, j * block_k), salt, kv_len,
                                 s.dropout_rate), p, 0.0)
-        acc = acc * alpha[:, None] + pl.dot(p.astype(v.dtype), v)
-        return m_new, l, acc
+        acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
+        return m_new, denom, acc
 
     init = (jnp.full((block_q,), -jnp.inf, jnp.float32), jnp.zeros((block_q,), jnp.float32),
             jnp.zeros(q.shape, jnp.float32))
-    m, l, acc = lax.fori_loop(0, kv_len // block_k, body, init)
-    inv = 1.0 / (l * (1.0 - s.dropout_rate))
+    m, denom, acc = lax.fori_loop(0, kv_len // block_k, body, init)
+    inv = 1.0 / (denom * (1.0 - s.dropout_rate))
     o_ref[...] = (acc * inv[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = m + jnp.log2(l)
+    lse_ref[...] = m + jnp.log2(denom)
 
 
 def _probabilities(q, k, bias, lse, qk_scale):
@@ -144,9 +153,7 @@ def _probabilities(q, k, bias, lse, qk_scale):
 
 
 def _scores(q, k, bias, qk_scale):
-    from jax.experimental import pallas as pl
-
-    return pl.dot(q, k, trans_b=True) * qk_scale + bias[None, :]
+    return _dot(q, k, trans_b=True) * qk_scale + bias[None, :]
 
 
 def _dropped(p, dp, rows, cols, salt, kv_len, s: FlashSettings):
@@ -177,11 +184,11 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
         queries = pl.ds(i * block_q, block_q)
         q, do = q_ref[queries, :], do_ref[queries, :]
         p = _probabilities(q, k, bias, lse_ref[queries], qk_scale)
-        dp = pl.dot(do, v, trans_b=True)
+        dp = _dot(do, v, trans_b=True)
         p_kept, dp = _dropped(p, dp, _iota(block_q, i * block_q), cols, salt, kv_len, s)
-        dv = dv + pl.dot(p_kept.astype(do.dtype), do, trans_a=True)
+        dv = dv + _dot(p_kept.astype(do.dtype), do, trans_a=True)
         ds = p * (dp - delta_ref[queries][:, None])
-        dk = dk + pl.dot(ds.astype(q.dtype), q, trans_a=True)
+        dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
         return dk, dv
 
     zeros = jnp.zeros(k.shape, jnp.float32)
@@ -206,13 +213,45 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_r
         keys = pl.ds(j * block_k, block_k)
         k, v = k_ref[keys, :], v_ref[keys, :]
         p = _probabilities(q, k, bias_ref[keys], lse, qk_scale)
-        dp = pl.dot(do, v, trans_b=True)
+        dp = _dot(do, v, trans_b=True)
         _, dp = _dropped(p, dp, rows, _iota(block_k, j * block_k), salt, kv_len, s)
         ds = p * (dp - delta[:, None])
-        return dq + pl.dot(ds.astype(k.dtype), k)
+        return dq + _dot(ds.astype(k.dtype), k)
 
     dq = lax.fori_loop(0, kv_len // block_k, body, jnp.zeros(q.shape, jnp.float32))
     dq_ref[...] = (dq * s.scale).astype(dq_ref.dtype)
+
+
+def _fused_backward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref,
+                           delta_ref, dq_ref, dk_ref, dv_ref, *, s: FlashSettings):
+    """dQ, dK and dV in one pass for short sequences: every key of an (example, head) in one
+    tile, queries in blocks; probabilities and the mask are computed once, not twice."""
+    from jax.experimental import pallas as pl
+
+    block_q = s.block_q_bwd
+    q_len, kv_len = q_ref.shape[0], k_ref.shape[0]
+    k, v, bias = k_ref[...], v_ref[...], bias_ref[...]
+    salt = salt_ref[...]
+    cols = _iota(kv_len, 0)
+    qk_scale = s.scale * LOG2E
+
+    def body(i, carry):
+        dk, dv = carry
+        queries = pl.ds(i * block_q, block_q)
+        q, do = q_ref[queries, :], do_ref[queries, :]
+        p = _probabilities(q, k, bias, lse_ref[queries], qk_scale)
+        dp = _dot(do, v, trans_b=True)
+        p_kept, dp = _dropped(p, dp, _iota(block_q, i * block_q), cols, salt, kv_len, s)
+        dv = dv + _dot(p_kept.astype(do.dtype), do, trans_a=True)
+        ds = p * (dp - delta_ref[queries][:, None])
+        dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
+        dq_ref[queries, :] = (_dot(ds.astype(k.dtype), k) * s.scale).astype(dq_ref.dtype)
+        return dk, dv
+
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, q_len // block_q, body, (zeros, zeros))
+    dk_ref[...] = (dk * s.scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,6 +314,19 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
     # delta = rowsum(dO * O): with dropout, rowsum(dP_dropped * Z * P) equals it too.
     delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), out.astype(jnp.float32))
 
+    if s.fused_backward:
+        q_full, kv_full, bias_spec, salt_spec, row_full = _specs(
+            None, q_len, kv_len, head_dim, None, None)
+        return pl.pallas_call(
+            functools.partial(_fused_backward_kernel, s=settings),
+            grid=(batch, heads, 1),
+            in_specs=[q_full, kv_full, kv_full, bias_spec, salt_spec, q_full, row_full,
+                      row_full],
+            out_specs=[q_full, kv_full, kv_full],
+            out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
+            interpret=s.interpret, name="bert_flash_backward", **_compiler_params(s),
+        )(q, k, v, bias, salt, do, lse, delta)
+
     q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
         None, q_len, kv_len, head_dim, None, block_k)
     dk, dv = pl.pallas_call(
@@ -322,10 +374,14 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: float = 0.0,
                     block_q: int = 128, block_k: int = 128, block_q_bwd: int = 64,
                     block_k_bwd: int = 64, num_warps: int = 4, num_stages: int = 2,
-                    interpret: bool | None = None):
+                    backward: str = "auto", interpret: bool | None = None):
     """Attention over [batch, seq, heads, head_dim] with right padding given as key lengths
     and, when ``dropout_rate > 0``, dropout on the probabilities driven by ``salt``
     (int32 [batch, heads], e.g. ``salt_from_rng``). Returns the context, same shape as query.
+
+    ``backward``: ``split`` (one kernel per key block for dK/dV, one per query block for dQ,
+    any length), ``fused`` (one kernel per (example, head) holding every key: no recomputed
+    probabilities; for short sequences) or ``auto`` (fused up to FUSED_BACKWARD_MAX_KV keys).
     """
     batch, q_len, heads, head_dim = query.shape
     kv_len = key.shape[1]
@@ -342,8 +398,11 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
                      MASK_VALUE).astype(jnp.float32)
     blocks = [_fit(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
                                        (block_q_bwd, q_len), (block_k_bwd, kv_len))]
+    if backward not in ("auto", "split", "fused"):
+        raise ValueError(f"backward must be auto, split or fused, got {backward!r}")
+    fused = kv_len <= FUSED_BACKWARD_MAX_KV if backward == "auto" else backward == "fused"
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *blocks,
-                             num_warps, num_stages, bool(interpret))
+                             num_warps, num_stages, bool(interpret), fused)
     return _flash(query, key, value, bias, salt.astype(jnp.int32), settings)
 
 

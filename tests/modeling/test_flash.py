@@ -22,8 +22,10 @@ def _inputs(seed, batch=2, seq=64, heads=3, dim=16, dtype=jnp.float32):
 
 
 # Several tilings: one block, several key blocks in forward and backward, uneven q/k blocks.
-BLOCKS = [dict(), dict(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=32),
-          dict(block_q=16, block_k=64, block_q_bwd=64, block_k_bwd=16)]
+BLOCKS = [dict(backward="fused"), dict(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=32,
+                                      backward="split"),
+          dict(block_q=16, block_k=64, block_q_bwd=64, block_k_bwd=16, backward="split"),
+          dict(block_q_bwd=16, backward="fused")]
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.1, 0.5])
