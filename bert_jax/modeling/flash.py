@@ -372,7 +372,7 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: float = 0.0,
-                    block_q: int = 128, block_k: int = 128, block_q_bwd: int = 64,
+                    block_q: int = 64, block_k: int = 128, block_q_bwd: int | None = None,
                     block_k_bwd: int = 64, num_warps: int = 4, num_stages: int = 2,
                     backward: str = "auto", interpret: bool | None = None):
     """Attention over [batch, seq, heads, head_dim] with right padding given as key lengths
@@ -382,6 +382,8 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
     ``backward``: ``split`` (one kernel per key block for dK/dV, one per query block for dQ,
     any length), ``fused`` (one kernel per (example, head) holding every key: no recomputed
     probabilities; for short sequences) or ``auto`` (fused up to FUSED_BACKWARD_MAX_KV keys).
+    Default blocks are the fastest of the H200 sweep in docs/performance.md: forward 64
+    queries x 128 keys; backward 16 queries per step when fused, 64 x 64 when split.
     """
     batch, q_len, heads, head_dim = query.shape
     kv_len = key.shape[1]
@@ -396,11 +398,13 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
         interpret = jax.default_backend() != "gpu"
     bias = jnp.where(jnp.arange(kv_len)[None, :] < kv_lengths[:, None], 0.0,
                      MASK_VALUE).astype(jnp.float32)
-    blocks = [_fit(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
-                                       (block_q_bwd, q_len), (block_k_bwd, kv_len))]
     if backward not in ("auto", "split", "fused"):
         raise ValueError(f"backward must be auto, split or fused, got {backward!r}")
     fused = kv_len <= FUSED_BACKWARD_MAX_KV if backward == "auto" else backward == "fused"
+    if block_q_bwd is None:
+        block_q_bwd = 16 if fused else 64
+    blocks = [_fit(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
+                                       (block_q_bwd, q_len), (block_k_bwd, kv_len))]
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *blocks,
                              num_warps, num_stages, bool(interpret), fused)
     return _flash(query, key, value, bias, salt.astype(jnp.int32), settings)
