@@ -75,7 +75,8 @@ def torch_batch(torch, features, index, kind, device, with_labels: bool):
     return out
 
 
-def run(config, checkpoint: str, device_name: str | None, compile_model: bool) -> dict:
+def run(config, checkpoint: str, device_name: str | None, compile_model: bool,
+        train_pad_embedding: bool = False) -> dict:
     import torch
     import transformers as T
 
@@ -90,6 +91,8 @@ def run(config, checkpoint: str, device_name: str | None, compile_model: bool) -
     dev_f = featurize(task, dev, tokenizer, config)
 
     model = build_model(task, checkpoint, config).to(device)
+    if train_pad_embedding:  # experiment: the [PAD] row gets gradients, as in bert-jax
+        model.get_input_embeddings().padding_idx = None
     groups = [
         {"params": [p for n, p in model.named_parameters() if not n.endswith(NO_DECAY)],
          "weight_decay": config.weight_decay},
@@ -103,12 +106,14 @@ def run(config, checkpoint: str, device_name: str | None, compile_model: bool) -
     total = steps_per_epoch * config.epochs
     scheduler = T.get_linear_schedule_with_warmup(
         optimizer, int(config.warmup_proportion * total), total)
-    step_model = torch.compile(model) if compile_model else model
+    # dynamic=False: the short last batch of an epoch (and evaluation) gets its own static
+    # graph instead of switching every later step to a dynamic-shape graph.
+    step_model = torch.compile(model, dynamic=False) if compile_model else model
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     train_seconds = steady_seconds = steady_sequences = 0.0
-    losses = []
+    losses, epoch_seconds = [], []
     for epoch in range(config.epochs):
         model.train()
         order = np.random.default_rng([config.seed, epoch]).permutation(n)
@@ -132,6 +137,7 @@ def run(config, checkpoint: str, device_name: str | None, compile_model: bool) -
         sync()
         seconds = time.perf_counter() - t0
         train_seconds += seconds
+        epoch_seconds.append(seconds)
         steady_seconds += seconds - first
         steady_sequences += n * (1 - 1 / steps_per_epoch)
         losses.append(float(loss_sum) / n)
@@ -158,9 +164,10 @@ def run(config, checkpoint: str, device_name: str | None, compile_model: bool) -
             "train_seconds": train_seconds,
             "train_sequences_per_second": (steady_sequences / steady_seconds
                                            if steady_seconds > 0 else None),
+            "epoch_seconds": epoch_seconds,
             "device": torch.cuda.get_device_name() if cuda else "cpu",
             "torch": torch.__version__, "transformers": T.__version__,
-            "compiled": compile_model}
+            "compiled": compile_model, "train_pad_embedding": train_pad_embedding}
 
 
 def main(argv=None) -> int:
@@ -170,10 +177,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="result JSON file")
     ap.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--train-pad-embedding", action="store_true",
+                    help="experiment: no padding_idx, the [PAD] embedding row is trained (as "
+                    "in bert-jax and Google's BERT)")
     args = ap.parse_args(argv)
     with open(args.config_json, encoding="utf-8") as f:
         config = config_from_dict(json.load(f))
-    record = run(config, args.checkpoint, args.device, not args.no_compile)
+    record = run(config, args.checkpoint, args.device, not args.no_compile,
+                 args.train_pad_embedding)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(record, f, indent=2)
     print(json.dumps({k: record[k] for k in ("task", "metrics", "train_seconds",
