@@ -16,9 +16,10 @@ tests and for the explicit reference path.
 Layout: query/key/value [batch, seq, heads, head_dim] (the model's own, no transposes); padding
 is an additive key bias [batch, kv_seq] (0 for real keys, a large negative number for
 padding). Forward: one program per (example, head, block of queries) runs the online softmax
-over blocks of keys. Backward: one kernel per block of keys (dK, dV, looping over queries), one
-per block of queries (dQ, looping over keys), recomputing probabilities from the saved
-log-sum-exp. On the CPU the kernels run in Pallas interpret mode, which is how the tests check
+over blocks of keys. Backward, recomputing probabilities from the saved log-sum-exp: up to
+FUSED_BACKWARD_MAX_KV keys one program per (example, head) computes dQ, dK and dV in one pass;
+longer sequences use one kernel per block of keys (dK, dV, looping over queries) and one per
+block of queries (dQ, looping over keys). On the CPU the kernels run in Pallas interpret mode, which is how the tests check
 them against the explicit attention.
 """
 
@@ -266,11 +267,12 @@ def _compiler_params(s: FlashSettings):
                                                     num_stages=s.num_stages)}
 
 
-def _specs(batch_heads_seq_block, q_len, kv_len, head_dim, q_block, k_block):
-    """BlockSpecs for q, k, v, bias, salt, do, lse, delta given which side the grid tiles."""
+def _specs(q_len, kv_len, head_dim, q_block, k_block):
+    """BlockSpecs (q-like, k-like, bias, salt, per-query rows) for a (batch, heads, tile)
+    grid: the last grid axis tiles queries when ``q_block`` is set, keys when ``k_block`` is
+    set; the other side is whole."""
     from jax.experimental import pallas as pl
 
-    del batch_heads_seq_block
     qb = q_block or q_len
     kb = k_block or kv_len
     q_index = (lambda b, h, i: (b, i, h, 0)) if q_block else (lambda b, h, i: (b, 0, h, 0))
@@ -291,7 +293,7 @@ def _forward(q, k, v, bias, salt, s: FlashSettings):
     kv_len = k.shape[1]
     block_q = min(s.block_q, q_len)
     q_spec, kv_spec, bias_spec, salt_spec, row_spec = _specs(
-        None, q_len, kv_len, head_dim, block_q, None)
+        q_len, kv_len, head_dim, block_q, None)
     settings = dataclasses.replace(s, block_k=min(s.block_k, kv_len))
     return pl.pallas_call(
         functools.partial(_forward_kernel, s=settings),
@@ -316,7 +318,7 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
 
     if s.fused_backward:
         q_full, kv_full, bias_spec, salt_spec, row_full = _specs(
-            None, q_len, kv_len, head_dim, None, None)
+            q_len, kv_len, head_dim, None, None)
         return pl.pallas_call(
             functools.partial(_fused_backward_kernel, s=settings),
             grid=(batch, heads, 1),
@@ -328,7 +330,7 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
         )(q, k, v, bias, salt, do, lse, delta)
 
     q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
-        None, q_len, kv_len, head_dim, None, block_k)
+        q_len, kv_len, head_dim, None, block_k)
     dk, dv = pl.pallas_call(
         functools.partial(_dkdv_kernel, s=settings),
         grid=(batch, heads, kv_len // block_k),
@@ -340,7 +342,7 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
     )(q, k, v, bias, salt, do, lse, delta)
 
     q_tile, kv_full, bias_spec, salt_spec, row_tile = _specs(
-        None, q_len, kv_len, head_dim, block_q, None)
+        q_len, kv_len, head_dim, block_q, None)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, s=settings),
         grid=(batch, heads, q_len // block_q),
