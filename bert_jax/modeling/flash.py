@@ -19,8 +19,8 @@ padding). Forward: one program per (example, head, block of queries) runs the on
 over blocks of keys. Backward, recomputing probabilities from the saved log-sum-exp: up to
 FUSED_BACKWARD_MAX_KV keys one program per (example, head) computes dQ, dK and dV in one pass;
 longer sequences use one kernel per block of keys (dK, dV, looping over queries) and one per
-block of queries (dQ, looping over keys). On the CPU the kernels run in Pallas interpret mode, which is how the tests check
-them against the explicit attention.
+block of queries (dQ, looping over keys). On the CPU the kernels run in Pallas interpret mode,
+which is how the tests check them against the explicit attention.
 """
 
 from __future__ import annotations
