@@ -9,6 +9,8 @@ return neither.
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -86,6 +88,10 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
         raise ValueError(f"unknown dropout attention implementation {impl!r}")
     from bert_jax.modeling import flash
 
+    if jax.default_backend() != "gpu":
+        warnings.warn("dropout_attention_impl='flash' off GPU runs the Pallas kernel in "
+                      "interpret mode (for tests; slow): use 'auto' or 'explicit' here",
+                      stacklevel=2)
     salt = flash.salt_from_rng(dropout_rng, query.shape[0], query.shape[2])
 
     def local(q, k, v, lengths, s):

@@ -108,7 +108,8 @@ def test_dropout_attention_split_over_mesh_equals_one_device():
         return dropout_attention(*a, dropout_rng=rng, dropout_rate=0.1,
                                  implementation="flash")
 
-    single = jax.jit(run)(q, k, v, lengths)
+    with pytest.warns(UserWarning, match="interpret mode"):
+        single = jax.jit(run)(q, k, v, lengths)
     mesh = parallel.create_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     sharded = parallel.traced_in_mesh(jax.jit(run), mesh, parallel.DEFAULT_RULES)(q, k, v,
                                                                                    lengths)
