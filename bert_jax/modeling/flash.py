@@ -167,9 +167,15 @@ def _dropped(p, dp, rows, cols, salt, kv_len, s: FlashSettings):
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref,
-                 dk_ref, dv_ref, *, s: FlashSettings):
+                 *out_refs, s: FlashSettings):
+    """dK and dV of one block of keys, looping over blocks of queries. With three output refs
+    (dq, dk, dv) the block holds every key (the fused backward for short sequences) and each
+    query block's dQ is complete after its step, so it is written there: probabilities and
+    the mask are computed once instead of again in the dQ kernel."""
     from jax.experimental import pallas as pl
 
+    dq_ref = out_refs[0] if len(out_refs) == 3 else None
+    dk_ref, dv_ref = out_refs[-2:]
     block_k, block_q = k_ref.shape[0], s.block_q_bwd
     q_len = q_ref.shape[0]
     kv_len = bias_ref.shape[0]
@@ -190,6 +196,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
         dv = dv + _dot(p_kept.astype(do.dtype), do, trans_a=True)
         ds = p * (dp - delta_ref[queries][:, None])
         dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
+        if dq_ref is not None:
+            dq_ref[queries, :] = (_dot(ds.astype(k.dtype), k) * s.scale).astype(dq_ref.dtype)
         return dk, dv
 
     zeros = jnp.zeros(k.shape, jnp.float32)
@@ -221,38 +229,6 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_r
 
     dq = lax.fori_loop(0, kv_len // block_k, body, jnp.zeros(q.shape, jnp.float32))
     dq_ref[...] = (dq * s.scale).astype(dq_ref.dtype)
-
-
-def _fused_backward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref,
-                           delta_ref, dq_ref, dk_ref, dv_ref, *, s: FlashSettings):
-    """dQ, dK and dV in one pass for short sequences: every key of an (example, head) in one
-    tile, queries in blocks; probabilities and the mask are computed once, not twice."""
-    from jax.experimental import pallas as pl
-
-    block_q = s.block_q_bwd
-    q_len, kv_len = q_ref.shape[0], k_ref.shape[0]
-    k, v, bias = k_ref[...], v_ref[...], bias_ref[...]
-    salt = salt_ref[...]
-    cols = _iota(kv_len, 0)
-    qk_scale = s.scale * LOG2E
-
-    def body(i, carry):
-        dk, dv = carry
-        queries = pl.ds(i * block_q, block_q)
-        q, do = q_ref[queries, :], do_ref[queries, :]
-        p = _probabilities(q, k, bias, lse_ref[queries], qk_scale)
-        dp = _dot(do, v, trans_b=True)
-        p_kept, dp = _dropped(p, dp, _iota(block_q, i * block_q), cols, salt, kv_len, s)
-        dv = dv + _dot(p_kept.astype(do.dtype), do, trans_a=True)
-        ds = p * (dp - delta_ref[queries][:, None])
-        dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
-        dq_ref[queries, :] = (_dot(ds.astype(k.dtype), k) * s.scale).astype(dq_ref.dtype)
-        return dk, dv
-
-    zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, q_len // block_q, body, (zeros, zeros))
-    dk_ref[...] = (dk * s.scale).astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,7 +296,7 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
         q_full, kv_full, bias_spec, salt_spec, row_full = _specs(
             q_len, kv_len, head_dim, None, None)
         return pl.pallas_call(
-            functools.partial(_fused_backward_kernel, s=settings),
+            functools.partial(_dkdv_kernel, s=settings),
             grid=(batch, heads, 1),
             in_specs=[q_full, kv_full, kv_full, bias_spec, salt_spec, q_full, row_full,
                       row_full],
