@@ -106,11 +106,11 @@ def loop_overrides(args, data_dir: str, peak: float) -> list[str]:
     return [f"--config.{k}={v}" for k, v in values.items()]
 
 
-def steady_state(metrics_path: str) -> dict:
+def steady_state(workdir: str) -> dict:
     """Median and spread of ``seq_per_sec`` over the logged train intervals after the first."""
-    with open(metrics_path, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f]
-    train = [r for r in records if r.get("split") == "train" and "seq_per_sec" in r]
+    from bert_jax.training.metrics import read_metrics
+
+    train = [r for r in read_metrics(workdir) if "seq_per_sec" in r]
     used = train[1:]
     rates = [r["seq_per_sec"] for r in used]
     return {"loop_seq_per_s": statistics.median(rates),
@@ -148,7 +148,7 @@ def main(argv=None) -> dict:
                   "dropout_impl": args.dropout_impl, "scan": args.scan, "remat": args.remat,
                   "vocab_pad": args.vocab_pad, "xla_flag_preset": args.xla_flags,
                   "mesh": args.mesh, "tag": args.tag, "matmul_peak_tflops": peak,
-                  **steady_state(os.path.join(workdir, "metrics.jsonl")),
+                  **steady_state(workdir),
                   "loop_peak_memory_gib": peak_memory_gib()}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -40,6 +40,15 @@ def peak_tflops(configured: float | None) -> float | None:
     return next((v for k, v in PEAK_TFLOPS.items() if kind.startswith(k)), None)
 
 
+def read_metrics(workdir: str, split: str | None = "train") -> list[dict[str, Any]]:
+    """The records :class:`MetricsWriter` appended to ``WORKDIR/metrics.jsonl``, in order
+    (a resumed run appends again from its restored step), filtered to ``split`` unless None."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    with open(path, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return [r for r in records if split is None or r.get("split") == split]
+
+
 class MetricsWriter:
     """Appends one JSON object per line to ``metrics.jsonl`` and mirrors scalars to
     TensorBoard event files (tensorboardX; no tensorflow). Only process 0 writes."""

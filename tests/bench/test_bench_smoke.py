@@ -105,7 +105,7 @@ def test_loop_helpers(tmp_path):
     rows = [{"split": "train", "step": s, "seq_per_sec": v, "mfu": v / 1e4, "loss": 7.0}
             for s, v in ((20, 100.0), (40, 300.0), (60, 310.0), (80, 290.0))]
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = bench_loop.steady_state(str(metrics))
+    result = bench_loop.steady_state(str(tmp_path))
     assert result["loop_seq_per_s"] == 300.0  # the first interval is dropped
     assert bench_loop._drop_loop_options(
         ["--model", "base", "--steps", "120", "--log-every=20", "--source", "synthetic",

@@ -9,13 +9,14 @@ killed (by pid) when the launching block ends, whatever happened.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+
+from bert_jax.training.metrics import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
@@ -103,11 +104,5 @@ def worker_command(mode: str, *args: str) -> list[str]:
 
 
 def train_losses(workdir) -> dict[int, float]:
-    """step -> train loss from WORKDIR/metrics.jsonl (the last record of each step)."""
-    out = {}
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            record = json.loads(line)
-            if record["split"] == "train":
-                out[record["step"]] = record["loss"]
-    return out
+    """step -> train loss, the last record of each step (a resumed run rewrites later steps)."""
+    return {r["step"]: r["loss"] for r in read_metrics(workdir)}

@@ -15,6 +15,7 @@ from bert_jax.checkpoint import store
 from bert_jax.checkpoint.manager import CheckpointManager
 from bert_jax.training import config as config_lib
 from bert_jax.training.loop import TrainingDiverged, _load_init_params, train_and_evaluate
+from bert_jax.training.metrics import read_metrics
 from bert_jax.training.setup import build_training
 from bert_jax.training.state import TrainState
 
@@ -25,14 +26,8 @@ RUN = ("--config.log_every=1", "--config.checkpoint.every_steps=3", "--config.ev
 
 
 def train_losses(workdir) -> dict[int, float]:
-    """step -> loss, the last record for each step (a resumed run rewrites later steps)."""
-    out = {}
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            record = json.loads(line)
-            if record["split"] == "train":
-                out[record["step"]] = record["loss"]
-    return out
+    """step -> train loss, the last record of each step (a resumed run rewrites later steps)."""
+    return {r["step"]: r["loss"] for r in read_metrics(workdir)}
 
 
 def test_resume_onto_another_mesh_matches_uninterrupted(tmp_path):
