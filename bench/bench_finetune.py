@@ -26,7 +26,7 @@ from bench.bench_pretrain import (  # noqa: E402
     time_steps,
 )
 from bench.common import train_flops_per_sequence, write_result  # noqa: E402
-from bench.levers import apply_xla_flags  # noqa: E402
+from bench.levers import apply_process_levers, model_dropout_impl  # noqa: E402
 
 NUM_LABELS = 2
 
@@ -43,8 +43,7 @@ def model_config(args):
     return get_preset(args.model, dtype="bfloat16", param_dtype="float32",
                       attention_impl=args.attention,
                       attention_probs_dropout_prob=float(args.attention_dropout),
-                      dropout_attention_impl=("auto" if args.dropout_impl == "cudnn"
-                                              else args.dropout_impl),
+                      dropout_attention_impl=model_dropout_impl(args.dropout_impl),
                       scan_layers=bool(args.scan), remat_policy=args.remat,
                       vocab_pad_multiple=int(args.vocab_pad))
 
@@ -63,16 +62,12 @@ def random_classification_batch(rng, batch: int, seq_len: int, vocab: int):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    apply_xla_flags(args.xla_flags)
+    apply_process_levers(args)
     import jax
     import jax.numpy as jnp
     import ml_collections
     import numpy as np
 
-    if args.dropout_impl == "cudnn":
-        from bench.levers import use_cudnn_dropout_attention
-
-        use_cudnn_dropout_attention()
     from bert_jax import parallel
     from bert_jax.modeling.heads import BertForSequenceClassification
     from bert_jax.tasks.trainer import make_train_step

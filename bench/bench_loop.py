@@ -31,7 +31,7 @@ from bench.bench_pretrain import (  # noqa: E402
     random_pretraining_batch,
 )
 from bench.common import masked_positions, write_result  # noqa: E402
-from bench.levers import apply_xla_flags  # noqa: E402
+from bench.levers import apply_process_levers, model_dropout_impl  # noqa: E402
 
 EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "experiments", "pretrain.py")
@@ -88,8 +88,7 @@ def loop_overrides(args, data_dir: str, peak: float) -> list[str]:
         "model.preset": args.model, "model.dtype": "bfloat16", "model.param_dtype": "float32",
         "model.attention_impl": args.attention,
         "model.attention_probs_dropout_prob": args.attention_dropout,
-        "model.dropout_attention_impl": ("auto" if args.dropout_impl == "cudnn"
-                                         else args.dropout_impl),
+        "model.dropout_attention_impl": model_dropout_impl(args.dropout_impl),
         "model.scan_layers": args.scan, "model.remat_policy": args.remat,
         "model.vocab_pad_multiple": args.vocab_pad,
         f"parallel.mesh.{mesh}": -1, f"parallel.mesh.{other}": 1,
@@ -122,11 +121,7 @@ def steady_state(workdir: str) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    apply_xla_flags(args.xla_flags)
-    if args.dropout_impl == "cudnn":
-        from bench.levers import use_cudnn_dropout_attention
-
-        use_cudnn_dropout_attention()
+    apply_process_levers(args)
     from bert_jax.training.config import load_config
     from bert_jax.training.loop import train_and_evaluate
 

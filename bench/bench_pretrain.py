@@ -30,7 +30,11 @@ from bench.common import (  # noqa: E402
     train_flops_per_sequence,
     write_result,
 )
-from bench.levers import XLA_FLAG_PRESETS, apply_xla_flags  # noqa: E402
+from bench.levers import (  # noqa: E402
+    XLA_FLAG_PRESETS,
+    apply_process_levers,
+    model_dropout_impl,
+)
 
 
 def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
@@ -175,8 +179,7 @@ def experiment_config(args: argparse.Namespace):
     c.model.param_dtype = "float32"
     c.model.attention_impl = args.attention
     c.model.attention_probs_dropout_prob = float(args.attention_dropout)
-    if args.dropout_impl != "cudnn":
-        c.model.dropout_attention_impl = args.dropout_impl
+    c.model.dropout_attention_impl = model_dropout_impl(args.dropout_impl)
     c.model.scan_layers = bool(args.scan)
     c.model.remat_policy = args.remat
     c.model.vocab_pad_multiple = int(args.vocab_pad)
@@ -244,14 +247,10 @@ def build_step(args, training):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    apply_xla_flags(args.xla_flags)
+    apply_process_levers(args)
     import jax
     import numpy as np
 
-    if args.dropout_impl == "cudnn":
-        from bench.levers import use_cudnn_dropout_attention
-
-        use_cudnn_dropout_attention()
     from bert_jax.training.config import model_config
     from bert_jax.training.setup import build_training
 

@@ -74,6 +74,20 @@ def use_cudnn_dropout_attention() -> None:
     encoder.dropout_attention = cudnn_dropout_attention
 
 
+def model_dropout_impl(dropout_impl: str) -> str:
+    """``--dropout-impl`` -> ``model.dropout_attention_impl`` (``cudnn`` is a process patch,
+    :func:`apply_process_levers`, under the model's default)."""
+    return "auto" if dropout_impl == "cudnn" else dropout_impl
+
+
+def apply_process_levers(args) -> None:
+    """The process-wide levers, before anything is traced: ``--xla-flags`` and the cuDNN
+    dropout patch."""
+    apply_xla_flags(args.xla_flags)
+    if args.dropout_impl == "cudnn":
+        use_cudnn_dropout_attention()
+
+
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):
     """The engine's train step with the non-finite skip as a ``lax.cond``: the optimizer
     update runs only when the loss and gradient norm are finite, instead of computing it
