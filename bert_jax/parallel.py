@@ -277,9 +277,25 @@ def check_batch_split_over_processes(mesh: Mesh, rules: Rules) -> None:
 
 def batch_divisor(mesh: Mesh, rules: Rules) -> int:
     """How many ways the batch dimension is split (global batch must divide by it)."""
-    spec = batch_sharding(mesh, rules, 1).spec[0]
-    axes = (spec,) if isinstance(spec, str) else (spec or ())
-    return math.prod(mesh.shape[a] for a in axes)
+    return mesh_axes_size(mesh, batch_sharding(mesh, rules, 1).spec[0])
+
+
+def mesh_axes_size(mesh: Mesh, axes: str | Sequence[str] | None) -> int:
+    """How many ways one PartitionSpec entry (an axis name, a tuple of them, None) splits."""
+    names = (axes,) if isinstance(axes, str) else (axes or ())
+    return math.prod(mesh.shape[a] for a in names)
+
+
+def entered_mesh() -> Mesh | None:
+    """The mesh ``traced_in_mesh`` entered around the current trace, if it has more than one
+    device; None otherwise (no mesh, or one device)."""
+    try:
+        from jax._src import mesh as mesh_lib
+
+        mesh = mesh_lib.thread_resources.env.physical_mesh
+    except (ImportError, AttributeError):
+        return None
+    return None if mesh.empty or mesh.size == 1 else mesh
 
 
 def traced_in_mesh(fn: Callable[..., Any], mesh: Mesh, rules: Rules) -> Callable[..., Any]:

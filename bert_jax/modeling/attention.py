@@ -13,7 +13,6 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 
 def resolve_implementation(name: str) -> str:
@@ -100,29 +99,20 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
     return _over_mesh(local, query, key, value, kv_lengths, salt)
 
 
-def _active_mesh():
-    """The physical mesh of an enclosing ``with mesh:`` (how bert-jax traces), else None."""
-    try:
-        from jax._src import mesh as mesh_lib
-
-        mesh = mesh_lib.thread_resources.env.physical_mesh
-    except (ImportError, AttributeError):
-        return None
-    return None if mesh.empty or mesh.size == 1 else mesh
-
-
 def _over_mesh(fn, query, key, value, kv_lengths, salt):
     """Runs ``fn`` per shard: batch and heads split as the logical-axis rules say, sequence
     and head_dim whole (attention needs every key of an example)."""
-    mesh = _active_mesh()
+    from bert_jax import parallel
+
+    mesh = parallel.entered_mesh()
     if mesh is None:
         return fn(query, key, value, kv_lengths, salt)
     import flax.linen as nn
     from jax.sharding import PartitionSpec as P
 
     batch_axes, _, head_axes, _ = nn.logical_to_mesh_axes(("batch", "length", "heads", None))
-    if query.shape[0] % _axes_size(mesh, batch_axes) or query.shape[2] % _axes_size(
-            mesh, head_axes):
+    if (query.shape[0] % parallel.mesh_axes_size(mesh, batch_axes)
+            or query.shape[2] % parallel.mesh_axes_size(mesh, head_axes)):
         return fn(query, key, value, kv_lengths, salt)  # uneven split: let XLA gather
     qkv = P(batch_axes, None, head_axes, None)
     shard_map = getattr(jax, "shard_map", None)
@@ -134,9 +124,3 @@ def _over_mesh(fn, query, key, value, kv_lengths, salt):
                                                                                head_axes)),
                      out_specs=qkv, **kwargs)(query, key, value, kv_lengths, salt)
 
-
-def _axes_size(mesh, axes) -> int:
-    if axes is None:
-        return 1
-    names = (axes,) if isinstance(axes, str) else axes
-    return int(np.prod([mesh.shape[a] for a in names]))
