@@ -41,7 +41,8 @@ MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 
 
 @dataclasses.dataclass(frozen=True)
 class FlashSettings:
-    """Static kernel settings (hashable: a custom_vjp non-differentiable argument)."""
+    """Static kernel settings (hashable: a custom_vjp non-differentiable argument). Blocks are
+    already fitted to the lengths (``_fit``): each divides its length."""
     scale: float
     dropout_rate: float
     block_q: int
@@ -130,7 +131,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, o_ref, lse_ref, *,
         m, denom, acc = carry
         keys = pl.ds(j * block_k, block_k)
         k, v = k_ref[keys, :], v_ref[keys, :]
-        scores = _dot(q, k, trans_b=True) * qk_scale + bias_ref[keys][None, :]
+        scores = _scores(q, k, bias_ref[keys], qk_scale)
         m_new = jnp.maximum(m, jnp.max(scores, axis=1))
         p = jnp.exp2(scores - m_new[:, None])
         alpha = jnp.exp2(m - m_new)
@@ -267,13 +268,11 @@ def _forward(q, k, v, bias, salt, s: FlashSettings):
 
     batch, q_len, heads, head_dim = q.shape
     kv_len = k.shape[1]
-    block_q = min(s.block_q, q_len)
     q_spec, kv_spec, bias_spec, salt_spec, row_spec = _specs(
-        q_len, kv_len, head_dim, block_q, None)
-    settings = dataclasses.replace(s, block_k=min(s.block_k, kv_len))
+        q_len, kv_len, head_dim, s.block_q, None)
     return pl.pallas_call(
-        functools.partial(_forward_kernel, s=settings),
-        grid=(batch, heads, q_len // block_q),
+        functools.partial(_forward_kernel, s=s),
+        grid=(batch, heads, q_len // s.block_q),
         in_specs=[q_spec, kv_spec, kv_spec, bias_spec, salt_spec],
         out_specs=[q_spec, row_spec],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -287,8 +286,7 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
 
     batch, q_len, heads, head_dim = q.shape
     kv_len = k.shape[1]
-    block_q, block_k = min(s.block_q_bwd, q_len), min(s.block_k_bwd, kv_len)
-    settings = dataclasses.replace(s, block_q_bwd=block_q, block_k_bwd=block_k)
+    block_q, block_k = s.block_q_bwd, s.block_k_bwd
     # delta = rowsum(dO * O): with dropout, rowsum(dP_dropped * Z * P) equals it too.
     delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), out.astype(jnp.float32))
 
@@ -296,7 +294,7 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
         q_full, kv_full, bias_spec, salt_spec, row_full = _specs(
             q_len, kv_len, head_dim, None, None)
         return pl.pallas_call(
-            functools.partial(_dkdv_kernel, s=settings),
+            functools.partial(_dkdv_kernel, s=s),
             grid=(batch, heads, 1),
             in_specs=[q_full, kv_full, kv_full, bias_spec, salt_spec, q_full, row_full,
                       row_full],
@@ -308,7 +306,7 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
     q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
         q_len, kv_len, head_dim, None, block_k)
     dk, dv = pl.pallas_call(
-        functools.partial(_dkdv_kernel, s=settings),
+        functools.partial(_dkdv_kernel, s=s),
         grid=(batch, heads, kv_len // block_k),
         in_specs=[q_spec, k_tile, k_tile, bias_spec, salt_spec, q_spec, row_full, row_full],
         out_specs=[k_tile, k_tile],
@@ -320,7 +318,7 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
     q_tile, kv_full, bias_spec, salt_spec, row_tile = _specs(
         q_len, kv_len, head_dim, block_q, None)
     dq = pl.pallas_call(
-        functools.partial(_dq_kernel, s=settings),
+        functools.partial(_dq_kernel, s=s),
         grid=(batch, heads, q_len // block_q),
         in_specs=[q_tile, kv_full, kv_full, bias_spec, salt_spec, q_tile, row_tile, row_tile],
         out_specs=q_tile,
