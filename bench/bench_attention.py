@@ -13,12 +13,12 @@ times are medians of 5 repeats of 10 calls of a jitted grad, per layer.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import median_time, write_result  # noqa: E402
 
 # block_q, block_k, block_q_bwd, block_k_bwd, num_warps, num_stages, backward
 TUNINGS = {
@@ -32,21 +32,22 @@ TUNINGS = {
 
 
 def timed(fn, *args, repeats=5, inner=10):
+    """Seconds per call: median over ``repeats`` of ``inner`` calls ended by one sync."""
     import jax
 
     jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+
+    def run():
         for _ in range(inner):
             out = fn(*args)
         jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / inner)
-    return sorted(times)[len(times) // 2]
+
+    return median_time(run, repeats)[0] / inner
 
 
-def run_shape(shape: str, args) -> list[dict]:
-    """Correctness check, the implementations and the kernel tunings at one shape."""
+def run_shape(shape: str, args) -> None:
+    """Correctness check, the implementations and the kernel tunings at one shape; each
+    record is appended to ``args.out`` as soon as it is measured."""
     import jax
     import jax.numpy as jnp
 
@@ -55,7 +56,6 @@ def run_shape(shape: str, args) -> list[dict]:
 
     on_gpu = jax.default_backend() == "gpu"
     dtype = jnp.bfloat16 if on_gpu else jnp.float32
-    records = []
     b, s, h, d = (int(x) for x in shape.split("x"))
     ks = jax.random.split(jax.random.key(0), 5)
     q, k, v = (jax.random.normal(kk, (b, s, h, d), dtype) for kk in ks[:3])
@@ -77,9 +77,8 @@ def run_shape(shape: str, args) -> list[dict]:
                     (float(jnp.max(jnp.abs(r.astype(jnp.float32)))) + 1e-6))
               for a, r in zip(mine[1], ref[1], strict=True)]
     base = {"shape": shape, "device": jax.devices()[0].device_kind, "rate": args.rate}
-    records.append({**base, "check": "flash_vs_reference_grad_rel_err",
-                    "dq_dk_dv": errors})
-    print(json.dumps(records[-1]), flush=True)
+    write_result(args.out, {**base, "check": "flash_vs_reference_grad_rel_err",
+                            "dq_dk_dv": errors})
 
     impls = {
         "explicit_dropout": lambda q, k, v: explicit_attention(
@@ -93,10 +92,10 @@ def run_shape(shape: str, args) -> list[dict]:
     for name, fn in impls.items():
         try:
             t = timed(grad_of(fn), q, k, v)
-            records.append({**base, "impl": name, "fwd_bwd_ms": 1e3 * t})
+            record = {**base, "impl": name, "fwd_bwd_ms": 1e3 * t}
         except Exception as e:  # noqa: BLE001 (report and go on)
-            records.append({**base, "impl": name, "error": f"{type(e).__name__}: {e}"[:400]})
-        print(json.dumps(records[-1]), flush=True)
+            record = {**base, "impl": name, "error": f"{type(e).__name__}: {e}"[:400]}
+        write_result(args.out, record)
     for tune in TUNINGS[args.tune]:
         if tune[-1] == "fused" and s > 256:
             continue
@@ -109,14 +108,13 @@ def run_shape(shape: str, args) -> list[dict]:
                                          num_stages=stages, backward=backward)
         try:
             fwd = jax.jit(fn)
-            records.append({**base, "impl": "flash_dropout", "tune": list(tune),
-                            "fwd_bwd_ms": 1e3 * timed(grad_of(fn), q, k, v),
-                            "fwd_ms": 1e3 * timed(fwd, q, k, v)})
+            record = {**base, "impl": "flash_dropout", "tune": list(tune),
+                      "fwd_bwd_ms": 1e3 * timed(grad_of(fn), q, k, v),
+                      "fwd_ms": 1e3 * timed(fwd, q, k, v)}
         except Exception as e:  # noqa: BLE001
-            records.append({**base, "impl": "flash_dropout", "tune": list(tune),
-                            "error": f"{type(e).__name__}: {e}"[:400]})
-        print(json.dumps(records[-1]), flush=True)
-    return records
+            record = {**base, "impl": "flash_dropout", "tune": list(tune),
+                      "error": f"{type(e).__name__}: {e}"[:400]}
+        write_result(args.out, record)
 
 
 def main(argv=None) -> int:
@@ -128,12 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    records = []
     for shape in args.shapes.split(","):
-        records += run_shape(shape, args)
-    with open(args.out, "a", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+        run_shape(shape, args)
     return 0
 
 
