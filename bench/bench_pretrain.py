@@ -56,6 +56,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                     choices=["auto", "explicit", "flash", "cudnn"],
                     help="attention with dropout: model.dropout_attention_impl (auto = the "
                          "flash kernel on GPU, explicit = einsum path) or cudnn (bench patch)")
+    ap.add_argument("--hidden-dropout", default="hash", choices=["hash", "prng"],
+                    help="model.hidden_dropout_impl: counter-hash masks recomputed in the "
+                         "backward pass (default) or Flax nn.Dropout (threefry, stored mask)")
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])
@@ -180,6 +183,7 @@ def experiment_config(args: argparse.Namespace):
     c.model.attention_impl = args.attention
     c.model.attention_probs_dropout_prob = float(args.attention_dropout)
     c.model.dropout_attention_impl = model_dropout_impl(args.dropout_impl)
+    c.model.hidden_dropout_impl = args.hidden_dropout
     c.model.scan_layers = bool(args.scan)
     c.model.remat_policy = args.remat
     c.model.vocab_pad_multiple = int(args.vocab_pad)
@@ -285,7 +289,8 @@ def main(argv=None) -> dict:
         **environment(), "task": "pretrain", "model": args.model, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "predictions": p, "devices": n_dev,
         "attention": args.attention, "attention_dropout": args.attention_dropout,
-        "dropout_impl": args.dropout_impl, "scan": args.scan, "remat": args.remat,
+        "dropout_impl": args.dropout_impl,
+        "hidden_dropout": args.hidden_dropout, "scan": args.scan, "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,
         "mesh": args.mesh, "tag": args.tag,

@@ -15,6 +15,9 @@ from bert_jax.errors import BertJaxError
 ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
 # Attention while attention dropout is active (training): fused kernels above have no dropout.
 DROPOUT_ATTENTION_IMPLS = ("explicit", "flash", "auto")
+# Hidden-state dropout masks: hash (counter hash, recomputed in the backward pass) | prng
+# (Flax nn.Dropout, threefry Bernoulli mask); bert_jax/modeling/dropout.py.
+HIDDEN_DROPOUT_IMPLS = ("hash", "prng")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "offload_dots")
 DTYPES = ("float32", "bfloat16", "float16")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_approx", "relu", "tanh")
@@ -52,6 +55,7 @@ class BertConfig:
     # With attention dropout active: explicit einsum | flash (Pallas kernel with in-kernel
     # dropout, bert_jax/modeling/flash.py) | auto (flash on GPU where shapes allow).
     dropout_attention_impl: str = "auto"
+    hidden_dropout_impl: str = "hash"  # hash | prng (see HIDDEN_DROPOUT_IMPLS)
     scan_layers: bool = False
     remat_policy: str = "none"
 
@@ -85,6 +89,9 @@ class BertConfig:
         if self.dropout_attention_impl not in DROPOUT_ATTENTION_IMPLS:
             bad("dropout_attention_impl", f"{self.dropout_attention_impl!r} is not one of "
                 f"{DROPOUT_ATTENTION_IMPLS}")
+        if self.hidden_dropout_impl not in HIDDEN_DROPOUT_IMPLS:
+            bad("hidden_dropout_impl", f"{self.hidden_dropout_impl!r} is not one of "
+                f"{HIDDEN_DROPOUT_IMPLS}")
         if self.remat_policy not in REMAT_POLICIES:
             bad("remat_policy", f"{self.remat_policy!r} is not one of {REMAT_POLICIES}")
         if not 0 <= self.pad_token_id < self.vocab_size:

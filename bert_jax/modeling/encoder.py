@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.attention import dropout_attention, explicit_attention, fused_attention
+from bert_jax.modeling.dropout import Dropout
 
 # Logical axis names of activations between layers (mapped to mesh axes by the rules).
 ACTIVATION_AXES = ("batch", "length", "activation_embed")
@@ -114,7 +115,7 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = emb(num_embeddings=cfg.type_vocab_size,
                                          embedding_init=initializer(cfg, (None, "embed")))
         self.layer_norm = layer_norm(cfg, "LayerNorm")
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl)
         if cfg.embedding_dim != cfg.hidden_size:
             self.projection = dense(cfg, cfg.hidden_size, ("embed", "mlp"),
                                     "embedding_projection")
@@ -176,7 +177,7 @@ class BertLayer(nn.Module):
     @nn.compact
     def __call__(self, x, kv_lengths):
         cfg = self.config
-        drop = nn.Dropout(cfg.hidden_dropout_prob)
+        drop = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl)
         attn, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
                                         name="attention")(x, kv_lengths)
         x = layer_norm(cfg, "attention_norm")(x + drop(attn, deterministic=self.deterministic))

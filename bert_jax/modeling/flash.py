@@ -34,6 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from bert_jax.modeling.dropout import keep_from_index
+from bert_jax.modeling.dropout import salt_from_rng as _salts
+
 LOG2E = math.log2(math.e)
 FUSED_BACKWARD_MAX_KV = 128  # ``backward="auto"``: one-pass backward up to this many keys
 MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 gives 0)
@@ -62,31 +65,11 @@ def supported(seq_len: int, kv_seq_len: int, head_dim: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# The dropout mask: a 32-bit integer hash of (salt, q * kv_seq + k), all in int32 arithmetic
-# (wrapping multiplies and logical shifts behave the same in XLA and in Triton).
-
-def _srl(x, n: int):
-    return lax.shift_right_logical(x, jnp.full(x.shape, n, jnp.int32))
-
-
-def _fmix32(x):
-    """MurmurHash3's 32-bit finalizer: a bijection with full avalanche."""
-    x = x ^ _srl(x, 16)
-    x = x * jnp.int32(-2048144789)  # 0x85ebca6b
-    x = x ^ _srl(x, 13)
-    x = x * jnp.int32(-1028477387)  # 0xc2b2ae35
-    return x ^ _srl(x, 16)
-
-
-def _drop_threshold(rate: float) -> int:
-    return min(int(round(rate * 2.0 ** 31)), 2 ** 31 - 1)
-
+# The dropout mask: the counter hash of ``dropout.py`` on (salt, q * kv_seq + k).
 
 def _keep(rows, cols, salt, kv_seq_len: int, rate: float):
     """bool [rows, cols]: True where the element is kept (probability 1 - rate)."""
-    index = rows[:, None] * kv_seq_len + cols[None, :]
-    bits = _srl(_fmix32(_fmix32(index ^ salt) + salt), 1)  # uniform in [0, 2**31)
-    return bits >= _drop_threshold(rate)
+    return keep_from_index(rows[:, None] * kv_seq_len + cols[None, :], salt, rate)
 
 
 def dropout_keep_mask(salt, q_len: int, kv_len: int, rate: float):
@@ -98,8 +81,7 @@ def dropout_keep_mask(salt, q_len: int, kv_len: int, rate: float):
 
 def salt_from_rng(rng, batch: int, heads: int):
     """One random int32 per (example, head) from a PRNG key."""
-    bits = jax.random.bits(rng, (batch, heads), jnp.uint32)
-    return lax.bitcast_convert_type(bits, jnp.int32)
+    return _salts(rng, (batch, heads))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,7 +380,7 @@ def reference_attention(query, key, value, kv_lengths, *, salt=None, dropout_rat
     """The same computation with jax.numpy (materialized probabilities; tests)."""
     depth = query.shape[-1]
     scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
-                        preferred_element_type=jnp.float32) / np.sqrt(depth).astype(np.float32)
+                        preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(depth))
     valid = jnp.arange(key.shape[1])[None, :] < kv_lengths[:, None]
     scores = jnp.where(valid[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
+from bert_jax.modeling.dropout import Dropout
 from bert_jax.modeling.encoder import BertModel, activation, dense, layer_norm, zeros
 
 NEG_INF = -1e9
@@ -103,8 +104,9 @@ def _classify(module: nn.Module, features, num_outputs: int, deterministic: bool
               name: str = "classifier", dropout: bool = True):
     """Dropout then a dense layer (``name`` keeps checkpoint paths), logits in float32."""
     if dropout:
-        features = nn.Dropout(module.config.hidden_dropout_prob)(features,
-                                                                 deterministic=deterministic)
+        cfg = module.config
+        features = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl)(
+            features, deterministic=deterministic)
     logits = dense(module.config, num_outputs, ("embed", "classes"), name)(features)
     return logits.astype(jnp.float32)
 

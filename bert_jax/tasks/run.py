@@ -53,7 +53,8 @@ METRICS_FILE = "metrics.json"
 # Model fields a fine-tuning run may change on a checkpoint's config; every other field must
 # match the checkpoint (it decides the encoder's shapes and function).
 RUNTIME_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dtype",
-                  "param_dtype", "attention_impl", "dropout_attention_impl", "scan_layers",
+                  "param_dtype", "attention_impl", "dropout_attention_impl",
+                  "hidden_dropout_impl", "scan_layers",
                   "remat_policy", "initializer_range")
 
 

@@ -1,0 +1,129 @@
+"""Dropout whose mask is a counter hash, recomputed in the backward pass instead of stored.
+
+Flax's ``nn.Dropout`` draws the mask with ``jax.random.bernoulli``: threefry bits for every
+element (a separate kernel on GPUs that writes 4 bytes per element), a boolean mask written in
+the forward pass and read back in the backward pass. BERT applies hidden dropout twice per
+layer plus once after the embeddings, so at Base/128 with batch 256 that is 25 masks of 25 M
+elements per step.
+
+``hash_dropout`` instead computes ``keep`` from (salt, flat element index) with two rounds of
+MurmurHash3's 32-bit finalizer, in int32 arithmetic that XLA fuses into the elementwise
+consumer: nothing is materialized, and the custom VJP keeps only the salt, so the backward pass
+recomputes the same bits inside its own fusion. The salt is one random int32 per call, drawn
+from the module's Flax ``dropout`` key, so masks differ between layers and steps and a run is
+reproducible from its seed. The index is the element's position in the *global* array (an iota
+that XLA's SPMD partitioner slices), so a sharded run drops exactly what a one-device run drops.
+The flash attention kernel (``flash.py``) uses the same hash on (query, key) indices.
+
+Indices wrap modulo 2**32: arrays beyond 4.29 G elements would repeat mask bits (BERT-Large at
+batch 8k x 512 tokens x 1024 is 4.29 G: split the batch before reaching that).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+DROPOUT_IMPLS = ("hash", "prng")
+
+
+# ---------------------------------------------------------------------------------------------
+# The hash, in int32 arithmetic (wrapping multiplies and logical shifts behave the same in XLA
+# and in Triton, so the Pallas kernels call these functions too).
+
+def srl(x, n: int):
+    """Logical right shift of int32 values."""
+    return lax.shift_right_logical(x, jnp.full(x.shape, n, jnp.int32))
+
+
+def fmix32(x):
+    """MurmurHash3's 32-bit finalizer: a bijection with full avalanche."""
+    x = x ^ srl(x, 16)
+    x = x * jnp.int32(-2048144789)  # 0x85ebca6b
+    x = x ^ srl(x, 13)
+    x = x * jnp.int32(-1028477387)  # 0xc2b2ae35
+    return x ^ srl(x, 16)
+
+
+def drop_threshold(rate: float) -> int:
+    """Elements whose 31-bit hash is below this are dropped (probability ``rate``)."""
+    return min(int(round(rate * 2.0 ** 31)), 2 ** 31 - 1)
+
+
+def keep_from_index(index, salt, rate: float):
+    """bool, ``index``'s shape: True where the element is kept (probability 1 - rate).
+    ``index`` and ``salt`` are int32; two finalizer rounds separate the salts (one round of
+    ``fmix32(index ^ salt)`` would make two salts' masks permutations of each other)."""
+    bits = srl(fmix32(fmix32(index ^ salt) + salt), 1)  # uniform in [0, 2**31)
+    return bits >= drop_threshold(rate)
+
+
+def flat_index(shape) -> jax.Array:
+    """int32 row-major position of every element of ``shape`` (wrapping modulo 2**32)."""
+    index = jnp.zeros(shape, jnp.int32)
+    stride = 1
+    for axis in reversed(range(len(shape))):
+        # The stride as a wrapped int32 constant (strides beyond 2**31 wrap like the products).
+        wrapped = np.array(stride % 2 ** 32, np.uint32).view(np.int32)
+        index = index + lax.broadcasted_iota(jnp.int32, shape, axis) * wrapped
+        stride *= shape[axis]
+    return index
+
+
+def dropout_keep_mask(shape, salt, rate: float):
+    """The mask ``hash_dropout`` applies (for tests and analysis)."""
+    return keep_from_index(flat_index(shape), salt, rate)
+
+
+def _apply(x, salt, rate: float):
+    keep = dropout_keep_mask(x.shape, salt, rate)
+    scale = jnp.asarray(1.0 / (1.0 - rate), x.dtype)
+    return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def hash_dropout(x, salt, rate: float):
+    """Inverted dropout of ``x`` with the hash mask of int32 scalar ``salt``.
+
+    The backward pass recomputes the mask from ``salt``: no mask is saved."""
+    return _apply(x, salt, rate)
+
+
+def _hash_dropout_fwd(x, salt, rate):
+    return _apply(x, salt, rate), salt
+
+
+def _hash_dropout_bwd(rate, salt, g):
+    return _apply(g, salt, rate), None
+
+
+hash_dropout.defvjp(_hash_dropout_fwd, _hash_dropout_bwd)
+
+
+def salt_from_rng(rng, shape=()):
+    """Random int32 salts from a PRNG key."""
+    return lax.bitcast_convert_type(jax.random.bits(rng, shape, jnp.uint32), jnp.int32)
+
+
+class Dropout(nn.Module):
+    """Inverted dropout; ``implementation`` is ``hash`` (above) or ``prng`` (Flax's
+    ``nn.Dropout``: a threefry Bernoulli mask). Both draw from the ``dropout`` RNG stream."""
+
+    rate: float
+    implementation: str = "hash"
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.implementation == "prng":
+            return nn.Dropout(self.rate)(x, deterministic=False)
+        if self.implementation != "hash":
+            raise ValueError(f"dropout implementation {self.implementation!r} is not one of "
+                             f"{DROPOUT_IMPLS}")
+        return hash_dropout(x, salt_from_rng(self.make_rng("dropout")), self.rate)
