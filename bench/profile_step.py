@@ -36,6 +36,7 @@ import glob
 import gzip
 import json
 import os
+import shutil
 import sys
 import time
 from collections import defaultdict
@@ -210,8 +211,8 @@ def device_events(trace: dict) -> tuple[dict, str, list[str]]:
 
 def leaf_events(events: list[dict]) -> list[dict]:
     """Drops events that enclose another event on the same thread (CPU ``while``/``call``
-    thunks around their body ops), so no time is counted twice. GPU stream kernels never
-    nest, so this keeps all of them."""
+    thunks around their body ops), so no time is counted twice. Not applied to GPU stream
+    kernels, which never nest (but may overlap their neighbours)."""
     by_thread = defaultdict(list)
     for e in events:
         by_thread[(e.get("pid"), e.get("tid"))].append(e)
@@ -219,7 +220,10 @@ def leaf_events(events: list[dict]) -> list[dict]:
     for thread_events in by_thread.values():
         thread_events.sort(key=lambda e: (e["ts"], -e["dur"]))
         for current, following in zip(thread_events, thread_events[1:] + [None], strict=True):
-            if following is None or following["ts"] >= current["ts"] + current["dur"]:
+            # Only enclosing events go: a kernel may start before its predecessor ends
+            # (programmatic dependent launch on Hopper) without containing it.
+            if (following is None
+                    or following["ts"] + following["dur"] > current["ts"] + current["dur"]):
                 leaves.append(current)
     return leaves
 
@@ -247,7 +251,8 @@ def summarize_trace(trace: dict, steps: int, wall_s_per_step: float | None = Non
     if not grouped:
         raise ValueError("the trace has no device kernel events (GPU streams) and no XLA CPU "
                          "op events: nothing to summarise")
-    per_device = {device: leaf_events(events) for device, events in grouped.items()}
+    per_device = {device: events if source == "gpu" else leaf_events(events)
+                  for device, events in grouped.items()}
     n_dev = len(per_device)
     scale = 1.0 / (1e3 * steps * n_dev)  # summed microseconds -> ms per step per device
     kernel_us, kernel_calls = defaultdict(float), defaultdict(int)
@@ -381,6 +386,7 @@ def main(argv=None) -> dict:
     from bench.bench_pretrain import environment
 
     trace_file = find_trace(out_dir)
+    shutil.copy(trace_file, os.path.join(out_dir, "trace.json.gz"))  # a shallow copy to fetch
     summary = summarize_trace(load_trace(trace_file), args.steps, timing["wall_s_per_step"])
     summary["wall_ms_per_step_unprofiled"] = timing["wall_s_per_step_unprofiled"] * 1e3
     summary["trace_file"] = os.path.relpath(trace_file, out_dir)

@@ -2,7 +2,7 @@
 # The whole GPU benchmark, in stages that each fit one 10-minute call:
 #
 #   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
-#                                              loop | scaling | all
+#                                              loop | scaling | dropout | profile | all
 #
 # Run from the repository root. Results go to $OUT/bench.jsonl (JSON lines), the stage's log to
 # $OUT/<stage>.log, nvidia-smi and versions to $OUT/env.txt, and the markdown summary of
@@ -21,6 +21,10 @@
 #   levers         ~9 min   base/128 b256: each lever toggled once against the baseline
 #   levers-large   ~8 min   large/512 b32 and large/128 b256: the attention/scan levers
 #   loop           ~3 min   bert-jax pretrain (the real loop) on materialized batches vs the step
+#   dropout        ~8 min   hidden dropout: hash masks (default) vs Flax nn.Dropout (prng) on
+#                           base/128 pretrain and classify, large/512 pretrain
+#   profile        ~3 min   bench/profile_step.py kernel tables: base/128 pretrain b256 and
+#                           classify b32 (traces and summaries under $OUT/profile-*)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
 # Each stage stops starting new runs when its budget (BUDGET_S, default 540 s) would be
@@ -190,6 +194,31 @@ stage_loop() {
     "${LOOP_STEPS[@]}" --compare-step --tag loop --out "$RESULTS"
 }
 
+stage_dropout() {  # hidden dropout masks: counter hash (the default) vs threefry (prng)
+  local impl
+  for impl in hash prng; do
+    pretrain 90 "dropout:$impl" "$BASE" "$S128" "$B256" --hidden-dropout "$impl"
+  done
+  for impl in hash prng; do
+    run_case 60 "dropout:$impl" classify "$BASE" "$S128" "$B32" -- "${JAX_ENV[@]}" \
+      "$PY" bench/bench_finetune.py --model "$BASE" --seq-len "$S128" --batch-size "$B32" \
+      "${TIMING[@]}" --hidden-dropout "$impl" --tag "dropout:$impl" --out "$RESULTS"
+  done
+  for impl in hash prng; do
+    pretrain 150 "dropout:$impl" "$LARGE" "$S512" "$B32" --hidden-dropout "$impl"
+  done
+}
+
+stage_profile() {  # per-kernel time tables of one step (bench/profile_step.py)
+  local task batch
+  for w in "pretrain $B256" "classify $B32"; do
+    read -r task batch <<<"$w"
+    run_case 90 profile "profile_$task" "$BASE" "$S128" "$batch" -- "${JAX_ENV[@]}" \
+      "$PY" bench/profile_step.py --task "$task" --model "$BASE" --seq-len "$S128" \
+      --batch-size "$batch" --out "$OUT/profile-$task-$BASE-$S128" ${PROFILE_ARGS:-}
+  done
+}
+
 stage_scaling() {  # SCALING_COUNTS=1,2 limits the device counts (default: 1, 2, 4.. present)
   local extra=() RUN_TIMEOUT_S=$(( BUDGET_S > 590 ? BUDGET_S : 590 ))
   [ "$SMOKE" = 1 ] && extra=(--model "$LARGE" --seq-len "$S128")
@@ -211,7 +240,9 @@ run_stage() {
     levers-large) stage_levers_large ;;
     loop) stage_loop ;;
     scaling) stage_scaling ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|all)" >&2
+    dropout) stage_dropout ;;
+    profile) stage_profile ;;
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|dropout|profile|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

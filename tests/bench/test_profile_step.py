@@ -125,3 +125,16 @@ def test_profile_tiny_pretrain_step_on_cpu(tmp_path):
     assert (tmp_path / saved["trace_file"]).is_file()
     assert "| category | ms/step |" in (tmp_path / "summary.md").read_text()
     assert summary["kernels_per_step"] == saved["kernels_per_step"]
+
+
+def test_overlapping_gpu_kernels_are_all_counted():
+    """Hopper kernels may start before their predecessor on the same stream ends
+    (programmatic dependent launch): both are kernels, neither encloses the other."""
+    trace = {"traceEvents": [
+        _meta(1, "/device:GPU:0"), _meta(1, "Stream #7(Kernel)", tid=7),
+        _x(1, 7, "nvjet_sm90_gemm", 0, 100), _x(1, 7, "loop_add_fusion", 90, 50),
+        _x(1, 7, "bert_flash_forward", 140, 60)]}
+    summary = profile_step.summarize_trace(trace, steps=1)
+    assert summary["kernels_per_step"] == 3
+    assert summary["kernel_ms_per_step"] == pytest.approx(0.210)
+    assert summary["busy_ms_per_step"] == pytest.approx(0.200)
