@@ -53,6 +53,43 @@ def activation(name: str):
     return {"relu": jax.nn.relu, "tanh": jnp.tanh}[name]
 
 
+# Column sums (bias gradients: a sum over every token) are split in two stages: slabs of
+# _COLUMN_SUM_ROWS rows first, then the partial sums. One-stage, XLA's GPU column reduction
+# runs on a handful of thread blocks (6-24 at 4k tokens on an H200) however long the column.
+_COLUMN_SUM_ROWS = 128
+
+
+def column_sum(x, out_ndim: int):
+    """Sum of ``x`` over all but its last ``out_ndim`` axes, accumulated in float32, returned
+    in ``x.dtype``."""
+    features = x.shape[x.ndim - out_ndim:]
+    rows = x.reshape(-1, *features)
+    n = rows.shape[0]
+    if n >= 2 * _COLUMN_SUM_ROWS and n % _COLUMN_SUM_ROWS == 0:
+        slabs = rows.reshape(n // _COLUMN_SUM_ROWS, _COLUMN_SUM_ROWS, *features)
+        rows = jax.lax.optimization_barrier(jnp.sum(slabs, axis=1, dtype=jnp.float32))
+    return jnp.sum(rows, axis=0, dtype=jnp.float32).astype(x.dtype)
+
+
+@jax.custom_vjp
+def add_bias(y, bias):
+    """``y + bias`` (bias broadcast over the leading axes) whose bias gradient is a
+    two-stage :func:`column_sum`."""
+    return y + bias
+
+
+def _add_bias_fwd(y, bias):
+    # The residual is an empty array carrying the bias's rank and dtype.
+    return y + bias, jnp.zeros((0,) * bias.ndim, bias.dtype)
+
+
+def _add_bias_bwd(like, g):
+    return g, column_sum(g, like.ndim).astype(like.dtype)
+
+
+add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
+
+
 def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
     return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=config.dtype,
                         param_dtype=config.param_dtype, scale_init=ones(("embed",)),
@@ -82,7 +119,7 @@ class Projection(nn.Module):
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
         contract = tuple(range(x.ndim - self.in_dims, x.ndim))
         y = jax.lax.dot_general(x, kernel, ((contract, tuple(range(self.in_dims))), ((), ())))
-        return y + bias
+        return add_bias(y, bias)
 
 
 def dense(config: BertConfig, features, axes, name: str, axis=-1) -> Projection:

@@ -226,3 +226,22 @@ def test_config_json_round_trip(tmp_path, flavor):
         assert back.layer_norm_eps == 1e-6
     if flavor == "google":
         assert json.loads(path.read_text()).keys() >= {"vocab_size", "hidden_act"}
+
+
+@pytest.mark.parametrize("shape", [(2, 128, 3, 8), (3, 5, 8), (512, 16)])
+def test_bias_gradient_two_stage_column_sum(shape):
+    """add_bias's custom VJP (two-stage float32 column sum when there are >= 256 rows, one
+    stage otherwise) gives autodiff's bias gradient, in the bias's dtype."""
+    from bert_jax.modeling.encoder import add_bias
+
+    bias_shape = shape[2:] if len(shape) == 4 else shape[-1:]
+    y = jax.random.normal(jax.random.key(0), shape)
+    b = jax.random.normal(jax.random.key(1), bias_shape)
+    probe = jax.random.normal(jax.random.key(2), shape)
+    want = jax.grad(lambda y, b: jnp.sum((y + b) * probe), (0, 1))(y, b)
+    got = jax.jit(jax.grad(lambda y, b: jnp.sum(add_bias(y, b) * probe), (0, 1)))(y, b)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
+    low = jax.grad(lambda b: jnp.sum(add_bias(y.astype(jnp.bfloat16), b)))(
+        b.astype(jnp.bfloat16))
+    assert low.dtype == jnp.bfloat16
