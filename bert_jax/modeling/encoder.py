@@ -90,6 +90,29 @@ def _add_bias_bwd(like, g):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def add_bias_activate(y, bias, name: str):
+    """``activation(name)(y + bias)`` whose backward pass keeps only ``y`` (the matmul output,
+    in memory anyway) and recomputes the activation's derivative. Autodiff of the plain
+    expression makes the forward fusion write the activation's partial derivatives as extra
+    [tokens, intermediate] arrays (three outputs for the erf GELU instead of one)."""
+    return activation(name)(y + bias)
+
+
+def _add_bias_activate_fwd(y, bias, name):
+    return activation(name)(y + bias), (y, bias)
+
+
+def _add_bias_activate_bwd(name, residuals, g):
+    y, bias = residuals
+    _, pullback = jax.vjp(activation(name), y + bias)
+    (dx,) = pullback(g)
+    return dx, column_sum(dx, bias.ndim).astype(bias.dtype)
+
+
+add_bias_activate.defvjp(_add_bias_activate_fwd, _add_bias_activate_bwd)
+
+
 def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
     return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=config.dtype,
                         param_dtype=config.param_dtype, scale_init=ones(("embed",)),
@@ -107,6 +130,7 @@ class Projection(nn.Module):
     in_dims: int
     axes: tuple[str | None, ...]
     config: BertConfig
+    activation: str | None = None  # applied after the bias (see add_bias_activate)
 
     @nn.compact
     def __call__(self, x):
@@ -119,15 +143,19 @@ class Projection(nn.Module):
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
         contract = tuple(range(x.ndim - self.in_dims, x.ndim))
         y = jax.lax.dot_general(x, kernel, ((contract, tuple(range(self.in_dims))), ((), ())))
+        if self.activation is not None:
+            return add_bias_activate(y, bias, self.activation)
         return add_bias(y, bias)
 
 
-def dense(config: BertConfig, features, axes, name: str, axis=-1) -> Projection:
+def dense(config: BertConfig, features, axes, name: str, axis=-1,
+          activation: str | None = None) -> Projection:
     """Projection with logical ``axes`` (input axes then output axes); ``axis`` = the
-    contracted input axes (-1, or (-2, -1) for [heads, head_dim] -> hidden)."""
+    contracted input axes (-1, or (-2, -1) for [heads, head_dim] -> hidden); ``activation``
+    (a :func:`activation` name) is applied after the bias."""
     features = features if isinstance(features, tuple) else (features,)
     in_dims = len(axis) if isinstance(axis, tuple) else 1
-    return Projection(features, in_dims, tuple(axes), config, name=name)
+    return Projection(features, in_dims, tuple(axes), config, activation, name=name)
 
 
 class BertEmbeddings(nn.Module):
@@ -218,8 +246,8 @@ class BertLayer(nn.Module):
         attn, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
                                         name="attention")(x, kv_lengths)
         x = layer_norm(cfg, "attention_norm")(x + drop(attn, deterministic=self.deterministic))
-        h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in")(x)
-        h = activation(cfg.hidden_act)(h)
+        h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
+                  activation=cfg.hidden_act)(x)
         h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out")(h)
         x = layer_norm(cfg, "output_norm")(x + drop(h, deterministic=self.deterministic))
         x = nn.with_logical_constraint(x, ACTIVATION_AXES)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
 from bert_jax.modeling.dropout import Dropout
-from bert_jax.modeling.encoder import BertModel, activation, dense, layer_norm, zeros
+from bert_jax.modeling.encoder import BertModel, dense, layer_norm, zeros
 
 NEG_INF = -1e9
 
@@ -37,6 +37,30 @@ def mask_padded_vocab(logits, vocab_size: int):
     return jnp.where(valid, logits, NEG_INF)
 
 
+@jax.custom_vjp
+def decode(h, table):
+    """Logits ``h @ table.T`` in float32 (h, table in the compute dtype). The backward pass
+    casts the float32 logit gradient to the compute dtype before its two matmuls, as mixed
+    precision does everywhere else; autodiff would promote them to float32 (TF32 GEMMs of
+    [tokens, vocab], 1.6 ms of a Base/128 step on an H200)."""
+    return jnp.einsum("...e,ve->...v", h, table, preferred_element_type=jnp.float32)
+
+
+def _decode_fwd(h, table):
+    return decode(h, table), (h, table)
+
+
+def _decode_bwd(residuals, g):
+    h, table = residuals
+    g = g.astype(h.dtype)
+    dh = jnp.einsum("...v,ve->...e", g, table, preferred_element_type=jnp.float32)
+    dtable = jnp.einsum("...v,...e->ve", g, h, preferred_element_type=jnp.float32)
+    return dh.astype(h.dtype), dtable.astype(table.dtype)
+
+
+decode.defvjp(_decode_fwd, _decode_bwd)
+
+
 class MaskedLMHead(nn.Module):
     """Transform (dense + activation + LayerNorm) then the tied decoder with its own bias."""
 
@@ -45,14 +69,13 @@ class MaskedLMHead(nn.Module):
     @nn.compact
     def __call__(self, hidden, embedding_table):
         cfg = self.config
-        h = dense(cfg, cfg.embedding_dim, ("embed", "mlp"), "transform")(hidden)
-        h = activation(cfg.hidden_act)(h)
+        h = dense(cfg, cfg.embedding_dim, ("embed", "mlp"), "transform",
+                  activation=cfg.hidden_act)(hidden)
         h = layer_norm(cfg, "transform_norm")(h)
         bias = self.param("bias", zeros(("vocab",)), (cfg.padded_vocab_size,),
                           cfg.param_dtype)
         # [..., padded_vocab]: decode against the tied word embeddings
-        logits = jnp.einsum("...e,ve->...v", h, embedding_table.astype(h.dtype),
-                            preferred_element_type=jnp.float32)
+        logits = decode(h, embedding_table.astype(h.dtype))
         logits = logits + bias.astype(jnp.float32)
         return mask_padded_vocab(logits, cfg.vocab_size)  # [..., padded_vocab] float32
 

@@ -32,7 +32,10 @@ def loss_sums(outputs: dict[str, Any], batch: Batch, pair_head: bool) -> dict[st
     ids = batch["masked_lm_ids"]
     weights = batch["masked_lm_weights"].astype(jnp.float32)  # [batch, P]
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, ids)  # [batch, P]
-    correct = (jnp.argmax(logits, axis=-1) == ids).astype(jnp.float32)
+    # The label's logit is the maximum (ties count as correct): no argmax pass over the
+    # vocabulary (the max is shared with the loss's logsumexp).
+    label_logit = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
+    correct = (label_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
     sums = {"mlm_loss_sum": jnp.sum(nll * weights), "mlm_correct": jnp.sum(correct * weights),
             "mlm_weight": jnp.sum(weights)}
     zero = jnp.zeros((), jnp.float32)

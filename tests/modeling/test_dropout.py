@@ -6,14 +6,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from bert_jax import parallel
 from bert_jax.config import get_preset
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling import BertModel
-from bert_jax.modeling.dropout import (Dropout, dropout_keep_mask, flat_index, hash_dropout,
-                                       salt_from_rng)
+from bert_jax.modeling.dropout import (
+    Dropout,
+    dropout_keep_mask,
+    flat_index,
+    hash_dropout,
+    salt_from_rng,
+)
 
 
 def test_flat_index_is_row_major():
