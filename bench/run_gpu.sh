@@ -157,35 +157,36 @@ stage_peer() {
   for w in "pretrain $BASE $S128 $B256 120" "pretrain $LARGE $S128 $B256 150" \
            "pretrain $LARGE $S512 $B32 150" "classify $BASE $S128 $B32 100"; do
     read -r task model seq batch est <<<"$w"
+    # PEER_ONLY="pretrain:base:128 classify:base:128" limits the workloads
+    if [ -n "${PEER_ONLY:-}" ] && [[ " $PEER_ONLY " != *" $task:$model:$seq "* ]]; then
+      continue
+    fi
     run_case "$est" peer "$task" "$model" "$seq" "$batch" -- "$PY" bench/peer_hf.py \
       --task "$task" --model "$model" --seq-len "$seq" --batch-size "$batch" --out "$RESULTS"
   done
 }
 
-stage_levers() {  # each lever once against the baseline, base/128 b256
+stage_levers() {  # each lever once against the baseline, base/128 b256 (most likely to pay first)
   local m=$BASE s=$S128 b=$B256
   pretrain 45 lever:baseline "$m" "$s" "$b"
-  pretrain 60 lever:attention_dropout_0 "$m" "$s" "$b" --attention-dropout 0
-  pretrain 60 lever:dropout_cudnn "$m" "$s" "$b" --dropout-impl cudnn
-  pretrain 60 lever:xla_attention_no_dropout "$m" "$s" "$b" --attention-dropout 0 \
-    --attention xla
-  pretrain 45 lever:scan "$m" "$s" "$b" --scan
-  pretrain 60 lever:remat_dots "$m" "$s" "$b" --remat dots
-  pretrain 60 lever:vocab_pad_1 "$m" "$s" "$b" --vocab-pad 1
+  pretrain 60 lever:batch_512 "$m" "$s" "$B512"
   pretrain 60 lever:xla_lhs "$m" "$s" "$b" --xla-flags lhs
   pretrain 60 lever:no_triton_gemm "$m" "$s" "$b" --xla-flags no_triton_gemm
-  pretrain 60 lever:no_donate "$m" "$s" "$b" --no-donate
+  pretrain 60 lever:vocab_pad_1 "$m" "$s" "$b" --vocab-pad 1
   pretrain 60 lever:skip_cond "$m" "$s" "$b" --skip cond
-  pretrain 60 lever:batch_512 "$m" "$s" "$B512"
+  pretrain 45 lever:scan "$m" "$s" "$b" --scan
+  pretrain 60 lever:attention_dropout_0 "$m" "$s" "$b" --attention-dropout 0
+  pretrain 60 lever:remat_dots "$m" "$s" "$b" --remat dots
+  pretrain 60 lever:no_donate "$m" "$s" "$b" --no-donate
+  pretrain 60 lever:xla_attention_no_dropout "$m" "$s" "$b" --attention-dropout 0 \
+    --attention xla
 }
 
 stage_levers_large() {  # attention and layer-stack levers where attention matters most
   pretrain 60 lever:baseline "$LARGE" "$S512" "$B32"
   pretrain 120 lever:attention_dropout_0 "$LARGE" "$S512" "$B32" --attention-dropout 0
-  pretrain 120 lever:dropout_cudnn "$LARGE" "$S512" "$B32" --dropout-impl cudnn
   pretrain 90 lever:scan "$LARGE" "$S512" "$B32" --scan
   pretrain 60 lever:baseline "$LARGE" "$S128" "$B256"
-  pretrain 120 lever:dropout_cudnn "$LARGE" "$S128" "$B256" --dropout-impl cudnn
 }
 
 stage_loop() {

@@ -18,6 +18,9 @@ DROPOUT_ATTENTION_IMPLS = ("explicit", "flash", "auto")
 # Hidden-state dropout masks: hash (counter hash, recomputed in the backward pass) | prng
 # (Flax nn.Dropout, threefry Bernoulli mask); bert_jax/modeling/dropout.py.
 HIDDEN_DROPOUT_IMPLS = ("hash", "prng")
+# The query/key/value projection: one matmul into [.., 3, heads, head_dim] then slices
+# (fused), or one matmul per slice of the same kernel (split). Parameters are the same.
+QKV_PROJECTIONS = ("split", "fused")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "offload_dots")
 DTYPES = ("float32", "bfloat16", "float16")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_approx", "relu", "tanh")
@@ -56,6 +59,7 @@ class BertConfig:
     # dropout, bert_jax/modeling/flash.py) | auto (flash on GPU where shapes allow).
     dropout_attention_impl: str = "auto"
     hidden_dropout_impl: str = "hash"  # hash | prng (see HIDDEN_DROPOUT_IMPLS)
+    qkv_projection: str = "split"  # split | fused (see QKV_PROJECTIONS)
     scan_layers: bool = False
     remat_policy: str = "none"
 
@@ -92,6 +96,8 @@ class BertConfig:
         if self.hidden_dropout_impl not in HIDDEN_DROPOUT_IMPLS:
             bad("hidden_dropout_impl", f"{self.hidden_dropout_impl!r} is not one of "
                 f"{HIDDEN_DROPOUT_IMPLS}")
+        if self.qkv_projection not in QKV_PROJECTIONS:
+            bad("qkv_projection", f"{self.qkv_projection!r} is not one of {QKV_PROJECTIONS}")
         if self.remat_policy not in REMAT_POLICIES:
             bad("remat_policy", f"{self.remat_policy!r} is not one of {REMAT_POLICIES}")
         if not 0 <= self.pad_token_id < self.vocab_size:

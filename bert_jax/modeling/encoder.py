@@ -131,6 +131,9 @@ class Projection(nn.Module):
     axes: tuple[str | None, ...]
     config: BertConfig
     activation: str | None = None  # applied after the bias (see add_bias_activate)
+    # Output axis (index into ``features``) computed as one matmul per slice, returned as a
+    # tuple of arrays; the parameters keep their full shape.
+    split_output: int | None = None
 
     @nn.compact
     def __call__(self, x):
@@ -142,7 +145,15 @@ class Projection(nn.Module):
                           cfg.param_dtype)
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
         contract = tuple(range(x.ndim - self.in_dims, x.ndim))
-        y = jax.lax.dot_general(x, kernel, ((contract, tuple(range(self.in_dims))), ((), ())))
+        dims = ((contract, tuple(range(self.in_dims))), ((), ()))
+        if self.split_output is not None:
+            axis = self.split_output
+            return tuple(
+                add_bias(jax.lax.dot_general(
+                    x, jax.lax.index_in_dim(kernel, i, self.in_dims + axis, False), dims),
+                    jax.lax.index_in_dim(bias, i, axis, False))
+                for i in range(self.features[axis]))
+        y = jax.lax.dot_general(x, kernel, dims)
         if self.activation is not None:
             return add_bias_activate(y, bias, self.activation)
         return add_bias(y, bias)
@@ -212,8 +223,16 @@ class BertSelfAttention(nn.Module):
         cfg = self.config
         n, d = cfg.num_attention_heads, cfg.head_dim
         # [batch, seq, 3, heads, head_dim]
-        qkv = dense(cfg, (3, n, d), ("embed", None, "heads", "kv"), "qkv")(x)
-        query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        axes = ("embed", None, "heads", "kv")
+        if cfg.qkv_projection == "split":
+            # Three matmuls on slices of the [embed, 3, heads, head_dim] kernel: query, key
+            # and value come out contiguous (no strided copies for the attention kernels) and
+            # their gradients feed the weight gradients without a concatenation.
+            query, key, value = Projection((3, n, d), 1, axes, cfg, split_output=0,
+                                           name="qkv")(x)
+        else:
+            qkv = dense(cfg, (3, n, d), axes, "qkv")(x)
+            query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         dropout_active = not self.deterministic and cfg.attention_probs_dropout_prob > 0.0
         if self.output_attentions:
             rng = self.make_rng("dropout") if dropout_active else None

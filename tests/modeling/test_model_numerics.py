@@ -294,3 +294,21 @@ def test_decoder_vjp():
     for a, b in zip(low, want, strict=True):
         assert a.dtype == jnp.bfloat16
         assert float(jnp.abs(a.astype(jnp.float32) - b).max()) < 0.05 * float(jnp.abs(b).max())
+
+
+def test_split_and_fused_qkv_projection_agree():
+    """qkv_projection=split (one matmul per query/key/value slice of the kernel) computes
+    the fused projection's outputs and gradients with the same parameters."""
+    cfg = get_preset("tiny", vocab_size=300)
+    ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 300)
+    mask = jnp.ones((2, 16), jnp.int32)
+    params = modeling.BertModel(cfg).init(jax.random.key(1), ids, mask)
+
+    def loss(p, mode):
+        out = modeling.BertModel(cfg.replace(qkv_projection=mode)).apply(p, ids, mask)
+        return jnp.mean(out["sequence_output"] ** 2)
+
+    assert abs(float(loss(params, "split") - loss(params, "fused"))) < 1e-6
+    for a, b in zip(jax.tree.leaves(jax.grad(loss)(params, "split")),
+                    jax.tree.leaves(jax.grad(loss)(params, "fused")), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
