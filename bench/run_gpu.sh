@@ -25,6 +25,7 @@
 #                           base/128 pretrain and classify, large/512 pretrain
 #   profile        ~3 min   bench/profile_step.py kernel tables: base/128 pretrain b256 and
 #                           classify b32 (traces and summaries under $OUT/profile-*)
+#   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
 # Each stage stops starting new runs when its budget (BUDGET_S, default 540 s) would be
@@ -210,6 +211,13 @@ stage_dropout() {  # hidden dropout masks: counter hash (the default) vs threefr
   done
 }
 
+stage_qkv() {  # the query/key/value projection: split (default) vs fused
+  pretrain 60 qkv:fused "$BASE" "$S128" "$B256" --qkv fused
+  run_case 40 qkv:fused classify "$BASE" "$S128" "$B32" -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_finetune.py --model "$BASE" --seq-len "$S128" --batch-size "$B32" \
+    "${TIMING[@]}" --qkv fused --tag qkv:fused --out "$RESULTS"
+}
+
 stage_profile() {  # per-kernel time tables of one step (bench/profile_step.py)
   local task batch
   for w in "pretrain $B256" "classify $B32"; do
@@ -243,7 +251,8 @@ run_stage() {
     scaling) stage_scaling ;;
     dropout) stage_dropout ;;
     profile) stage_profile ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|dropout|profile|all)" >&2
+    qkv) stage_qkv ;;
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|dropout|profile|qkv|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
