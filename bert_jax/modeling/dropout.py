@@ -103,6 +103,10 @@ def _hash_dropout_bwd(rate, salt, g):
     # Without it XLA fuses the mask into the consumer that reduces the gradient over tokens
     # (the bias gradient): a column reduction on a handful of thread blocks that then also
     # recomputes the hash (a fifth of a Base/128 classify step at batch 32 on an H200).
+    # The barrier on the salt keeps XLA from merging this mask with the forward pass's (CSE):
+    # merged, the forward fusion would write the hash's int32 intermediate for the backward
+    # pass to read, instead of the backward pass recomputing it.
+    salt = lax.optimization_barrier(salt)
     return lax.optimization_barrier(_apply(g, salt, rate)), None
 
 

@@ -104,7 +104,9 @@ def _add_bias_activate_fwd(y, bias, name):
 
 
 def _add_bias_activate_bwd(name, residuals, g):
-    y, bias = residuals
+    # The barrier keeps XLA from merging the recomputation with the forward pass (CSE),
+    # which would make the forward fusion write the derivative's terms after all.
+    y, bias = jax.lax.optimization_barrier(residuals)
     _, pullback = jax.vjp(activation(name), y + bias)
     (dx,) = pullback(g)
     return dx, column_sum(dx, bias.ndim).astype(bias.dtype)
