@@ -45,6 +45,7 @@ def model_config(args):
                       attention_probs_dropout_prob=float(args.attention_dropout),
                       dropout_attention_impl=model_dropout_impl(args.dropout_impl),
                       hidden_dropout_impl=args.hidden_dropout, qkv_projection=args.qkv,
+                      layer_norm_impl=args.layer_norm,
                       scan_layers=bool(args.scan), remat_policy=args.remat,
                       vocab_pad_multiple=int(args.vocab_pad))
 
@@ -120,7 +121,7 @@ def main(argv=None) -> dict:
         **environment(), "task": "classify", "model": args.model, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "devices": n_dev, "attention": args.attention,
         "attention_dropout": args.attention_dropout, "dropout_impl": args.dropout_impl,
-        "hidden_dropout": args.hidden_dropout, "qkv": args.qkv,
+        "hidden_dropout": args.hidden_dropout, "qkv": args.qkv, "layer_norm": args.layer_norm,
         "scan": args.scan, "remat": args.remat, "vocab_pad": args.vocab_pad,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "mesh": args.mesh,
         "tag": args.tag, "compile_and_first_step_s": first,

@@ -62,6 +62,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--qkv", default="split", choices=["split", "fused"],
                     help="model.qkv_projection: one matmul per query/key/value slice of the "
                          "kernel (default) or one matmul then slices")
+    ap.add_argument("--layer-norm", default="flax", choices=["flax", "two_stage"],
+                    help="model.layer_norm_impl: nn.LayerNorm or the custom backward with "
+                         "two-stage parameter-gradient sums")
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])
@@ -188,6 +191,7 @@ def experiment_config(args: argparse.Namespace):
     c.model.dropout_attention_impl = model_dropout_impl(args.dropout_impl)
     c.model.hidden_dropout_impl = args.hidden_dropout
     c.model.qkv_projection = args.qkv
+    c.model.layer_norm_impl = args.layer_norm
     c.model.scan_layers = bool(args.scan)
     c.model.remat_policy = args.remat
     c.model.vocab_pad_multiple = int(args.vocab_pad)
@@ -294,7 +298,8 @@ def main(argv=None) -> dict:
         "batch_size": args.batch_size, "predictions": p, "devices": n_dev,
         "attention": args.attention, "attention_dropout": args.attention_dropout,
         "dropout_impl": args.dropout_impl,
-        "hidden_dropout": args.hidden_dropout, "qkv": args.qkv, "scan": args.scan,
+        "hidden_dropout": args.hidden_dropout, "qkv": args.qkv,
+        "layer_norm": args.layer_norm, "scan": args.scan,
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,

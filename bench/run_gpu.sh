@@ -25,6 +25,7 @@
 #                           base/128 pretrain and classify, large/512 pretrain
 #   profile        ~3 min   bench/profile_step.py kernel tables: base/128 pretrain b256 and
 #                           classify b32 (traces and summaries under $OUT/profile-*)
+#   layernorm      ~1 min   base/128 pretrain and classify with --layer-norm two_stage
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -218,6 +219,13 @@ stage_qkv() {  # the query/key/value projection: split (default) vs fused
     "${TIMING[@]}" --qkv fused --tag qkv:fused --out "$RESULTS"
 }
 
+stage_layernorm() {  # LayerNorm backward: flax autodiff (default) vs two_stage
+  pretrain 60 layernorm:two_stage "$BASE" "$S128" "$B256" --layer-norm two_stage
+  run_case 40 layernorm:two_stage classify "$BASE" "$S128" "$B32" -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_finetune.py --model "$BASE" --seq-len "$S128" --batch-size "$B32" \
+    "${TIMING[@]}" --layer-norm two_stage --tag layernorm:two_stage --out "$RESULTS"
+}
+
 stage_profile() {  # per-kernel time tables of one step (bench/profile_step.py)
   local task batch
   for w in "pretrain $B256" "classify $B32"; do
@@ -252,7 +260,8 @@ run_stage() {
     dropout) stage_dropout ;;
     profile) stage_profile ;;
     qkv) stage_qkv ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|dropout|profile|qkv|all)" >&2
+    layernorm) stage_layernorm ;;
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|dropout|profile|qkv|layernorm|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

@@ -21,6 +21,9 @@ HIDDEN_DROPOUT_IMPLS = ("hash", "prng")
 # The query/key/value projection: one matmul into [.., 3, heads, head_dim] then slices
 # (fused), or one matmul per slice of the same kernel (split). Parameters are the same.
 QKV_PROJECTIONS = ("split", "fused")
+# LayerNorm: Flax's nn.LayerNorm (autodiff backward) or two_stage (custom backward with
+# two-stage column sums for the scale/bias gradients; bert_jax/modeling/encoder.py).
+LAYER_NORM_IMPLS = ("flax", "two_stage")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "offload_dots")
 DTYPES = ("float32", "bfloat16", "float16")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_approx", "relu", "tanh")
@@ -60,6 +63,7 @@ class BertConfig:
     dropout_attention_impl: str = "auto"
     hidden_dropout_impl: str = "hash"  # hash | prng (see HIDDEN_DROPOUT_IMPLS)
     qkv_projection: str = "split"  # split | fused (see QKV_PROJECTIONS)
+    layer_norm_impl: str = "flax"  # flax | two_stage (see LAYER_NORM_IMPLS)
     scan_layers: bool = False
     remat_policy: str = "none"
 
@@ -98,6 +102,9 @@ class BertConfig:
                 f"{HIDDEN_DROPOUT_IMPLS}")
         if self.qkv_projection not in QKV_PROJECTIONS:
             bad("qkv_projection", f"{self.qkv_projection!r} is not one of {QKV_PROJECTIONS}")
+        if self.layer_norm_impl not in LAYER_NORM_IMPLS:
+            bad("layer_norm_impl", f"{self.layer_norm_impl!r} is not one of "
+                f"{LAYER_NORM_IMPLS}")
         if self.remat_policy not in REMAT_POLICIES:
             bad("remat_policy", f"{self.remat_policy!r} is not one of {REMAT_POLICIES}")
         if not 0 <= self.pad_token_id < self.vocab_size:

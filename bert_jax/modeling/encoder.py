@@ -115,10 +115,73 @@ def _add_bias_activate_bwd(name, residuals, g):
 add_bias_activate.defvjp(_add_bias_activate_fwd, _add_bias_activate_bwd)
 
 
-def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=config.dtype,
-                        param_dtype=config.param_dtype, scale_init=ones(("embed",)),
-                        bias_init=zeros(("embed",)), name=name)
+def _layer_norm_stats(x, epsilon: float):
+    """float32 mean and 1/std over the last axis (Flax's fast variance: E[x^2] - E[x]^2)."""
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.maximum(0.0, jnp.mean(xf * xf, axis=-1, keepdims=True) - mean * mean)
+    return mean, jax.lax.rsqrt(var + epsilon)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def layer_norm_two_stage(x, scale, bias, epsilon: float, dtype):
+    """``nn.LayerNorm``'s computation (float32 statistics, output in ``dtype``) whose scale and
+    bias gradients are two-stage :func:`column_sum` s, computed apart from the input gradient.
+    Autodiff of ``nn.LayerNorm`` lets XLA fuse the input gradient into the one-stage column
+    reduction of the parameter gradients: a [tokens, hidden] output written by 6 thread blocks
+    (112 us x 22 per Base/128 classify step at batch 32 on an H200, 21% of the step)."""
+    mean, rstd = _layer_norm_stats(x, epsilon)
+    return ((x - mean) * (rstd * scale) + bias).astype(dtype)
+
+
+def _layer_norm_fwd(x, scale, bias, epsilon, dtype):
+    mean, rstd = _layer_norm_stats(x, epsilon)
+    y = ((x - mean) * (rstd * scale) + bias).astype(dtype)
+    return y, (x, mean, rstd, scale, jnp.zeros((0,), bias.dtype))
+
+
+def _layer_norm_bwd(epsilon, dtype, residuals, g):
+    del epsilon, dtype
+    x, mean, rstd, scale, bias_like = jax.lax.optimization_barrier(residuals)  # no CSE
+    g = g.astype(jnp.float32)
+    xhat = (x - mean) * rstd
+    dscale = column_sum(g * xhat, 1).astype(scale.dtype)
+    dbias = column_sum(g, 1).astype(bias_like.dtype)
+    gx = g * scale
+    dx = rstd * (gx - jnp.mean(gx, axis=-1, keepdims=True)
+                 - xhat * jnp.mean(gx * xhat, axis=-1, keepdims=True))
+    return dx.astype(x.dtype), dscale, dbias
+
+
+layer_norm_two_stage.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+class TwoStageLayerNorm(nn.Module):
+    """LayerNorm over the last axis with :func:`layer_norm_two_stage`'s backward pass; the
+    same parameters (``scale``, ``bias``) and forward values as ``nn.LayerNorm``."""
+
+    epsilon: float
+    dtype: str
+    param_dtype: str
+    scale_init: Any
+    bias_init: Any
+
+    @nn.compact
+    def __call__(self, x):
+        features = (x.shape[-1],)
+        scale = self.param("scale", self.scale_init, features, self.param_dtype)
+        bias = self.param("bias", self.bias_init, features, self.param_dtype)
+        return layer_norm_two_stage(x, scale, bias, self.epsilon, jnp.dtype(self.dtype))
+
+
+def layer_norm(config: BertConfig, name: str) -> nn.Module:
+    """``nn.LayerNorm`` (``layer_norm_impl=flax``) or :class:`TwoStageLayerNorm`."""
+    kwargs = dict(epsilon=config.layer_norm_eps, dtype=config.dtype,
+                  param_dtype=config.param_dtype, scale_init=ones(("embed",)),
+                  bias_init=zeros(("embed",)), name=name)
+    if config.layer_norm_impl == "two_stage":
+        return TwoStageLayerNorm(**kwargs)
+    return nn.LayerNorm(**kwargs)
 
 
 class Projection(nn.Module):

@@ -312,3 +312,52 @@ def test_split_and_fused_qkv_projection_agree():
     for a, b in zip(jax.tree.leaves(jax.grad(loss)(params, "split")),
                     jax.tree.leaves(jax.grad(loss)(params, "fused")), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_two_stage_layer_norm_matches_flax(dtype):
+    """layer_norm_impl=two_stage: nn.LayerNorm's parameters, forward values and gradients
+    (its backward is written out, with two-stage float32 parameter-gradient sums)."""
+    from bert_jax.modeling.encoder import layer_norm
+
+    cfg = get_preset("tiny", dtype=dtype)
+    x = (3.0 * jax.random.normal(jax.random.key(0), (4, 128, cfg.hidden_size)) + 1.0
+         ).astype(dtype)
+    probe = jax.random.normal(jax.random.key(1), x.shape)
+    flax_ln = layer_norm(cfg, "norm")
+    ours = layer_norm(cfg.replace(layer_norm_impl="two_stage"), "norm")
+    params = flax_ln.init(jax.random.key(2), x)
+    params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape),
+                          params)
+    assert jax.tree.structure(ours.init(jax.random.key(2), x)) == jax.tree.structure(params)
+
+    def loss(module, p, x):
+        return jnp.sum(module.apply(p, x).astype(jnp.float32) * probe)
+
+    want_y, got_y = flax_ln.apply(params, x), ours.apply(params, x)
+    assert got_y.dtype == want_y.dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(np.asarray(got_y, np.float32), np.asarray(want_y, np.float32),
+                               **tol)
+    want = jax.grad(functools.partial(loss, flax_ln), (0, 1))(params, x)
+    got = jax.jit(jax.grad(functools.partial(loss, ours), (0, 1)))(params, x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        scale = float(jnp.abs(b.astype(jnp.float32)).max())
+        err = float(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)).max())
+        assert err <= (1e-4 if dtype == "float32" else 2e-2) * scale
+
+
+def test_model_with_two_stage_layer_norm_agrees():
+    cfg = get_preset("tiny", vocab_size=300)
+    ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 300)
+    mask = jnp.ones((2, 16), jnp.int32)
+    params = modeling.BertModel(cfg).init(jax.random.key(1), ids, mask)
+
+    def loss(p, impl):
+        out = modeling.BertModel(cfg.replace(layer_norm_impl=impl)).apply(p, ids, mask)
+        return jnp.mean(out["sequence_output"] ** 2)
+
+    assert abs(float(loss(params, "two_stage") - loss(params, "flax"))) < 1e-6
+    for a, b in zip(jax.tree.leaves(jax.grad(loss)(params, "two_stage")),
+                    jax.tree.leaves(jax.grad(loss)(params, "flax")), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
