@@ -296,24 +296,6 @@ def test_decoder_vjp():
         assert float(jnp.abs(a.astype(jnp.float32) - b).max()) < 0.05 * float(jnp.abs(b).max())
 
 
-def test_split_and_fused_qkv_projection_agree():
-    """qkv_projection=split (one matmul per query/key/value slice of the kernel) computes
-    the fused projection's outputs and gradients with the same parameters."""
-    cfg = get_preset("tiny", vocab_size=300)
-    ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 300)
-    mask = jnp.ones((2, 16), jnp.int32)
-    params = modeling.BertModel(cfg).init(jax.random.key(1), ids, mask)
-
-    def loss(p, mode):
-        out = modeling.BertModel(cfg.replace(qkv_projection=mode)).apply(p, ids, mask)
-        return jnp.mean(out["sequence_output"] ** 2)
-
-    assert abs(float(loss(params, "split") - loss(params, "fused"))) < 1e-6
-    for a, b in zip(jax.tree.leaves(jax.grad(loss)(params, "split")),
-                    jax.tree.leaves(jax.grad(loss)(params, "fused")), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_two_stage_layer_norm_matches_flax(dtype):
     """layer_norm_impl=two_stage: nn.LayerNorm's parameters, forward values and gradients
@@ -347,17 +329,22 @@ def test_two_stage_layer_norm_matches_flax(dtype):
         assert err <= (1e-4 if dtype == "float32" else 2e-2) * scale
 
 
-def test_model_with_two_stage_layer_norm_agrees():
+@pytest.mark.parametrize("field,value,reference", [("qkv_projection", "split", "fused"),
+                                                    ("layer_norm_impl", "two_stage", "flax")])
+def test_runtime_variants_agree(field, value, reference):
+    """Runtime variants with the same parameters: split query/key/value matmuls vs one fused
+    matmul then slices; the two-stage LayerNorm backward vs nn.LayerNorm's autodiff. Same
+    outputs and gradients."""
     cfg = get_preset("tiny", vocab_size=300)
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 300)
     mask = jnp.ones((2, 16), jnp.int32)
     params = modeling.BertModel(cfg).init(jax.random.key(1), ids, mask)
 
-    def loss(p, impl):
-        out = modeling.BertModel(cfg.replace(layer_norm_impl=impl)).apply(p, ids, mask)
+    def loss(p, choice):
+        out = modeling.BertModel(cfg.replace(**{field: choice})).apply(p, ids, mask)
         return jnp.mean(out["sequence_output"] ** 2)
 
-    assert abs(float(loss(params, "two_stage") - loss(params, "flax"))) < 1e-6
-    for a, b in zip(jax.tree.leaves(jax.grad(loss)(params, "two_stage")),
-                    jax.tree.leaves(jax.grad(loss)(params, "flax")), strict=True):
+    assert abs(float(loss(params, value) - loss(params, reference))) < 1e-6
+    for a, b in zip(jax.tree.leaves(jax.grad(loss)(params, value)),
+                    jax.tree.leaves(jax.grad(loss)(params, reference)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
