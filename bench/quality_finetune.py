@@ -191,9 +191,32 @@ def markdown(records: list[dict], device: str) -> str:
             speed = (f"{peer['train_seconds'] / ours['train_seconds']:.2f}x"
                      if ours and peer else "-")
             steady = f"{ra / rb:.2f}x" if ra and rb else "-"
-            lines.append(f"| {r['name']} | {metric} | {_num(a)} | {_num(b)} | {diff} | {times} "
+            label = r["name"] if r.get("seed", 0) == 0 else f"{r['name']} (seed {r['seed']})"
+            lines.append(f"| {label} | {metric} | {_num(a)} | {_num(b)} | {diff} | {times} "
                          f"| {rates} | {speed} | {steady} |")
+    lines += seed_means(records)
     return "\n".join(lines) + "\n"
+
+
+def seed_means(records: list[dict]) -> list[str]:
+    """Markdown rows of per-task means over seeds (tasks run with two or more seeds)."""
+    by_task: dict[str, list[dict]] = {}
+    for r in records:
+        by_task.setdefault(r["name"], []).append(r)
+    lines = []
+    for name, runs in by_task.items():
+        if len({r.get("seed", 0) for r in runs}) < 2:
+            continue
+        for metric in TASKS[name][6]:
+            ours = [points(name, _metric(r.get("bert_jax"), metric)) for r in runs]
+            peer = [points(name, _metric(r.get("transformers"), metric)) for r in runs]
+            ours, peer = [v for v in ours if v is not None], [v for v in peer if v is not None]
+            if not ours or not peer:
+                continue
+            a, b = sum(ours) / len(ours), sum(peer) / len(peer)
+            lines.append(f"| {name} (mean of {len(ours)} / {len(peer)} seeds) | {metric} | "
+                         f"{a:.2f} | {b:.2f} | {a - b:+.2f} | | | | |")
+    return lines
 
 
 def _metric(record: dict | None, metric: str) -> float | None:
@@ -226,6 +249,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--eval-batch-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default=None,
+                    help="comma list of seeds, each task run once per seed on both sides "
+                         "(overrides --seed); the summary adds per-task means over seeds")
     ap.add_argument("--holdout-seed", type=int, default=1234)
     ap.add_argument("--dtype", default="bfloat16", help="bert-jax compute dtype (params fp32)")
     ap.add_argument("--checkpoint", default=None, help="HF dir (default: the MiniLM package)")
@@ -254,11 +280,13 @@ def main(argv=None) -> int:
 
     device = str(jax.devices()[0].device_kind)
     os.makedirs(args.out, exist_ok=True)
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     records = []
-    for name in names:
+    for seed, name in ((seed, name) for seed in seeds for name in names):
+        args.seed = seed
         config = run_config(name, args, checkpoint)
-        workdir = os.path.join(args.out, name)
-        record = {"name": name, "config": config.to_dict()}
+        workdir = os.path.join(args.out, name if len(seeds) == 1 else f"{name}-seed{seed}")
+        record = {"name": name, "seed": seed, "config": config.to_dict()}
         if not args.skip_peer:
             print(f"== {name}: transformers", flush=True)
             record["transformers"] = run_peer(config, workdir, checkpoint, args)
