@@ -231,8 +231,8 @@ def test_config_json_round_trip(tmp_path, flavor):
 
 @pytest.mark.parametrize("shape", [(2, 128, 3, 8), (3, 5, 8), (512, 16)])
 def test_bias_gradient_two_stage_column_sum(shape):
-    """add_bias's custom VJP (two-stage float32 column sum when there are >= 256 rows, one
-    stage otherwise) gives autodiff's bias gradient, in the bias's dtype."""
+    """add_bias's custom VJP (two-stage float32 column sum when there are two or more
+    leading axes, one stage otherwise) gives autodiff's bias gradient, in the bias's dtype."""
     from bert_jax.modeling.encoder import add_bias
 
     bias_shape = shape[2:] if len(shape) == 4 else shape[-1:]
@@ -348,3 +348,14 @@ def test_runtime_variants_agree(field, value, reference):
     for a, b in zip(jax.tree.leaves(jax.grad(loss)(params, value)),
                     jax.tree.leaves(jax.grad(loss)(params, reference)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_column_sum_dtype_and_stages():
+    from bert_jax.modeling.encoder import column_sum
+
+    x = jax.random.normal(jax.random.key(0), (4, 8, 2, 3)).astype(jnp.bfloat16)
+    for out_ndim in (1, 2, 3):
+        got = column_sum(x, out_ndim)
+        assert got.dtype == jnp.bfloat16 and got.shape == x.shape[4 - out_ndim:]
+        want = x.astype(jnp.float32).sum(axis=tuple(range(4 - out_ndim)))
+        np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=1e-2, atol=1e-2)
