@@ -22,7 +22,7 @@ HIDDEN_DROPOUT_IMPLS = ("hash", "prng")
 # (fused), or one matmul per slice of the same kernel (split). Parameters are the same.
 QKV_PROJECTIONS = ("split", "fused")
 # LayerNorm: Flax's nn.LayerNorm (autodiff backward) or two_stage (custom backward with
-# two-stage column sums for the scale/bias gradients; bert_jax/modeling/encoder.py).
+# two-stage column sums for the scale/bias gradients; bert_jax/modeling/ops.py).
 LAYER_NORM_IMPLS = ("flax", "two_stage")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "offload_dots")
 DTYPES = ("float32", "bfloat16", "float16")

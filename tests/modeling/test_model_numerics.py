@@ -233,7 +233,7 @@ def test_config_json_round_trip(tmp_path, flavor):
 def test_bias_gradient_two_stage_column_sum(shape):
     """add_bias's custom VJP (two-stage float32 column sum when there are two or more
     leading axes, one stage otherwise) gives autodiff's bias gradient, in the bias's dtype."""
-    from bert_jax.modeling.encoder import add_bias
+    from bert_jax.modeling.ops import add_bias
 
     bias_shape = shape[2:] if len(shape) == 4 else shape[-1:]
     y = jax.random.normal(jax.random.key(0), shape)
@@ -252,7 +252,7 @@ def test_bias_gradient_two_stage_column_sum(shape):
 def test_bias_activation_vjp_matches_autodiff(name):
     """add_bias_activate keeps only the matmul output and recomputes the derivative: same
     values and gradients as autodiff of activation(y + bias)."""
-    from bert_jax.modeling.encoder import activation, add_bias_activate
+    from bert_jax.modeling.ops import activation, add_bias_activate
 
     y = jax.random.normal(jax.random.key(0), (4, 64, 48))
     b = jax.random.normal(jax.random.key(1), (48,))
@@ -351,7 +351,7 @@ def test_runtime_variants_agree(field, value, reference):
 
 
 def test_column_sum_dtype_and_stages():
-    from bert_jax.modeling.encoder import column_sum
+    from bert_jax.modeling.ops import column_sum
 
     x = jax.random.normal(jax.random.key(0), (4, 8, 2, 3)).astype(jnp.bfloat16)
     for out_ndim in (1, 2, 3):
