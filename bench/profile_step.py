@@ -36,6 +36,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -298,6 +299,77 @@ def summarize_trace(trace: dict, steps: int, wall_s_per_step: float | None = Non
     }
 
 
+# ---- attribution to the program (optimized HLO dumped by XLA) ---------------------------
+HLO_DIR = "hlo"
+_INSTRUCTION = re.compile(r'^\s+%([\w.\-]+) = .*?op_name="([^"]*)"', re.M)
+PHASES = ("forward", "backward", "optimizer / other", "not attributed (library kernels)")
+
+
+def hlo_dump_flags(out_dir: str) -> str:
+    """XLA flags that dump the train step's optimized HLO as text under ``out_dir/hlo``."""
+    return (f"--xla_dump_to={os.path.join(out_dir, HLO_DIR)} --xla_dump_hlo_as_text "
+            "--xla_dump_hlo_module_re=.*train_step.*")
+
+
+def find_hlo(out_dir: str) -> str | None:
+    """The largest ``*train_step*after_optimizations.txt`` under ``out_dir/hlo`` (the step
+    itself; smaller modules are helpers), or None when nothing was dumped (XLA was already
+    initialised without the dump flags)."""
+    paths = [p for p in glob.glob(os.path.join(out_dir, HLO_DIR, "*after_optimizations.txt"))
+             if "train_step" in os.path.basename(p)]
+    return max(paths, key=os.path.getsize) if paths else None
+
+
+def hlo_op_names(text: str) -> dict[str, str]:
+    """Kernel name -> the JAX op path of the HLO instruction it runs. Fusion kernels are named
+    after their instruction with ``.`` replaced by ``_`` (``input_reduce_fusion.16`` runs as
+    ``input_reduce_fusion_16``); library kernels (cuBLAS, cuDNN, Pallas) are not matched."""
+    names = {}
+    for instruction, op_name in _INSTRUCTION.findall(text):
+        names[instruction] = op_name
+        names[instruction.replace(".", "_")] = op_name
+    return names
+
+
+def phase_of(op_name: str | None) -> str:
+    if op_name is None:
+        return PHASES[3]
+    if "transpose(jvp(" in op_name:
+        return PHASES[1]
+    if "jvp(" in op_name:
+        return PHASES[0]
+    return PHASES[2]
+
+
+def short_op(op_name: str | None) -> str:
+    """``jit(train_step)/transpose(jvp(BertForPreTraining))/bert/encoder/layer_11/mul`` ->
+    ``bwd bert/encoder/layer_11/mul``."""
+    if op_name is None:
+        return ""
+    phase = {PHASES[0]: "fwd ", PHASES[1]: "bwd "}.get(phase_of(op_name), "")
+    path = [part for part in op_name.split("/") if not part.startswith(("jit(", "jvp(",
+                                                                         "transpose("))]
+    return phase + "/".join(path)
+
+
+def attribute(summary: dict, trace: dict, op_names: dict[str, str]) -> None:
+    """Adds ``phases`` (ms, kernels per step by forward / backward / optimizer) and an ``op``
+    to each top kernel, from the kernel-name -> op-path map of the dumped HLO."""
+    grouped, _, _ = device_events(trace)
+    n_dev, steps = len(grouped), summary["steps"]
+    phases = {phase: [0.0, 0] for phase in PHASES}
+    for events in grouped.values():
+        for e in events:
+            entry = phases[phase_of(op_names.get(e["name"]))]
+            entry[0] += e["dur"]
+            entry[1] += 1
+    summary["phases"] = [{"phase": phase, "ms_per_step": us / (1e3 * steps * n_dev),
+                          "kernels_per_step": calls / (steps * n_dev)}
+                         for phase, (us, calls) in phases.items() if calls]
+    for kernel in summary["top_kernels"]:
+        kernel["op"] = short_op(op_names.get(kernel["name"]))
+
+
 # ---- report ------------------------------------------------------------------------------
 def _cell(name: str, width: int = 90) -> str:
     name = name.replace("|", "\\|").replace("\n", " ")
@@ -337,13 +409,19 @@ def render_markdown(summary: dict) -> str:
     for c in s["categories"]:
         lines.append(f"| {c['category']} | {c['ms_per_step']:.3f} | {100 * c['share']:.1f}% "
                      f"| {c['kernels_per_step']:.0f} |")
+    if s.get("phases"):
+        lines += ["", "| phase (from the optimized HLO's op names) | ms/step | kernels/step |",
+                  "|---|---:|---:|"]
+        for p in s["phases"]:
+            lines.append(f"| {p['phase']} | {p['ms_per_step']:.3f} | "
+                         f"{p['kernels_per_step']:.0f} |")
     lines += ["", f"Top {len(s['top_kernels'])} kernels:", "",
-              "| # | kernel | category | calls/step | ms/step | share |",
-              "|---:|---|---|---:|---:|---:|"]
+              "| # | kernel | category | calls/step | ms/step | share | op (one instruction) |",
+              "|---:|---|---|---:|---:|---:|---|"]
     for rank, k in enumerate(s["top_kernels"], 1):
         lines.append(f"| {rank} | {_cell(k['name'])} | {k['category']} | "
                      f"{k['calls_per_step']:g} | {k['ms_per_step']:.3f} | "
-                     f"{100 * k['share']:.1f}% |")
+                     f"{100 * k['share']:.1f}% | {_cell(k.get('op', ''), 70)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -361,6 +439,9 @@ def main(argv=None) -> dict:
     args, bench_argv = parse_args(argv)
     out_dir = os.path.abspath(args.out)
     os.makedirs(out_dir, exist_ok=True)
+    # Read when XLA starts (the benchmark imports jax later); ignored if it already has.
+    os.environ["XLA_FLAGS"] = " ".join(
+        v for v in (os.environ.get("XLA_FLAGS", ""), hlo_dump_flags(out_dir)) if v)
     bench = _bench_module(args.task)
     bench_argv = bench_argv + ["--steps", str(args.steps), "--warmup", str(args.warmup),
                                "--repeats", "1",
@@ -387,7 +468,17 @@ def main(argv=None) -> dict:
 
     trace_file = find_trace(out_dir)
     shutil.copy(trace_file, os.path.join(out_dir, "trace.json.gz"))  # a shallow copy to fetch
-    summary = summarize_trace(load_trace(trace_file), args.steps, timing["wall_s_per_step"])
+    trace = load_trace(trace_file)
+    summary = summarize_trace(trace, args.steps, timing["wall_s_per_step"])
+    hlo_file = find_hlo(out_dir)
+    if hlo_file is None:
+        summary["warnings"].append("no optimized HLO dumped (XLA started before "
+                                   "profile_step set its dump flags): no op attribution")
+    else:
+        with open(hlo_file, encoding="utf-8") as f:
+            attribute(summary, trace, hlo_op_names(f.read()))
+        shutil.copy(hlo_file, os.path.join(out_dir, "train_step.hlo.txt"))
+        summary["hlo_file"] = "train_step.hlo.txt"
     summary["wall_ms_per_step_unprofiled"] = timing["wall_s_per_step_unprofiled"] * 1e3
     summary["trace_file"] = os.path.relpath(trace_file, out_dir)
     summary["run"] = {**environment(), "task": args.task, "warmup": args.warmup,
