@@ -268,7 +268,9 @@ run_stage() {
 }
 
 if [ "$STAGE" = all ]; then
-  for s in env core peer levers levers-large loop scaling; do run_stage "$s"; done
+  for s in env core peer levers levers-large loop dropout qkv layernorm profile scaling; do
+    run_stage "$s"
+  done
 else
   run_stage env >/dev/null
   run_stage "$STAGE"
