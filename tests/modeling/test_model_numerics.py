@@ -359,3 +359,25 @@ def test_column_sum_dtype_and_stages():
         assert got.dtype == jnp.bfloat16 and got.shape == x.shape[4 - out_ndim:]
         want = x.astype(jnp.float32).sum(axis=tuple(range(4 - out_ndim)))
         np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=1e-2, atol=1e-2)
+
+
+def test_bias_activation_backward_is_recomputed_not_stored():
+    """The optimization barrier in add_bias_activate's backward keeps XLA from merging the
+    recomputation with the forward pass (CSE), which would store the GELU's derivative terms
+    after all: the compiled train step needs less temporary memory than autodiff's (on the
+    CPU here: 49 vs 65 MiB; without the barrier both are 65)."""
+    from bert_jax.modeling.ops import activation, add_bias_activate
+
+    x = jnp.ones((4096, 256), jnp.bfloat16)
+    w1, w2 = jnp.full((256, 1024), 0.01, jnp.bfloat16), jnp.full((1024, 256), 0.01, jnp.bfloat16)
+    b1 = jnp.zeros((1024,), jnp.bfloat16)
+
+    def temp_bytes(fn):
+        def loss(w1, b1, w2):
+            return jnp.sum((fn(x @ w1, b1) @ w2).astype(jnp.float32) ** 2)
+        compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(w1, b1, w2).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    plain = temp_bytes(lambda h, b: activation("gelu")(h + b))
+    fused = temp_bytes(lambda h, b: add_bias_activate(h, b, "gelu"))
+    assert fused <= plain - 4096 * 1024 * 2  # at least one [tokens, 1024] bf16 array less
