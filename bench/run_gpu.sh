@@ -26,6 +26,9 @@
 #   profile        ~3 min   bench/profile_step.py kernel tables: base/128 pretrain b256 and
 #                           classify b32 (traces and summaries under $OUT/profile-*)
 #   layernorm      ~1 min   base/128 pretrain and classify with --layer-norm two_stage
+#   pending        ~5 min   the third session's unmeasured changes in one call: base/128
+#                           baseline vs --layer-norm two_stage vs --qkv fused, classify flax
+#                           vs two_stage, and a profile (with op attribution) of the default
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -226,6 +229,24 @@ stage_layernorm() {  # LayerNorm backward: flax autodiff (default) vs two_stage
     "${TIMING[@]}" --layer-norm two_stage --tag layernorm:two_stage --out "$RESULTS"
 }
 
+stage_pending() {  # every change of the third session not yet measured on a GPU, one call
+  pretrain 45 pending:baseline "$BASE" "$S128" "$B256"
+  pretrain 45 pending:layernorm_two_stage "$BASE" "$S128" "$B256" --layer-norm two_stage
+  pretrain 45 pending:qkv_fused "$BASE" "$S128" "$B256" --qkv fused
+  local impl
+  for impl in flax two_stage; do
+    run_case 40 "pending:layernorm_$impl" classify "$BASE" "$S128" "$B32" -- "${JAX_ENV[@]}" \
+      "$PY" bench/bench_finetune.py --model "$BASE" --seq-len "$S128" --batch-size "$B32" \
+      "${TIMING[@]}" --layer-norm "$impl" --tag "pending:layernorm_$impl" --out "$RESULTS"
+  done
+  run_case 90 profile profile_pretrain "$BASE" "$S128" "$B256" -- "${JAX_ENV[@]}" \
+    "$PY" bench/profile_step.py --task pretrain --model "$BASE" --seq-len "$S128" \
+    --batch-size "$B256" --out "$OUT/profile-pending-pretrain"
+  # one file back instead of dozens (the device tool returns a handful per call)
+  tar czf "$OUT/profile-pending-pretrain.tgz" -C "$OUT" --exclude=plugins --exclude=hlo \
+    profile-pending-pretrain && rm -rf "$OUT/profile-pending-pretrain"
+}
+
 stage_profile() {  # per-kernel time tables of one step (bench/profile_step.py)
   local task batch
   for w in "pretrain $B256" "classify $B32"; do
@@ -261,7 +282,8 @@ run_stage() {
     profile) stage_profile ;;
     qkv) stage_qkv ;;
     layernorm) stage_layernorm ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|dropout|profile|qkv|layernorm|all)" >&2
+    pending) stage_pending ;;
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|dropout|profile|qkv|layernorm|pending|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
