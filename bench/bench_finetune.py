@@ -26,7 +26,12 @@ from bench.bench_pretrain import (  # noqa: E402
     time_steps,
 )
 from bench.common import train_flops_per_sequence, write_result  # noqa: E402
-from bench.levers import apply_process_levers, model_dropout_impl  # noqa: E402
+from bench.levers import (  # noqa: E402
+    apply_process_levers,
+    model_choice_fields,
+    model_choice_record,
+    model_dropout_impl,
+)
 
 NUM_LABELS = 2
 
@@ -44,8 +49,7 @@ def model_config(args):
                       attention_impl=args.attention,
                       attention_probs_dropout_prob=float(args.attention_dropout),
                       dropout_attention_impl=model_dropout_impl(args.dropout_impl),
-                      hidden_dropout_impl=args.hidden_dropout, qkv_projection=args.qkv,
-                      layer_norm_impl=args.layer_norm,
+                      **model_choice_fields(args),
                       scan_layers=bool(args.scan), remat_policy=args.remat,
                       vocab_pad_multiple=int(args.vocab_pad))
 
@@ -121,7 +125,7 @@ def main(argv=None) -> dict:
         **environment(), "task": "classify", "model": args.model, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "devices": n_dev, "attention": args.attention,
         "attention_dropout": args.attention_dropout, "dropout_impl": args.dropout_impl,
-        "hidden_dropout": args.hidden_dropout, "qkv": args.qkv, "layer_norm": args.layer_norm,
+        **model_choice_record(args),
         "scan": args.scan, "remat": args.remat, "vocab_pad": args.vocab_pad,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "mesh": args.mesh,
         "tag": args.tag, "compile_and_first_step_s": first,

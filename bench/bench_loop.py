@@ -31,7 +31,12 @@ from bench.bench_pretrain import (  # noqa: E402
     random_pretraining_batch,
 )
 from bench.common import masked_positions, write_result  # noqa: E402
-from bench.levers import apply_process_levers, model_dropout_impl  # noqa: E402
+from bench.levers import (  # noqa: E402
+    apply_process_levers,
+    model_choice_fields,
+    model_choice_record,
+    model_dropout_impl,
+)
 
 EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "experiments", "pretrain.py")
@@ -89,8 +94,7 @@ def loop_overrides(args, data_dir: str, peak: float) -> list[str]:
         "model.attention_impl": args.attention,
         "model.attention_probs_dropout_prob": args.attention_dropout,
         "model.dropout_attention_impl": model_dropout_impl(args.dropout_impl),
-        "model.hidden_dropout_impl": args.hidden_dropout, "model.qkv_projection": args.qkv,
-        "model.layer_norm_impl": args.layer_norm,
+        **{f"model.{field}": value for field, value in model_choice_fields(args).items()},
         "model.scan_layers": args.scan, "model.remat_policy": args.remat,
         "model.vocab_pad_multiple": args.vocab_pad,
         f"parallel.mesh.{mesh}": -1, f"parallel.mesh.{other}": 1,
@@ -142,10 +146,8 @@ def main(argv=None) -> dict:
                   "seq_len": args.seq_len, "batch_size": args.batch_size,
                   "source": args.source, "steps": args.steps, "log_every": args.log_every,
                   "attention": args.attention, "attention_dropout": args.attention_dropout,
-                  "dropout_impl": args.dropout_impl,
-                  "hidden_dropout": args.hidden_dropout, "qkv": args.qkv,
-                  "layer_norm": args.layer_norm, "scan": args.scan,
-                  "remat": args.remat,
+                  "dropout_impl": args.dropout_impl, **model_choice_record(args),
+                  "scan": args.scan, "remat": args.remat,
                   "vocab_pad": args.vocab_pad, "xla_flag_preset": args.xla_flags,
                   "mesh": args.mesh, "tag": args.tag, "matmul_peak_tflops": peak,
                   **steady_state(workdir),

@@ -32,7 +32,10 @@ from bench.common import (  # noqa: E402
 )
 from bench.levers import (  # noqa: E402
     XLA_FLAG_PRESETS,
+    add_model_choice_arguments,
     apply_process_levers,
+    model_choice_fields,
+    model_choice_record,
     model_dropout_impl,
 )
 
@@ -56,15 +59,7 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                     choices=["auto", "explicit", "flash", "cudnn"],
                     help="attention with dropout: model.dropout_attention_impl (auto = the "
                          "flash kernel on GPU, explicit = einsum path) or cudnn (bench patch)")
-    ap.add_argument("--hidden-dropout", default="hash", choices=["hash", "prng"],
-                    help="model.hidden_dropout_impl: counter-hash masks recomputed in the "
-                         "backward pass (default) or Flax nn.Dropout (threefry, stored mask)")
-    ap.add_argument("--qkv", default="split", choices=["split", "fused"],
-                    help="model.qkv_projection: one matmul per query/key/value slice of the "
-                         "kernel (default) or one matmul then slices")
-    ap.add_argument("--layer-norm", default="flax", choices=["flax", "two_stage"],
-                    help="model.layer_norm_impl: nn.LayerNorm or the custom backward with "
-                         "two-stage parameter-gradient sums")
+    add_model_choice_arguments(ap)
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])
@@ -189,9 +184,7 @@ def experiment_config(args: argparse.Namespace):
     c.model.attention_impl = args.attention
     c.model.attention_probs_dropout_prob = float(args.attention_dropout)
     c.model.dropout_attention_impl = model_dropout_impl(args.dropout_impl)
-    c.model.hidden_dropout_impl = args.hidden_dropout
-    c.model.qkv_projection = args.qkv
-    c.model.layer_norm_impl = args.layer_norm
+    c.model.update(model_choice_fields(args))
     c.model.scan_layers = bool(args.scan)
     c.model.remat_policy = args.remat
     c.model.vocab_pad_multiple = int(args.vocab_pad)
@@ -297,9 +290,7 @@ def main(argv=None) -> dict:
         **environment(), "task": "pretrain", "model": args.model, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "predictions": p, "devices": n_dev,
         "attention": args.attention, "attention_dropout": args.attention_dropout,
-        "dropout_impl": args.dropout_impl,
-        "hidden_dropout": args.hidden_dropout, "qkv": args.qkv,
-        "layer_norm": args.layer_norm, "scan": args.scan,
+        "dropout_impl": args.dropout_impl, **model_choice_record(args), "scan": args.scan,
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,

@@ -6,13 +6,40 @@
   training the fused kernels are never used. This patches that path for the benchmark only.
 * Non-finite skip through ``lax.cond`` instead of ``jnp.where`` over every parameter and
   optimizer-state leaf (:func:`make_cond_skip_train_step`).
+* The model's runtime choices passed straight to ``BertConfig`` (:data:`MODEL_CHOICES`:
+  ``--hidden-dropout``, ``--qkv``, ``--layer-norm``), defined once for every benchmark.
 
 A lever that pays is then proposed as a patch to bert_jax (see docs/performance.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+
+# bench option -> BertConfig field it sets (choices and default come from bert_jax.config).
+MODEL_CHOICES = {"hidden_dropout": "hidden_dropout_impl", "qkv": "qkv_projection",
+                 "layer_norm": "layer_norm_impl"}
+
+
+def add_model_choice_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--hidden-dropout``, ``--qkv``, ``--layer-norm`` (docs/pretraining.md, runtime fields)."""
+    from bert_jax.config import CHOICE_FIELDS, BertConfig
+
+    defaults = BertConfig()
+    for option, field in MODEL_CHOICES.items():
+        ap.add_argument("--" + option.replace("_", "-"), default=getattr(defaults, field),
+                        choices=CHOICE_FIELDS[field], help=f"model.{field}")
+
+
+def model_choice_fields(args) -> dict:
+    """``{BertConfig field: value}`` of the model-choice options."""
+    return {field: getattr(args, option) for option, field in MODEL_CHOICES.items()}
+
+
+def model_choice_record(args) -> dict:
+    """``{option: value}`` of the model-choice options, for result records."""
+    return {option: getattr(args, option) for option in MODEL_CHOICES}
 
 # name -> XLA_FLAGS additions. Each name was checked against the XLA flag parser of jaxlib
 # 0.10 (an unknown flag aborts the process, so a typo cannot pass silently).

@@ -20,7 +20,10 @@ JSON it writes (``out/plugins/profile/<run>/perfetto_trace.json.gz``, kept) is r
 without tensorboard or xprof: the complete events on the GPU stream lines (processes named
 ``/device:GPU:N``, threads ``Stream #N(...)``) are summed per kernel name and per category.
 Without a GPU (CPU validation) the XLA CPU op events of the host process are used instead.
-``summary.json`` and ``summary.md`` go to ``out``; the markdown is printed.
+``summary.json`` and ``summary.md`` go to ``out``; the markdown is printed. XLA also dumps
+the step's optimized HLO (flags set before jax starts; kept as ``out/train_step.hlo.txt``),
+whose ``op_name`` metadata maps each fusion kernel to the JAX op that produced it: a forward /
+backward / optimizer split and an op per top kernel (library kernels stay unattributed).
 
 Caveats: timings are under the profiler (CUPTI adds per-kernel overhead, and XLA may run
 op-by-op instead of through command buffers while profiling), so compare the profiled wall
@@ -244,10 +247,12 @@ def busy_time(events: list[dict]) -> float:
 
 
 def summarize_trace(trace: dict, steps: int, wall_s_per_step: float | None = None,
-                    top: int = TOP_KERNELS) -> dict:
+                    top: int = TOP_KERNELS, op_names: dict[str, str] | None = None) -> dict:
     """Per-step kernel statistics of ``trace`` (``steps`` steps), per device averaged over the
     devices found. ``wall_s_per_step``: the host-measured step time (else the device span:
-    first kernel start to last kernel end)."""
+    first kernel start to last kernel end). ``op_names`` (kernel name -> JAX op path,
+    :func:`hlo_op_names`) adds ``phases`` (forward / backward / optimizer) and each top
+    kernel's ``op``."""
     grouped, source, warnings = device_events(trace)
     if not grouped:
         raise ValueError("the trace has no device kernel events (GPU streams) and no XLA CPU "
@@ -278,7 +283,7 @@ def summarize_trace(trace: dict, steps: int, wall_s_per_step: float | None = Non
         return ms / kernel_ms if kernel_ms else 0.0
 
     ranked = sorted(kernel_us, key=kernel_us.get, reverse=True)
-    return {
+    summary = {
         "source": source, "devices": sorted(per_device), "steps": steps,
         "wall_ms_per_step": wall_ms, "wall_is_device_span": wall_s_per_step is None,
         "device_span_ms_per_step": span_ms, "busy_ms_per_step": busy_ms,
@@ -297,6 +302,18 @@ def summarize_trace(trace: dict, steps: int, wall_s_per_step: float | None = Non
             for name in ranked[:top]],
         "warnings": warnings,
     }
+    if op_names is not None:
+        phases = {phase: [0.0, 0] for phase in PHASES}
+        for name, us in kernel_us.items():
+            entry = phases[phase_of(op_names.get(name))]
+            entry[0] += us * scale
+            entry[1] += kernel_calls[name]
+        summary["phases"] = [{"phase": phase, "ms_per_step": ms,
+                              "kernels_per_step": calls / (steps * n_dev)}
+                             for phase, (ms, calls) in phases.items() if calls]
+        for kernel in summary["top_kernels"]:
+            kernel["op"] = short_op(op_names.get(kernel["name"]))
+    return summary
 
 
 # ---- attribution to the program (optimized HLO dumped by XLA) ---------------------------
@@ -350,24 +367,6 @@ def short_op(op_name: str | None) -> str:
     path = [part for part in op_name.split("/") if not part.startswith(("jit(", "jvp(",
                                                                          "transpose("))]
     return phase + "/".join(path)
-
-
-def attribute(summary: dict, trace: dict, op_names: dict[str, str]) -> None:
-    """Adds ``phases`` (ms, kernels per step by forward / backward / optimizer) and an ``op``
-    to each top kernel, from the kernel-name -> op-path map of the dumped HLO."""
-    grouped, _, _ = device_events(trace)
-    n_dev, steps = len(grouped), summary["steps"]
-    phases = {phase: [0.0, 0] for phase in PHASES}
-    for events in grouped.values():
-        for e in events:
-            entry = phases[phase_of(op_names.get(e["name"]))]
-            entry[0] += e["dur"]
-            entry[1] += 1
-    summary["phases"] = [{"phase": phase, "ms_per_step": us / (1e3 * steps * n_dev),
-                          "kernels_per_step": calls / (steps * n_dev)}
-                         for phase, (us, calls) in phases.items() if calls]
-    for kernel in summary["top_kernels"]:
-        kernel["op"] = short_op(op_names.get(kernel["name"]))
 
 
 # ---- report ------------------------------------------------------------------------------
@@ -468,16 +467,17 @@ def main(argv=None) -> dict:
 
     trace_file = find_trace(out_dir)
     shutil.copy(trace_file, os.path.join(out_dir, "trace.json.gz"))  # a shallow copy to fetch
-    trace = load_trace(trace_file)
-    summary = summarize_trace(trace, args.steps, timing["wall_s_per_step"])
-    hlo_file = find_hlo(out_dir)
+    hlo_file, op_names = find_hlo(out_dir), None
+    if hlo_file is not None:
+        with open(hlo_file, encoding="utf-8") as f:
+            op_names = hlo_op_names(f.read())
+        shutil.copy(hlo_file, os.path.join(out_dir, "train_step.hlo.txt"))
+    summary = summarize_trace(load_trace(trace_file), args.steps, timing["wall_s_per_step"],
+                              op_names=op_names)
     if hlo_file is None:
         summary["warnings"].append("no optimized HLO dumped (XLA started before "
                                    "profile_step set its dump flags): no op attribution")
     else:
-        with open(hlo_file, encoding="utf-8") as f:
-            attribute(summary, trace, hlo_op_names(f.read()))
-        shutil.copy(hlo_file, os.path.join(out_dir, "train_step.hlo.txt"))
         summary["hlo_file"] = "train_step.hlo.txt"
     summary["wall_ms_per_step_unprofiled"] = timing["wall_s_per_step_unprofiled"] * 1e3
     summary["trace_file"] = os.path.relpath(trace_file, out_dir)

@@ -63,8 +63,8 @@ def default_data_root() -> str:
     return os.path.join(REPO, "shared", "data")
 
 
-def run_config(name: str, args, checkpoint: str):
-    """The bert-jax fine-tuning config of one task (the peer reads the same one)."""
+def run_config(name: str, args, checkpoint: str, seed: int):
+    """The bert-jax fine-tuning config of one task and seed (the peer reads the same one)."""
     from bert_jax.tasks.run import base_config
 
     task, train_file, lr, epochs, seq, cap, _ = TASKS[name]
@@ -80,7 +80,7 @@ def run_config(name: str, args, checkpoint: str):
     c.epochs = args.epochs or epochs
     c.batch_size = args.batch_size
     c.eval_batch_size = args.eval_batch_size
-    c.seed = args.seed
+    c.seed = seed
     c.init_checkpoint = checkpoint
     c.model.dtype = args.dtype
     c.log_every = 0
@@ -283,8 +283,7 @@ def main(argv=None) -> int:
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     records = []
     for seed, name in ((seed, name) for seed in seeds for name in names):
-        args.seed = seed
-        config = run_config(name, args, checkpoint)
+        config = run_config(name, args, checkpoint, seed)
         workdir = os.path.join(args.out, name if len(seeds) == 1 else f"{name}-seed{seed}")
         record = {"name": name, "seed": seed, "config": config.to_dict()}
         if not args.skip_peer:

@@ -122,6 +122,26 @@ pretrain() {  # pretrain EST TAG MODEL SEQ BATCH [bench_pretrain options...]
     "${TIMING[@]}" --tag "$tag" --out "$RESULTS" "$@"
 }
 
+classify() {  # classify EST TAG [bench_finetune options...]  (base/128, batch 32)
+  local est=$1 tag=$2
+  shift 2
+  run_case "$est" "$tag" classify "$BASE" "$S128" "$B32" -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_finetune.py --model "$BASE" --seq-len "$S128" --batch-size "$B32" \
+    "${TIMING[@]}" --tag "$tag" --out "$RESULTS" "$@"
+}
+
+profile() {  # profile TASK BATCH NAME [profile_step options...]  (base/128) -> $OUT/NAME.tgz
+  local task=$1 batch=$2 name=$3
+  shift 3
+  run_case 90 profile "profile_$task" "$BASE" "$S128" "$batch" -- "${JAX_ENV[@]}" \
+    "$PY" bench/profile_step.py --task "$task" --model "$BASE" --seq-len "$S128" \
+    --batch-size "$batch" --out "$OUT/$name" "$@"
+  # one file back instead of dozens (the device tool returns a handful of files per call);
+  # the trace folder is too deep to come back and trace.json.gz is its flat copy
+  [ -d "$OUT/$name" ] && tar czf "$OUT/$name.tgz" -C "$OUT" --exclude=plugins --exclude=hlo \
+    "$name" && rm -rf "${OUT:?}/$name"
+}
+
 stage_env() {
   {
     date -u
@@ -148,9 +168,7 @@ stage_core() {
   pretrain 90 core "$BASE" "$S128" "$B256"
   pretrain 150 core "$LARGE" "$S128" "$B256"
   pretrain 150 core "$LARGE" "$S512" "$B32"
-  run_case 60 core classify "$BASE" "$S128" "$B32" -- "${JAX_ENV[@]}" \
-    "$PY" bench/bench_finetune.py --model "$BASE" --seq-len "$S128" --batch-size "$B32" \
-    "${TIMING[@]}" --tag core --out "$RESULTS"
+  classify 60 core
 }
 
 stage_peer() {
@@ -205,11 +223,7 @@ stage_dropout() {  # hidden dropout masks: counter hash (the default) vs threefr
   for impl in hash prng; do
     pretrain 90 "dropout:$impl" "$BASE" "$S128" "$B256" --hidden-dropout "$impl"
   done
-  for impl in hash prng; do
-    run_case 60 "dropout:$impl" classify "$BASE" "$S128" "$B32" -- "${JAX_ENV[@]}" \
-      "$PY" bench/bench_finetune.py --model "$BASE" --seq-len "$S128" --batch-size "$B32" \
-      "${TIMING[@]}" --hidden-dropout "$impl" --tag "dropout:$impl" --out "$RESULTS"
-  done
+  for impl in hash prng; do classify 60 "dropout:$impl" --hidden-dropout "$impl"; done
   for impl in hash prng; do
     pretrain 150 "dropout:$impl" "$LARGE" "$S512" "$B32" --hidden-dropout "$impl"
   done
@@ -217,16 +231,12 @@ stage_dropout() {  # hidden dropout masks: counter hash (the default) vs threefr
 
 stage_qkv() {  # the query/key/value projection: split (default) vs fused
   pretrain 60 qkv:fused "$BASE" "$S128" "$B256" --qkv fused
-  run_case 40 qkv:fused classify "$BASE" "$S128" "$B32" -- "${JAX_ENV[@]}" \
-    "$PY" bench/bench_finetune.py --model "$BASE" --seq-len "$S128" --batch-size "$B32" \
-    "${TIMING[@]}" --qkv fused --tag qkv:fused --out "$RESULTS"
+  classify 40 qkv:fused --qkv fused
 }
 
 stage_layernorm() {  # LayerNorm backward: flax autodiff (default) vs two_stage
   pretrain 60 layernorm:two_stage "$BASE" "$S128" "$B256" --layer-norm two_stage
-  run_case 40 layernorm:two_stage classify "$BASE" "$S128" "$B32" -- "${JAX_ENV[@]}" \
-    "$PY" bench/bench_finetune.py --model "$BASE" --seq-len "$S128" --batch-size "$B32" \
-    "${TIMING[@]}" --layer-norm two_stage --tag layernorm:two_stage --out "$RESULTS"
+  classify 40 layernorm:two_stage --layer-norm two_stage
 }
 
 stage_pending() {  # every change of the third session not yet measured on a GPU, one call
@@ -234,27 +244,15 @@ stage_pending() {  # every change of the third session not yet measured on a GPU
   pretrain 45 pending:layernorm_two_stage "$BASE" "$S128" "$B256" --layer-norm two_stage
   pretrain 45 pending:qkv_fused "$BASE" "$S128" "$B256" --qkv fused
   local impl
-  for impl in flax two_stage; do
-    run_case 40 "pending:layernorm_$impl" classify "$BASE" "$S128" "$B32" -- "${JAX_ENV[@]}" \
-      "$PY" bench/bench_finetune.py --model "$BASE" --seq-len "$S128" --batch-size "$B32" \
-      "${TIMING[@]}" --layer-norm "$impl" --tag "pending:layernorm_$impl" --out "$RESULTS"
-  done
-  run_case 90 profile profile_pretrain "$BASE" "$S128" "$B256" -- "${JAX_ENV[@]}" \
-    "$PY" bench/profile_step.py --task pretrain --model "$BASE" --seq-len "$S128" \
-    --batch-size "$B256" --out "$OUT/profile-pending-pretrain"
-  # one file back instead of dozens (the device tool returns a handful per call)
-  tar czf "$OUT/profile-pending-pretrain.tgz" -C "$OUT" --exclude=plugins --exclude=hlo \
-    profile-pending-pretrain && rm -rf "$OUT/profile-pending-pretrain"
+  for impl in flax two_stage; do classify 40 "pending:layernorm_$impl" --layer-norm "$impl"; done
+  profile pretrain "$B256" profile-pending-pretrain
 }
 
 stage_profile() {  # per-kernel time tables of one step (bench/profile_step.py)
-  local task batch
-  for w in "pretrain $B256" "classify $B32"; do
-    read -r task batch <<<"$w"
-    run_case 90 profile "profile_$task" "$BASE" "$S128" "$batch" -- "${JAX_ENV[@]}" \
-      "$PY" bench/profile_step.py --task "$task" --model "$BASE" --seq-len "$S128" \
-      --batch-size "$batch" --out "$OUT/profile-$task-$BASE-$S128" ${PROFILE_ARGS:-}
-  done
+  # shellcheck disable=SC2086  # PROFILE_ARGS: extra options, word-split on purpose
+  profile pretrain "$B256" "profile-pretrain-$BASE-$S128" ${PROFILE_ARGS:-}
+  # shellcheck disable=SC2086
+  profile classify "$B32" "profile-classify-$BASE-$S128" ${PROFILE_ARGS:-}
 }
 
 stage_scaling() {  # SCALING_COUNTS=1,2 limits the device counts (default: 1, 2, 4.. present)

@@ -27,6 +27,13 @@ LAYER_NORM_IMPLS = ("flax", "two_stage")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "offload_dots")
 DTYPES = ("float32", "bfloat16", "float16")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_approx", "relu", "tanh")
+# BertConfig fields restricted to a set of values (checked in __post_init__).
+CHOICE_FIELDS = {
+    "hidden_act": ACTIVATIONS, "dtype": DTYPES, "param_dtype": DTYPES,
+    "attention_impl": ATTENTION_IMPLS, "dropout_attention_impl": DROPOUT_ATTENTION_IMPLS,
+    "hidden_dropout_impl": HIDDEN_DROPOUT_IMPLS, "qkv_projection": QKV_PROJECTIONS,
+    "layer_norm_impl": LAYER_NORM_IMPLS, "remat_policy": REMAT_POLICIES,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,26 +94,9 @@ class BertConfig:
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 bad(key, f"expected a probability in [0, 1), got {getattr(self, key)!r}")
-        if self.hidden_act not in ACTIVATIONS:
-            bad("hidden_act", f"{self.hidden_act!r} is not one of {ACTIVATIONS}")
-        for key in ("dtype", "param_dtype"):
-            if getattr(self, key) not in DTYPES:
-                bad(key, f"{getattr(self, key)!r} is not one of {DTYPES}")
-        if self.attention_impl not in ATTENTION_IMPLS:
-            bad("attention_impl", f"{self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
-        if self.dropout_attention_impl not in DROPOUT_ATTENTION_IMPLS:
-            bad("dropout_attention_impl", f"{self.dropout_attention_impl!r} is not one of "
-                f"{DROPOUT_ATTENTION_IMPLS}")
-        if self.hidden_dropout_impl not in HIDDEN_DROPOUT_IMPLS:
-            bad("hidden_dropout_impl", f"{self.hidden_dropout_impl!r} is not one of "
-                f"{HIDDEN_DROPOUT_IMPLS}")
-        if self.qkv_projection not in QKV_PROJECTIONS:
-            bad("qkv_projection", f"{self.qkv_projection!r} is not one of {QKV_PROJECTIONS}")
-        if self.layer_norm_impl not in LAYER_NORM_IMPLS:
-            bad("layer_norm_impl", f"{self.layer_norm_impl!r} is not one of "
-                f"{LAYER_NORM_IMPLS}")
-        if self.remat_policy not in REMAT_POLICIES:
-            bad("remat_policy", f"{self.remat_policy!r} is not one of {REMAT_POLICIES}")
+        for key, choices in CHOICE_FIELDS.items():
+            if getattr(self, key) not in choices:
+                bad(key, f"{getattr(self, key)!r} is not one of {choices}")
         if not 0 <= self.pad_token_id < self.vocab_size:
             bad("pad_token_id", f"{self.pad_token_id} is outside the vocabulary "
                 f"[0, {self.vocab_size})")

@@ -29,8 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-DROPOUT_IMPLS = ("hash", "prng")
-
+from bert_jax.config import HIDDEN_DROPOUT_IMPLS
 
 # ---------------------------------------------------------------------------------------------
 # The hash, in int32 arithmetic (wrapping multiplies and logical shifts behave the same in XLA
@@ -99,13 +98,11 @@ def _hash_dropout_fwd(x, salt, rate):
 
 
 def _hash_dropout_bwd(rate, salt, g):
-    # The barrier materializes the dropped gradient in its own (full-grid) elementwise fusion.
-    # Without it XLA fuses the mask into the consumer that reduces the gradient over tokens
-    # (the bias gradient): a column reduction on a handful of thread blocks that then also
-    # recomputes the hash (a fifth of a Base/128 classify step at batch 32 on an H200).
-    # The barrier on the salt keeps XLA from merging this mask with the forward pass's (CSE):
-    # merged, the forward fusion would write the hash's int32 intermediate for the backward
-    # pass to read, instead of the backward pass recomputing it.
+    # The barrier on the salt keeps XLA from merging this mask with the forward pass's (CSE),
+    # which would make the forward fusion write a hash intermediate for the backward pass to
+    # read. The barrier on the result materializes the dropped gradient once (the matmuls of
+    # the layer before need it in memory anyway) instead of letting each consumer, e.g. the
+    # bias gradient's column reduction, recompute the hash.
     salt = lax.optimization_barrier(salt)
     return lax.optimization_barrier(_apply(g, salt, rate)), None
 
@@ -133,5 +130,5 @@ class Dropout(nn.Module):
             return nn.Dropout(self.rate)(x, deterministic=False)
         if self.implementation != "hash":
             raise ValueError(f"dropout implementation {self.implementation!r} is not one of "
-                             f"{DROPOUT_IMPLS}")
+                             f"{HIDDEN_DROPOUT_IMPLS}")
         return hash_dropout(x, salt_from_rng(self.make_rng("dropout")), self.rate)

@@ -126,11 +126,11 @@ def _encode(module: nn.Module, pooled: bool, input_ids, input_mask, segment_ids,
 def _classify(module: nn.Module, features, num_outputs: int, deterministic: bool,
               name: str = "classifier", dropout: bool = True):
     """Dropout then a dense layer (``name`` keeps checkpoint paths), logits in float32."""
+    cfg = module.config
     if dropout:
-        cfg = module.config
         features = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl)(
             features, deterministic=deterministic)
-    logits = dense(module.config, num_outputs, ("embed", "classes"), name)(features)
+    logits = dense(cfg, num_outputs, ("embed", "classes"), name)(features)
     return logits.astype(jnp.float32)
 
 

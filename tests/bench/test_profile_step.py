@@ -164,8 +164,7 @@ def test_kernels_attributed_to_ops_and_phases():
         _meta(1, "/device:GPU:0"), _meta(1, "Stream #7(Kernel)", tid=7),
         _x(1, 7, "loop_multiply_fusion_3", 0, 100), _x(1, 7, "nvjet_sm90_gemm", 100, 300),
         _x(1, 7, "input_reduce_fusion_16", 400, 50), _x(1, 7, "loop_select_fusion", 450, 20)]}
-    summary = profile_step.summarize_trace(trace, steps=1)
-    profile_step.attribute(summary, trace, names)
+    summary = profile_step.summarize_trace(trace, steps=1, op_names=names)
     phases = {p["phase"]: p["ms_per_step"] for p in summary["phases"]}
     assert phases == pytest.approx({"forward": 0.1, "backward": 0.05,
                                     "optimizer / other": 0.02,
