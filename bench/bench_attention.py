@@ -86,6 +86,8 @@ def run_shape(shape: str, args) -> None:
             deterministic=False)[0],
         "flash_dropout": lambda q, k, v: flash.flash_attention(
             q, k, v, lengths, salt=salt, dropout_rate=args.rate),
+        "flash_dropout_flat_hash": lambda q, k, v: flash.flash_attention(
+            q, k, v, lengths, salt=salt, dropout_rate=args.rate, mask_hash="flat"),
         "flash_no_dropout": lambda q, k, v: flash.flash_attention(q, k, v, lengths),
         "fused_no_dropout": lambda q, k, v: fused_attention(q, k, v, lengths, "auto"),
     }

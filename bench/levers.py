@@ -7,7 +7,8 @@
 * Non-finite skip through ``lax.cond`` instead of ``jnp.where`` over every parameter and
   optimizer-state leaf (:func:`make_cond_skip_train_step`).
 * The model's runtime choices passed straight to ``BertConfig`` (:data:`MODEL_CHOICES`:
-  ``--hidden-dropout``, ``--qkv``, ``--layer-norm``), defined once for every benchmark.
+  ``--hidden-dropout``, ``--dropout-hash``, ``--qkv``, ``--layer-norm``), defined once for
+  every benchmark.
 
 A lever that pays is then proposed as a patch to bert_jax (see docs/performance.md).
 """
@@ -18,12 +19,14 @@ import argparse
 import os
 
 # bench option -> BertConfig field it sets (choices and default come from bert_jax.config).
-MODEL_CHOICES = {"hidden_dropout": "hidden_dropout_impl", "qkv": "qkv_projection",
-                 "layer_norm": "layer_norm_impl"}
+MODEL_CHOICES = {"hidden_dropout": "hidden_dropout_impl", "dropout_hash": "dropout_hash",
+                 "qkv": "qkv_projection", "layer_norm": "layer_norm_impl",
+                 "residual_dtype": "residual_dtype"}
 
 
 def add_model_choice_arguments(ap: argparse.ArgumentParser) -> None:
-    """``--hidden-dropout``, ``--qkv``, ``--layer-norm`` (docs/pretraining.md, runtime fields)."""
+    """``--hidden-dropout``, ``--dropout-hash``, ``--qkv``, ``--layer-norm`` (docs/pretraining.md,
+    runtime fields)."""
     from bert_jax.config import CHOICE_FIELDS, BertConfig
 
     defaults = BertConfig()

@@ -83,6 +83,7 @@ def run_config(name: str, args, checkpoint: str, seed: int):
     c.seed = seed
     c.init_checkpoint = checkpoint
     c.model.dtype = args.dtype
+    c.model.residual_dtype = args.residual_dtype
     c.log_every = 0
     if task == "squad_v1":
         c.featurize.doc_stride = 128 if c.max_seq_length >= 256 else c.max_seq_length // 2
@@ -254,6 +255,9 @@ def main(argv=None) -> int:
                          "(overrides --seed); the summary adds per-task means over seeds")
     ap.add_argument("--holdout-seed", type=int, default=1234)
     ap.add_argument("--dtype", default="bfloat16", help="bert-jax compute dtype (params fp32)")
+    ap.add_argument("--residual-dtype", default="compute", choices=("compute", "float32"),
+                    help="bert-jax model.residual_dtype (float32: LayerNorm outputs and "
+                         "residual sums in float32, as torch autocast keeps them)")
     ap.add_argument("--checkpoint", default=None, help="HF dir (default: the MiniLM package)")
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--skip-ours", action="store_true")

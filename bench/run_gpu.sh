@@ -2,7 +2,9 @@
 # The whole GPU benchmark, in stages that each fit one 10-minute call:
 #
 #   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
-#                                              loop | scaling | dropout | profile | all
+#                                              loop | scaling | dropout | profile | qkv |
+#                                              layernorm | pending | finetune | hash | all
+#   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
 # Run from the repository root. Results go to $OUT/bench.jsonl (JSON lines), the stage's log to
 # $OUT/<stage>.log, nvidia-smi and versions to $OUT/env.txt, and the markdown summary of
@@ -25,10 +27,14 @@
 #                           base/128 pretrain and classify, large/512 pretrain
 #   profile        ~3 min   bench/profile_step.py kernel tables: base/128 pretrain b256 and
 #                           classify b32 (traces and summaries under $OUT/profile-*)
-#   layernorm      ~1 min   base/128 pretrain and classify with --layer-norm two_stage
-#   pending        ~5 min   the third session's unmeasured changes in one call: base/128
-#                           baseline vs --layer-norm two_stage vs --qkv fused, classify flax
-#                           vs two_stage, and a profile (with op attribution) of the default
+#   layernorm      ~1 min   base/128 pretrain and classify with --layer-norm flax (two_stage
+#                           is the default)
+#   pending        ~9 min   unmeasured changes in one call (BUDGET_S=570): base/128 baseline vs
+#                           --dropout-hash flat, --layer-norm two_stage, --qkv fused; classify
+#                           flax vs two_stage; attention kernels; large/512 rowcol vs flat
+#                           hash; a profile (with op attribution) of the default
+#   finetune       ~3 min   classify base/128 b32: bert-jax and transformers, same call
+#   hash           ~3 min   large/512 b32: --dropout-hash rowcol (default) vs flat
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -229,23 +235,44 @@ stage_dropout() {  # hidden dropout masks: counter hash (the default) vs threefr
   done
 }
 
+stage_finetune() {  # fine-tuning step, bert-jax and the peer (base/128, batch 32), one call
+  classify 60 finetune
+  PEER_ONLY="classify:$BASE:$S128" stage_peer
+}
+
+stage_hash() {  # dropout mask hash: rowcol (default) vs flat, where attention matters most
+  pretrain 75 hash:rowcol "$LARGE" "$S512" "$B32"
+  pretrain 75 hash:flat "$LARGE" "$S512" "$B32" --dropout-hash flat
+}
+
 stage_qkv() {  # the query/key/value projection: split (default) vs fused
   pretrain 60 qkv:fused "$BASE" "$S128" "$B256" --qkv fused
   classify 40 qkv:fused --qkv fused
 }
 
-stage_layernorm() {  # LayerNorm backward: flax autodiff (default) vs two_stage
-  pretrain 60 layernorm:two_stage "$BASE" "$S128" "$B256" --layer-norm two_stage
-  classify 40 layernorm:two_stage --layer-norm two_stage
+stage_layernorm() {  # LayerNorm backward: two_stage (default) vs flax autodiff
+  pretrain 60 layernorm:flax "$BASE" "$S128" "$B256" --layer-norm flax
+  classify 40 layernorm:flax --layer-norm flax
 }
 
-stage_pending() {  # every change of the third session not yet measured on a GPU, one call
+stage_pending() {  # every change not yet measured on a GPU, one call (~9 min: BUDGET_S=570)
   pretrain 45 pending:baseline "$BASE" "$S128" "$B256"
+  pretrain 45 pending:hash_flat "$BASE" "$S128" "$B256" --dropout-hash flat
   pretrain 45 pending:layernorm_two_stage "$BASE" "$S128" "$B256" --layer-norm two_stage
-  pretrain 45 pending:qkv_fused "$BASE" "$S128" "$B256" --qkv fused
   local impl
   for impl in flax two_stage; do classify 40 "pending:layernorm_$impl" --layer-norm "$impl"; done
+  attention 60
+  pretrain 75 pending:baseline "$LARGE" "$S512" "$B32"
+  pretrain 75 pending:hash_flat "$LARGE" "$S512" "$B32" --dropout-hash flat
   profile pretrain "$B256" profile-pending-pretrain
+  pretrain 45 pending:qkv_fused "$BASE" "$S128" "$B256" --qkv fused
+}
+
+attention() {  # attention EST: bench_attention.py, default blocks, -> $OUT/attention.jsonl
+  local shapes=()
+  [ "$SMOKE" = 1 ] && shapes=(--shapes 2x64x2x16)
+  run_case "$1" attention attention "$BASE" "$S128" "$B256" -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_attention.py --tune none "${shapes[@]}" --out "$OUT/attention.jsonl"
 }
 
 stage_profile() {  # per-kernel time tables of one step (bench/profile_step.py)
@@ -281,7 +308,9 @@ run_stage() {
     qkv) stage_qkv ;;
     layernorm) stage_layernorm ;;
     pending) stage_pending ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|dropout|profile|qkv|layernorm|pending|all)" >&2
+    finetune) stage_finetune ;;
+    hash) stage_hash ;;
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|dropout|profile|qkv|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
@@ -291,9 +320,9 @@ if [ "$STAGE" = all ]; then
   for s in env core peer levers levers-large loop dropout qkv layernorm profile scaling; do
     run_stage "$s"
   done
-else
+else  # one stage, or several: bash bench/run_gpu.sh "finetune loop"
   run_stage env >/dev/null
-  run_stage "$STAGE"
+  for s in $STAGE; do run_stage "$s"; done
 fi
 
 touch "$RESULTS"

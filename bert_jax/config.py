@@ -18,12 +18,19 @@ DROPOUT_ATTENTION_IMPLS = ("explicit", "flash", "auto")
 # Hidden-state dropout masks: hash (counter hash, recomputed in the backward pass) | prng
 # (Flax nn.Dropout, threefry Bernoulli mask); bert_jax/modeling/dropout.py.
 HIDDEN_DROPOUT_IMPLS = ("hash", "prng")
+# The counter hash behind hash dropout masks, hidden and (flash kernel) attention: rowcol (a
+# code per row and per column, one finalizer round per element) | flat (two rounds of the
+# flat element index); bert_jax/modeling/dropout.py.
+DROPOUT_HASHES = ("rowcol", "flat")
 # The query/key/value projection: one matmul into [.., 3, heads, head_dim] then slices
 # (fused), or one matmul per slice of the same kernel (split). Parameters are the same.
 QKV_PROJECTIONS = ("split", "fused")
-# LayerNorm: Flax's nn.LayerNorm (autodiff backward) or two_stage (custom backward with
-# two-stage column sums for the scale/bias gradients; bert_jax/modeling/ops.py).
-LAYER_NORM_IMPLS = ("flax", "two_stage")
+# LayerNorm: two_stage (custom backward with two-stage column sums for the scale/bias
+# gradients; bert_jax/modeling/ops.py) or Flax's nn.LayerNorm (autodiff backward).
+LAYER_NORM_IMPLS = ("two_stage", "flax")
+# The residual stream (LayerNorm outputs and the sums into them): the compute dtype, or float32
+# while matmuls still run in the compute dtype (what torch autocast does).
+RESIDUAL_DTYPES = ("compute", "float32")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "offload_dots")
 DTYPES = ("float32", "bfloat16", "float16")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_approx", "relu", "tanh")
@@ -31,8 +38,10 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_approx", "relu", "tanh")
 CHOICE_FIELDS = {
     "hidden_act": ACTIVATIONS, "dtype": DTYPES, "param_dtype": DTYPES,
     "attention_impl": ATTENTION_IMPLS, "dropout_attention_impl": DROPOUT_ATTENTION_IMPLS,
-    "hidden_dropout_impl": HIDDEN_DROPOUT_IMPLS, "qkv_projection": QKV_PROJECTIONS,
-    "layer_norm_impl": LAYER_NORM_IMPLS, "remat_policy": REMAT_POLICIES,
+    "hidden_dropout_impl": HIDDEN_DROPOUT_IMPLS, "dropout_hash": DROPOUT_HASHES,
+    "qkv_projection": QKV_PROJECTIONS,
+    "layer_norm_impl": LAYER_NORM_IMPLS, "residual_dtype": RESIDUAL_DTYPES,
+    "remat_policy": REMAT_POLICIES,
 }
 
 
@@ -69,8 +78,10 @@ class BertConfig:
     # dropout, bert_jax/modeling/flash.py) | auto (flash on GPU where shapes allow).
     dropout_attention_impl: str = "auto"
     hidden_dropout_impl: str = "hash"  # hash | prng (see HIDDEN_DROPOUT_IMPLS)
+    dropout_hash: str = "rowcol"  # rowcol | flat (see DROPOUT_HASHES)
     qkv_projection: str = "split"  # split | fused (see QKV_PROJECTIONS)
-    layer_norm_impl: str = "flax"  # flax | two_stage (see LAYER_NORM_IMPLS)
+    layer_norm_impl: str = "two_stage"  # two_stage | flax (see LAYER_NORM_IMPLS)
+    residual_dtype: str = "compute"  # compute | float32 (see RESIDUAL_DTYPES)
     scan_layers: bool = False
     remat_policy: str = "none"
 

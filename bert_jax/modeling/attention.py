@@ -72,12 +72,13 @@ def resolve_dropout_implementation(name: str, query, key) -> str:
 
 
 def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rate: float,
-                      implementation: str = "auto"):
+                      implementation: str = "auto", mask_hash: str = "rowcol"):
     """Training-time attention with dropout on the probabilities. Returns the context.
 
     ``flash`` runs the Pallas kernel of ``bert_jax.modeling.flash`` (dropout in the kernel,
-    probabilities never in memory), split over the active mesh with ``shard_map`` because a
-    Pallas call is not partitioned by XLA; ``explicit`` is the einsum path.
+    probabilities never in memory, mask from the counter hash ``mask_hash``), split over the
+    active mesh with ``shard_map`` because a Pallas call is not partitioned by XLA;
+    ``explicit`` is the einsum path (a threefry Bernoulli mask).
     """
     impl = resolve_dropout_implementation(implementation, query, key)
     if impl == "explicit":
@@ -94,7 +95,8 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
     salt = flash.salt_from_rng(dropout_rng, query.shape[0], query.shape[2])
 
     def local(q, k, v, lengths, s):
-        return flash.flash_attention(q, k, v, lengths, salt=s, dropout_rate=dropout_rate)
+        return flash.flash_attention(q, k, v, lengths, salt=s, dropout_rate=dropout_rate,
+                                     mask_hash=mask_hash)
 
     return _over_mesh(local, query, key, value, kv_lengths, salt)
 

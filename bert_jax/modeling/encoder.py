@@ -47,8 +47,10 @@ def ones(axes):
 
 
 def layer_norm(config: BertConfig, name: str) -> nn.Module:
-    """``nn.LayerNorm`` (``layer_norm_impl=flax``) or :class:`TwoStageLayerNorm`."""
-    kwargs = dict(epsilon=config.layer_norm_eps, dtype=config.dtype,
+    """``nn.LayerNorm`` (``layer_norm_impl=flax``) or :class:`TwoStageLayerNorm`; the output
+    (the residual stream) in ``residual_dtype``."""
+    dtype = "float32" if config.residual_dtype == "float32" else config.dtype
+    kwargs = dict(epsilon=config.layer_norm_eps, dtype=dtype,
                   param_dtype=config.param_dtype, scale_init=ones(("embed",)),
                   bias_init=zeros(("embed",)), name=name)
     if config.layer_norm_impl == "two_stage":
@@ -128,7 +130,8 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = emb(num_embeddings=cfg.type_vocab_size,
                                          embedding_init=initializer(cfg, (None, "embed")))
         self.layer_norm = layer_norm(cfg, "LayerNorm")
-        self.dropout = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl)
+        self.dropout = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl,
+                               cfg.dropout_hash)
         if cfg.embedding_dim != cfg.hidden_size:
             self.projection = dense(cfg, cfg.hidden_size, ("embed", "mlp"),
                                     "embedding_projection")
@@ -180,7 +183,7 @@ class BertSelfAttention(nn.Module):
             context, probs = dropout_attention(
                 query, key, value, kv_lengths, dropout_rng=self.make_rng("dropout"),
                 dropout_rate=cfg.attention_probs_dropout_prob,
-                implementation=cfg.dropout_attention_impl), None
+                implementation=cfg.dropout_attention_impl, mask_hash=cfg.dropout_hash), None
         else:
             context, probs = fused_attention(query, key, value, kv_lengths,
                                              cfg.attention_impl), None
@@ -198,7 +201,7 @@ class BertLayer(nn.Module):
     @nn.compact
     def __call__(self, x, kv_lengths):
         cfg = self.config
-        drop = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl)
+        drop = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl, cfg.dropout_hash)
         attn, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
                                         name="attention")(x, kv_lengths)
         x = layer_norm(cfg, "attention_norm")(x + drop(attn, deterministic=self.deterministic))

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bert_jax.modeling.dropout import keep_from_index
+from bert_jax.modeling.dropout import column_code, keep_from_codes, keep_from_index, row_code
 from bert_jax.modeling.dropout import salt_from_rng as _salts
 
 LOG2E = math.log2(math.e)
@@ -56,6 +56,7 @@ class FlashSettings:
     num_stages: int
     interpret: bool
     fused_backward: bool = False
+    mask_hash: str = "rowcol"
 
 
 def supported(seq_len: int, kv_seq_len: int, head_dim: int) -> bool:
@@ -65,18 +66,34 @@ def supported(seq_len: int, kv_seq_len: int, head_dim: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# The dropout mask: the counter hash of ``dropout.py`` on (salt, q * kv_seq + k).
+# The dropout mask: the counter hash of ``dropout.py`` with (query, key) as (row, column):
+# ``rowcol`` codes each query row and each key column once per block and mixes them per element;
+# ``flat`` hashes the flat index q * kv_seq + k.
 
-def _keep(rows, cols, salt, kv_seq_len: int, rate: float):
-    """bool [rows, cols]: True where the element is kept (probability 1 - rate)."""
+def _mask_rows(rows, salt, mask_hash: str):
+    """What the mask needs of a block's query indices (their codes, or the indices)."""
+    return row_code(rows, salt) if mask_hash == "rowcol" else rows
+
+
+def _mask_cols(cols, mask_hash: str):
+    """What the mask needs of a block's key indices (their codes, or the indices)."""
+    return column_code(cols) if mask_hash == "rowcol" else cols
+
+
+def _keep(rows, cols, salt, kv_seq_len: int, rate: float, mask_hash: str):
+    """bool [rows, cols]: True where the element is kept (probability 1 - rate); ``rows`` and
+    ``cols`` come from ``_mask_rows`` and ``_mask_cols``."""
+    if mask_hash == "rowcol":
+        return keep_from_codes(rows[:, None], cols[None, :], rate)
     return keep_from_index(rows[:, None] * kv_seq_len + cols[None, :], salt, rate)
 
 
-def dropout_keep_mask(salt, q_len: int, kv_len: int, rate: float):
+def dropout_keep_mask(salt, q_len: int, kv_len: int, rate: float, mask_hash: str = "rowcol"):
     """The kernels' mask with jax.numpy: salt int32 [batch, heads] -> bool [b, h, q, k]."""
     rows = jnp.arange(q_len, dtype=jnp.int32)
-    cols = jnp.arange(kv_len, dtype=jnp.int32)
-    return jax.vmap(jax.vmap(lambda s: _keep(rows, cols, s, kv_len, rate)))(salt)
+    cols = _mask_cols(jnp.arange(kv_len, dtype=jnp.int32), mask_hash)
+    return jax.vmap(jax.vmap(lambda s: _keep(_mask_rows(rows, s, mask_hash), cols, s, kv_len,
+                                             rate, mask_hash)))(salt)
 
 
 def salt_from_rng(rng, batch: int, heads: int):
@@ -106,7 +123,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, o_ref, lse_ref, *,
     kv_len = k_ref.shape[0]
     q = q_ref[...]
     salt = salt_ref[...]
-    rows = _iota(block_q, pl.program_id(2) * block_q)
+    rows = _mask_rows(_iota(block_q, pl.program_id(2) * block_q), salt, s.mask_hash)
     qk_scale = s.scale * LOG2E
 
     def body(j, carry):
@@ -119,8 +136,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, o_ref, lse_ref, *,
         alpha = jnp.exp2(m - m_new)
         denom = denom * alpha + jnp.sum(p, axis=1)
         if s.dropout_rate > 0.0:
-            p = jnp.where(_keep(rows, _iota(block_k, j * block_k), salt, kv_len,
-                                s.dropout_rate), p, 0.0)
+            cols = _mask_cols(_iota(block_k, j * block_k), s.mask_hash)
+            p = jnp.where(_keep(rows, cols, salt, kv_len, s.dropout_rate, s.mask_hash), p, 0.0)
         acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
         return m_new, denom, acc
 
@@ -141,10 +158,10 @@ def _scores(q, k, bias, qk_scale):
 
 
 def _dropped(p, dp, rows, cols, salt, kv_len, s: FlashSettings):
-    """(P * Z, dP_dropped * Z) with Z = keep / (1 - rate)."""
+    """(P * Z, dP_dropped * Z) with Z = keep / (1 - rate); ``rows``/``cols`` as ``_keep``."""
     if s.dropout_rate == 0.0:
         return p, dp
-    keep = _keep(rows, cols, salt, kv_len, s.dropout_rate)
+    keep = _keep(rows, cols, salt, kv_len, s.dropout_rate, s.mask_hash)
     inv = 1.0 / (1.0 - s.dropout_rate)
     return jnp.where(keep, p * inv, 0.0), jnp.where(keep, dp * inv, 0.0)
 
@@ -166,7 +183,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
     k, v = k_ref[...], v_ref[...]
     bias = bias_ref[pl.ds(start_k, block_k)]
     salt = salt_ref[...]
-    cols = _iota(block_k, start_k)
+    cols = _mask_cols(_iota(block_k, start_k), s.mask_hash)
     qk_scale = s.scale * LOG2E
 
     def body(i, carry):
@@ -175,7 +192,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
         q, do = q_ref[queries, :], do_ref[queries, :]
         p = _probabilities(q, k, bias, lse_ref[queries], qk_scale)
         dp = _dot(do, v, trans_b=True)
-        p_kept, dp = _dropped(p, dp, _iota(block_q, i * block_q), cols, salt, kv_len, s)
+        rows = _mask_rows(_iota(block_q, i * block_q), salt, s.mask_hash)
+        p_kept, dp = _dropped(p, dp, rows, cols, salt, kv_len, s)
         dv = dv + _dot(p_kept.astype(do.dtype), do, trans_a=True)
         ds = p * (dp - delta_ref[queries][:, None])
         dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
@@ -198,7 +216,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_r
     q, do = q_ref[...], do_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
     salt = salt_ref[...]
-    rows = _iota(block_q, pl.program_id(2) * block_q)
+    rows = _mask_rows(_iota(block_q, pl.program_id(2) * block_q), salt, s.mask_hash)
     qk_scale = s.scale * LOG2E
 
     def body(j, dq):
@@ -206,7 +224,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_r
         k, v = k_ref[keys, :], v_ref[keys, :]
         p = _probabilities(q, k, bias_ref[keys], lse, qk_scale)
         dp = _dot(do, v, trans_b=True)
-        _, dp = _dropped(p, dp, rows, _iota(block_k, j * block_k), salt, kv_len, s)
+        cols = _mask_cols(_iota(block_k, j * block_k), s.mask_hash)
+        _, dp = _dropped(p, dp, rows, cols, salt, kv_len, s)
         ds = p * (dp - delta[:, None])
         return dq + _dot(ds.astype(k.dtype), k)
 
@@ -332,10 +351,12 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: float = 0.0,
                     block_q: int = 64, block_k: int = 128, block_q_bwd: int | None = None,
                     block_k_bwd: int = 64, num_warps: int = 4, num_stages: int = 2,
-                    backward: str = "auto", interpret: bool | None = None):
+                    backward: str = "auto", interpret: bool | None = None,
+                    mask_hash: str = "rowcol"):
     """Attention over [batch, seq, heads, head_dim] with right padding given as key lengths
     and, when ``dropout_rate > 0``, dropout on the probabilities driven by ``salt``
-    (int32 [batch, heads], e.g. ``salt_from_rng``). Returns the context, same shape as query.
+    (int32 [batch, heads], e.g. ``salt_from_rng``) through the counter hash ``mask_hash``
+    (``rowcol`` or ``flat``, see ``dropout.py``). Returns the context, same shape as query.
 
     ``backward``: ``split`` (one kernel per key block for dK/dV, one per query block for dQ,
     any length), ``fused`` (one kernel per (example, head) holding every key: no recomputed
@@ -356,6 +377,8 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
         interpret = jax.default_backend() != "gpu"
     bias = jnp.where(jnp.arange(kv_len)[None, :] < kv_lengths[:, None], 0.0,
                      MASK_VALUE).astype(jnp.float32)
+    if mask_hash not in ("rowcol", "flat"):
+        raise ValueError(f"mask_hash must be rowcol or flat, got {mask_hash!r}")
     if backward not in ("auto", "split", "fused"):
         raise ValueError(f"backward must be auto, split or fused, got {backward!r}")
     fused = kv_len <= FUSED_BACKWARD_MAX_KV if backward == "auto" else backward == "fused"
@@ -364,7 +387,7 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
     blocks = [_fit(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
                                        (block_q_bwd, q_len), (block_k_bwd, kv_len))]
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *blocks,
-                             num_warps, num_stages, bool(interpret), fused)
+                             num_warps, num_stages, bool(interpret), fused, mask_hash)
     return _flash(query, key, value, bias, salt.astype(jnp.int32), settings)
 
 
@@ -376,7 +399,8 @@ def _fit(block: int, length: int) -> int:
     return block
 
 
-def reference_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate=0.0):
+def reference_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate=0.0,
+                        mask_hash: str = "rowcol"):
     """The same computation with jax.numpy (materialized probabilities; tests)."""
     depth = query.shape[-1]
     scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
@@ -385,6 +409,6 @@ def reference_attention(query, key, value, kv_lengths, *, salt=None, dropout_rat
     scores = jnp.where(valid[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
     if dropout_rate > 0.0:
-        keep = dropout_keep_mask(salt, query.shape[1], key.shape[1], dropout_rate)
+        keep = dropout_keep_mask(salt, query.shape[1], key.shape[1], dropout_rate, mask_hash)
         probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
     return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(value.dtype), value)

@@ -128,7 +128,7 @@ def _classify(module: nn.Module, features, num_outputs: int, deterministic: bool
     """Dropout then a dense layer (``name`` keeps checkpoint paths), logits in float32."""
     cfg = module.config
     if dropout:
-        features = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl)(
+        features = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl, cfg.dropout_hash)(
             features, deterministic=deterministic)
     logits = dense(cfg, num_outputs, ("embed", "classes"), name)(features)
     return logits.astype(jnp.float32)

@@ -54,9 +54,8 @@ METRICS_FILE = "metrics.json"
 # match the checkpoint (it decides the encoder's shapes and function).
 RUNTIME_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dtype",
                   "param_dtype", "attention_impl", "dropout_attention_impl",
-                  "hidden_dropout_impl", "qkv_projection", "layer_norm_impl",
-                  "scan_layers",
-                  "remat_policy", "initializer_range")
+                  "hidden_dropout_impl", "dropout_hash", "qkv_projection", "layer_norm_impl",
+                  "residual_dtype", "scan_layers", "remat_policy", "initializer_range")
 
 
 def base_config() -> ml_collections.ConfigDict:

@@ -27,51 +27,73 @@ def test_flat_index_is_row_major():
     np.testing.assert_array_equal(jax.jit(lambda: flat_index((7,)))(), np.arange(7))
 
 
+def _rectangle_correlation(x):
+    """Mean of x[r, c] x[r, c+1] x[r+1, c] x[r+1, c+1] over the last two axes, over var**2:
+    the statistic the rowcol hash's structure (row code ^ column code) could bias."""
+    return float((x * np.roll(x, 1, -1) * np.roll(x, 1, -2) * np.roll(np.roll(x, 1, -1), 1, -2)
+                  ).mean() / x.var() ** 2)
+
+
+@pytest.mark.parametrize("mask_hash", ["rowcol", "flat"])
 @pytest.mark.parametrize("rate", [0.1, 0.3])
-def test_mask_statistics(rate):
+def test_mask_statistics(rate, mask_hash):
     salt = salt_from_rng(jax.random.key(0))
-    keep = np.asarray(dropout_keep_mask((16, 128, 256), salt, rate))
+    keep = np.asarray(dropout_keep_mask((16, 128, 256), salt, rate, mask_hash))
     assert abs(keep.mean() - (1 - rate)) < 0.004  # 524k draws: sd 0.0004-0.0006
     assert np.abs(keep.mean(axis=(1, 2)) - (1 - rate)).max() < 0.01  # per example (32k each)
     x = keep.astype(np.float64) - keep.mean()
     for axis in range(3):  # neighbours along every axis look independent
         assert abs((x * np.roll(x, 1, axis=axis)).mean() / x.var()) < 0.01
+    assert abs(_rectangle_correlation(x)) < 0.03
     # another salt: a different, uncorrelated mask; the same salt: the same mask
     other = np.asarray(dropout_keep_mask((16, 128, 256), salt_from_rng(jax.random.key(1)),
-                                         rate)).astype(np.float64)
+                                         rate, mask_hash)).astype(np.float64)
     assert abs((x * (other - other.mean())).mean() / x.var()) < 0.01
-    again = np.asarray(dropout_keep_mask((16, 128, 256), salt, rate))
+    again = np.asarray(dropout_keep_mask((16, 128, 256), salt, rate, mask_hash))
     np.testing.assert_array_equal(again, keep)
 
 
-def test_forward_and_gradient_use_the_same_mask():
+def test_the_two_hashes_differ_and_bad_hash_is_refused():
+    salt = salt_from_rng(jax.random.key(0))
+    a, b = (dropout_keep_mask((8, 64), salt, 0.5, h) for h in ("rowcol", "flat"))
+    assert 0.3 < float(jnp.mean(a != b)) < 0.7
+    with pytest.raises(ValueError, match="dropout hash"):
+        hash_dropout(jnp.ones((4, 4)), salt, 0.1, "xor")
+    with pytest.raises(BertJaxError, match="dropout_hash"):
+        get_preset("tiny", dropout_hash="xor")
+
+
+@pytest.mark.parametrize("mask_hash", ["rowcol", "flat"])
+def test_forward_and_gradient_use_the_same_mask(mask_hash):
     x = jax.random.normal(jax.random.key(0), (4, 32, 48))
     w = jax.random.normal(jax.random.key(1), x.shape)
     salt = salt_from_rng(jax.random.key(2))
-    keep = dropout_keep_mask(x.shape, salt, 0.2)
-    np.testing.assert_allclose(hash_dropout(x, salt, 0.2), jnp.where(keep, x / 0.8, 0.0),
-                               rtol=1e-6)
-    grad = jax.grad(lambda x: jnp.sum(hash_dropout(x, salt, 0.2) * w))(x)
+    keep = dropout_keep_mask(x.shape, salt, 0.2, mask_hash)
+    np.testing.assert_allclose(hash_dropout(x, salt, 0.2, mask_hash),
+                               jnp.where(keep, x / 0.8, 0.0), rtol=1e-6)
+    grad = jax.grad(lambda x: jnp.sum(hash_dropout(x, salt, 0.2, mask_hash) * w))(x)
     np.testing.assert_allclose(grad, jnp.where(keep, w / 0.8, 0.0), rtol=1e-6)
     # bf16 keeps its dtype
-    assert hash_dropout(x.astype(jnp.bfloat16), salt, 0.2).dtype == jnp.bfloat16
+    assert hash_dropout(x.astype(jnp.bfloat16), salt, 0.2, mask_hash).dtype == jnp.bfloat16
 
 
-def test_backward_keeps_only_the_salt():
-    """The VJP's residuals are the scalar salt, not a mask the size of x."""
+@pytest.mark.parametrize("mask_hash, saved", [("flat", 1), ("rowcol", 8 * 64 + 32)])
+def test_backward_keeps_no_mask(mask_hash, saved):
+    """The VJP's residuals are the salt (flat) or one code per row and column (rowcol), not a
+    mask the size of x."""
     x = jnp.ones((8, 64, 32))
     salt = salt_from_rng(jax.random.key(0))
-    _, vjp = jax.vjp(lambda x: hash_dropout(x, salt, 0.1), x)
-    residual_sizes = [leaf.size for leaf in jax.tree.leaves(vjp)]
-    assert residual_sizes and max(residual_sizes) == 1
+    _, vjp = jax.vjp(lambda x: hash_dropout(x, salt, 0.1, mask_hash), x)
+    assert sum(leaf.size for leaf in jax.tree.leaves(vjp)) == saved
 
 
-def test_split_over_mesh_equals_one_device():
+@pytest.mark.parametrize("mask_hash", ["rowcol", "flat"])
+def test_split_over_mesh_equals_one_device(mask_hash):
     """The index is the global position: a batch- and feature-sharded array drops exactly
     what the unsharded one drops."""
     x = jax.random.normal(jax.random.key(0), (8, 16, 32))
     salt = salt_from_rng(jax.random.key(1))
-    fn = jax.jit(lambda x, s: hash_dropout(x, s, 0.1))
+    fn = jax.jit(lambda x, s: hash_dropout(x, s, 0.1, mask_hash))
     single = fn(x, salt)
     mesh = parallel.create_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     sharded_x = jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp"), None, "tensor")))

@@ -69,10 +69,11 @@ def test_dropout_changes_output_and_padding_is_ignored():
     np.testing.assert_allclose(again, dropped, atol=1e-6)
 
 
-def test_mask_statistics():
+@pytest.mark.parametrize("mask_hash", ["rowcol", "flat"])
+def test_mask_statistics(mask_hash):
     salt = flash.salt_from_rng(jax.random.key(0), 4, 4)
     for rate in (0.1, 0.3):
-        keep = np.asarray(flash.dropout_keep_mask(salt, 128, 128, rate))
+        keep = np.asarray(flash.dropout_keep_mask(salt, 128, 128, rate, mask_hash))
         assert abs(keep.mean() - (1 - rate)) < 0.005  # 262k draws: sd 0.0006-0.0009
         # per (example, head) rates and neighbouring elements look independent
         assert np.abs(keep.mean(axis=(2, 3)) - (1 - rate)).max() < 0.02
@@ -81,9 +82,27 @@ def test_mask_statistics():
             assert abs((x * shifted).mean() / x.var()) < 0.02
     # different salts give different masks; the same salt the same mask
     other = flash.salt_from_rng(jax.random.key(1), 4, 4)
-    a = flash.dropout_keep_mask(salt, 64, 64, 0.1)
-    assert float(jnp.mean(a != flash.dropout_keep_mask(other, 64, 64, 0.1))) > 0.1
-    assert bool(jnp.all(a == flash.dropout_keep_mask(salt, 64, 64, 0.1)))
+    a = flash.dropout_keep_mask(salt, 64, 64, 0.1, mask_hash)
+    assert float(jnp.mean(a != flash.dropout_keep_mask(other, 64, 64, 0.1, mask_hash))) > 0.1
+    assert bool(jnp.all(a == flash.dropout_keep_mask(salt, 64, 64, 0.1, mask_hash)))
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_flat_hash_matches_reference(blocks):
+    """The kernels with the ``flat`` mask hash (split and fused backward) against the
+    reference with the same hash."""
+    q, k, v, lengths, salt = _inputs(blocks)
+    cot = jax.random.normal(jax.random.key(9), q.shape)
+    kw = dict(salt=salt, dropout_rate=0.3, mask_hash="flat")
+    ours = lambda *a: flash.flash_attention(*a, lengths, **kw, **BLOCKS[blocks])  # noqa: E731
+    ref = lambda *a: flash.reference_attention(*a, lengths, **kw)  # noqa: E731
+    np.testing.assert_allclose(ours(q, k, v), ref(q, k, v), atol=2e-6, rtol=1e-5)
+    assert float(jnp.abs(ours(q, k, v) - flash.flash_attention(
+        q, k, v, lengths, salt=salt, dropout_rate=0.3)).max()) > 1e-2  # rowcol differs
+    g_ours = jax.grad(lambda *a: jnp.sum(ours(*a) * cot), argnums=(0, 1, 2))(q, k, v)
+    g_ref = jax.grad(lambda *a: jnp.sum(ref(*a) * cot), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(g_ours, g_ref, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_unsupported_shapes_and_missing_salt_are_refused():
