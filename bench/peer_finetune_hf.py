@@ -75,8 +75,22 @@ def torch_batch(torch, features, index, kind, device, with_labels: bool):
     return out
 
 
+def load_head_init(torch, model, path: str) -> list[str]:
+    """Experiment: overwrite the freshly initialised head with bert-jax's (an .npz of
+    ``<module>/kernel`` and ``<module>/bias`` written by quality_finetune --share-head-init);
+    returns the module names set."""
+    arrays = np.load(path)
+    names = sorted({key.split("/")[0] for key in arrays.files})
+    with torch.no_grad():
+        for name in names:
+            layer = getattr(model, name)
+            layer.weight.copy_(torch.from_numpy(arrays[f"{name}/kernel"].T.copy()))
+            layer.bias.copy_(torch.from_numpy(arrays[f"{name}/bias"]))
+    return names
+
+
 def run(config, checkpoint: str, device_name: str | None, compile_model: bool,
-        train_pad_embedding: bool = False) -> dict:
+        train_pad_embedding: bool = False, head_init: str | None = None) -> dict:
     import torch
     import transformers as T
 
@@ -90,7 +104,10 @@ def run(config, checkpoint: str, device_name: str | None, compile_model: bool,
     train_f = featurize(task, train, tokenizer, config)
     dev_f = featurize(task, dev, tokenizer, config)
 
-    model = build_model(task, checkpoint, config).to(device)
+    model = build_model(task, checkpoint, config)
+    if head_init:
+        print(f"head initialised from {head_init}: {load_head_init(torch, model, head_init)}")
+    model = model.to(device)
     if train_pad_embedding:  # experiment: the [PAD] row gets gradients, as in bert-jax
         model.get_input_embeddings().padding_idx = None
     groups = [
@@ -180,11 +197,13 @@ def main(argv=None) -> int:
     ap.add_argument("--train-pad-embedding", action="store_true",
                     help="experiment: no padding_idx, the [PAD] embedding row is trained (as "
                     "in bert-jax and Google's BERT)")
+    ap.add_argument("--head-init", help="experiment: .npz of bert-jax's initial head")
     args = ap.parse_args(argv)
     with open(args.config_json, encoding="utf-8") as f:
         config = config_from_dict(json.load(f))
     record = run(config, args.checkpoint, args.device, not args.no_compile,
-                 args.train_pad_embedding)
+                 args.train_pad_embedding, args.head_init)
+    record["head_init"] = "bert-jax" if args.head_init else "transformers"
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(record, f, indent=2)
     print(json.dumps({k: record[k] for k in ("task", "metrics", "train_seconds",

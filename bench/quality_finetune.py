@@ -29,6 +29,8 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
@@ -152,9 +154,32 @@ def run_peer(config, workdir: str, checkpoint: str, args) -> dict:
         cmd.append("--no-compile")
     if args.peer_train_pad_embedding:
         cmd.append("--train-pad-embedding")
+    if args.share_head_init:
+        cmd += ["--head-init", bert_jax_initial_head(config, workdir)]
     subprocess.run(cmd, check=True)
     with open(out, encoding="utf-8") as f:
         return json.load(f)
+
+
+def bert_jax_initial_head(config, workdir: str) -> str:
+    """The head bert-jax's fine-tuning run starts from (same seed, same init path as
+    ``bert_jax.tasks.run.finetune``), saved as ``<module>/kernel|bias`` in an .npz."""
+    import jax
+
+    from bert_jax.tasks import run as task_run
+    from bert_jax.tasks.registry import get_task
+
+    task = get_task(config.task)
+    model_cfg, _, _, _ = task_run.initial_model(task, config)
+    finetuner = task_run.build_finetuner(task, config, model_cfg, 1)
+    init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
+    params = jax.device_get(finetuner.init_params(init_rng))
+    arrays = {f"{name}/{leaf}": np.asarray(value)
+              for name, layer in params.items() if name != "bert"
+              for leaf, value in layer.items()}
+    path = os.path.join(workdir, "bert_jax_head_init.npz")
+    np.savez(path, **arrays)
+    return path
 
 
 def later_epochs_rate(record: dict | None) -> float | None:
@@ -260,6 +285,8 @@ def main(argv=None) -> int:
                          "residual sums in float32, as torch autocast keeps them)")
     ap.add_argument("--checkpoint", default=None, help="HF dir (default: the MiniLM package)")
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--share-head-init", action="store_true",
+                    help="experiment: the peer starts from bert-jax's initial head (same seed)")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--device", help="peer device: cuda or cpu (default: cuda when present)")
     ap.add_argument("--no-compile", action="store_true", help="peer without torch.compile")

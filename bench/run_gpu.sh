@@ -236,7 +236,7 @@ stage_dropout() {  # hidden dropout masks: counter hash (the default) vs threefr
 }
 
 stage_finetune() {  # fine-tuning step, bert-jax and the peer (base/128, batch 32), one call
-  classify 60 finetune
+  classify 60 core  # tagged core: the summary pairs core runs with the peer
   PEER_ONLY="classify:$BASE:$S128" stage_peer
 }
 

@@ -111,6 +111,31 @@ def test_remat_matches_no_remat(policy, scan_layers):
     assert _diff(grads, grads_r) <= 1e-6
 
 
+def test_float32_residual_stream():
+    """residual_dtype=float32 with bf16 compute: LayerNorm outputs and the residual sums stay
+    float32 (as under torch autocast), so the output is closer to the float32 model than the
+    all-bf16 one; with float32 compute the option changes nothing."""
+    params = {"params": _init(TINY)["bert"]}
+    inputs = _batch(TINY)
+    valid = np.asarray(inputs[1], bool)
+
+    def seq(**fields):
+        out = modeling.BertModel(TINY.replace(**fields)).apply(params, *inputs)
+        return out["sequence_output"]
+
+    f32 = np.asarray(seq())
+    mixed = seq(dtype="bfloat16", residual_dtype="float32")
+    assert mixed.dtype == jnp.float32
+    err_mixed = np.abs(np.asarray(mixed) - f32)[valid].max()
+    err_bf16 = np.abs(np.asarray(seq(dtype="bfloat16"), np.float32) - f32)[valid].max()
+    assert err_mixed < 0.5 * err_bf16
+    np.testing.assert_array_equal(np.asarray(seq(residual_dtype="float32")), f32)
+    grads = jax.grad(lambda p: jnp.mean(modeling.BertModel(
+        TINY.replace(dtype="bfloat16", residual_dtype="float32")).apply(
+            p, *inputs)["sequence_output"] ** 2))(params)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+
+
 def test_bfloat16_compute_close_to_float32():
     params = _init(TINY)
     inputs = _batch(TINY)
@@ -306,7 +331,7 @@ def test_two_stage_layer_norm_matches_flax(dtype):
     x = (3.0 * jax.random.normal(jax.random.key(0), (4, 128, cfg.hidden_size)) + 1.0
          ).astype(dtype)
     probe = jax.random.normal(jax.random.key(1), x.shape)
-    flax_ln = layer_norm(cfg, "norm")
+    flax_ln = layer_norm(cfg.replace(layer_norm_impl="flax"), "norm")
     ours = layer_norm(cfg.replace(layer_norm_impl="two_stage"), "norm")
     params = flax_ln.init(jax.random.key(2), x)
     params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape),
