@@ -68,6 +68,10 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--no-donate", action="store_true", help="do not donate the state")
     ap.add_argument("--mesh", default="dp", choices=["dp", "fsdp"],
                     help="dp: data=-1 (replicated params); fsdp: fsdp=-1")
+    ap.add_argument("--param-gather", default="param_dtype",
+                    choices=["param_dtype", "compute_dtype"],
+                    help="parallel.param_gather: FSDP all-gathers of matmul kernels in float32 "
+                         "(as stored) or cast to bf16 where they live")
     ap.add_argument("--devices", type=int, default=0, help="use the first N devices (0: all)")
     ap.add_argument("--peak-size", type=int, default=0,
                     help="matmul size for the measured peak (0: 8192 on GPU/TPU, 1024 on CPU)")
@@ -197,6 +201,7 @@ def experiment_config(args: argparse.Namespace):
     c.optimizer.warmup_steps = 1_000
     c.parallel.mesh = ({"data": -1, "fsdp": 1, "tensor": 1} if args.mesh == "dp"
                        else {"data": 1, "fsdp": -1, "tensor": 1})
+    c.parallel.param_gather = getattr(args, "param_gather", "param_dtype")
     return c
 
 
@@ -242,7 +247,8 @@ def build_step(args, training):
         training.model, training.tx, training.schedule, microbatches=args.microbatches,
         pair_head=training.model.pair_head, skip=args.skip,
         microbatch_sharding=lambda ndim: parallel.logical_sharding(
-            mesh, rules, None, "batch", *([None] * (ndim - 1)))), mesh, rules)
+            mesh, rules, None, "batch", *([None] * (ndim - 1))),
+        param_cast=training.param_cast), mesh, rules)
     replicated = parallel.replicated(training.mesh)
     return jax.jit(fn, in_shardings=(training.state_shardings, training.batch_shardings,
                                      replicated),
@@ -294,7 +300,7 @@ def main(argv=None) -> dict:
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,
-        "mesh": args.mesh, "tag": args.tag,
+        "mesh": args.mesh, "param_gather": args.param_gather, "tag": args.tag,
         "compile_and_first_step_s": first, "step_time_s": median / args.steps,
         "seq_per_s": seq_per_s, "tokens_per_s": seq_per_s * args.seq_len,
         "flops_per_seq": flops, "tflops": seq_per_s * flops / 1e12,

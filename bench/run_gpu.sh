@@ -282,12 +282,15 @@ stage_profile() {  # per-kernel time tables of one step (bench/profile_step.py)
   profile classify "$B32" "profile-classify-$BASE-$S128" ${PROFILE_ARGS:-}
 }
 
-stage_scaling() {  # SCALING_COUNTS=1,2 limits the device counts (default: 1, 2, 4.. present)
-  local extra=() RUN_TIMEOUT_S=$(( BUDGET_S > 590 ? BUDGET_S : 590 ))
+stage_scaling() {  # SCALING_COUNTS=1,2 limits the device counts (default: 1, 2, 4.. present);
+  # SCALING_ARGS="--param-gather compute_dtype --xla-flags collectives" go to every run
+  local extra=() pass=() RUN_TIMEOUT_S=$(( BUDGET_S > 590 ? BUDGET_S : 590 ))
   [ "$SMOKE" = 1 ] && extra=(--model "$LARGE" --seq-len "$S128")
   [ -n "${SCALING_COUNTS:-}" ] && extra+=(--device-counts "$SCALING_COUNTS")
+  # shellcheck disable=SC2206  # SCALING_ARGS: options, word-split on purpose
+  [ -n "${SCALING_ARGS:-}" ] && pass=(-- ${SCALING_ARGS})
   run_case 480 scaling scaling_summary "$LARGE" "$S128" 0 -- "${JAX_ENV[@]}" \
-    "$PY" bench/bench_scaling.py "${SCALE[@]}" "${extra[@]}" --out "$RESULTS"
+    "$PY" bench/bench_scaling.py "${SCALE[@]}" "${extra[@]}" --out "$RESULTS" "${pass[@]}"
 }
 
 run_stage() {

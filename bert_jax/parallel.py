@@ -298,12 +298,74 @@ def entered_mesh() -> Mesh | None:
     return None if mesh.empty or mesh.size == 1 else mesh
 
 
+def constrain(x, logical_axes: Sequence[str | None]):
+    """``nn.with_logical_constraint`` against the mesh ``traced_in_mesh`` entered (a no-op
+    without one). The mesh is passed explicitly: Flax looks for JAX's abstract mesh
+    (``jax.set_mesh``), which the ``with mesh:`` of ``traced_in_mesh`` does not set and
+    which cannot be set inside ``jax.jit``, so without it every constraint was dropped."""
+    mesh = entered_mesh()
+    if mesh is None:
+        return x
+    return nn.with_logical_constraint(x, tuple(logical_axes), mesh=mesh)
+
+
 def traced_in_mesh(fn: Callable[..., Any], mesh: Mesh, rules: Rules) -> Callable[..., Any]:
     """Wraps ``fn`` so that it traces inside ``mesh`` and the logical-axis ``rules``: the
-    model's activation constraints (``nn.with_logical_constraint``) then take effect."""
+    model's activation constraints (:func:`constrain`) then take effect."""
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
         with mesh, nn.logical_axis_rules(rules):
             return fn(*args, **kwargs)
 
     return wrapped
+
+
+# ---- parameters gathered in the compute dtype (FSDP) ---------------------------------------
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _cast_in_place(param, sharding, dtype):
+    return jax.lax.with_sharding_constraint(param.astype(dtype), sharding)
+
+
+def _cast_in_place_fwd(param, sharding, dtype):
+    return _cast_in_place(param, sharding, dtype), None
+
+
+def _cast_in_place_bwd(sharding, dtype, _, grad):
+    # float32 before the constraint: the gradient's reduce-scatter runs in float32, as it does
+    # when the parameter is gathered first and cast afterwards.
+    return (jax.lax.with_sharding_constraint(grad.astype(np.float32), sharding),)
+
+
+_cast_in_place.defvjp(_cast_in_place_fwd, _cast_in_place_bwd)
+
+PARAM_GATHERS = ("param_dtype", "compute_dtype")
+
+
+def param_gather_cast(shardings, dtype, gather: str = "compute_dtype"
+                      ) -> Callable[[Any], Any] | None:
+    """``params -> params`` for a train step that makes sharded (FSDP) matmul kernels reach
+    their all-gathers in the compute ``dtype`` (``gather="compute_dtype"``): each ``kernel``
+    leaf is cast where it lives, under its own sharding, so the gather moves half the bytes
+    of float32. The VJP casts the gradient back to float32 before its reduce-scatter.
+    Embedding tables, biases and LayerNorm parameters stay in their dtype (the embeddings are
+    looked up in float32 on purpose, ``modeling/encoder.py``). ``gather="param_dtype"`` (or a
+    float32 compute dtype) returns None: XLA gathers the stored parameters."""
+    if gather not in PARAM_GATHERS:
+        raise BertJaxError(f"parallel.param_gather={gather!r}: expected one of {PARAM_GATHERS}")
+    dtype = np.dtype(dtype)
+    if gather == "param_dtype" or dtype == np.float32:
+        return None
+
+    def cast(params):
+        def leaf(path, param, sharding):
+            boxed = isinstance(param, nn.Partitioned)  # Flax's logical-axis metadata box
+            value = param.unbox() if boxed else param
+            if getattr(path[-1], "key", None) != "kernel" or value.dtype == dtype:
+                return param
+            value = _cast_in_place(value, sharding, dtype)
+            return param.replace_boxed(value) if boxed else value
+
+        return jax.tree_util.tree_map_with_path(
+            leaf, params, shardings, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+    return cast

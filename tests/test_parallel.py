@@ -1,10 +1,12 @@
 """Meshes from config, logical-axis rules, and the same training on every layout."""
 
+import re
+
 import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-from training.helpers import small_config
+from training.helpers import EXPERIMENT, SMALL, small_config
 
 from bert_jax import parallel
 from bert_jax.errors import BertJaxError
@@ -88,3 +90,59 @@ def test_batch_split_over_data_and_fsdp():
     assert batch["x"].shape == (8, 2)
     assert batch["x"].addressable_shards[0].data.shape == (2, 2)
     np.testing.assert_array_equal(np.asarray(batch["x"]), np.arange(16).reshape(8, 2))
+
+
+def _fsdp_config(*overrides):
+    """SMALL with hidden 64 (not the sequence length 32, so activation shapes [16, 32, ...]
+    stay unambiguous) and bf16 compute."""
+    return config_lib.load_config(f"{EXPERIMENT}:tiny", [
+        *(o for o in SMALL if "hidden_size" not in o), "--config.model.hidden_size=64",
+        "--config.model.dtype=bfloat16", *overrides])
+
+
+def _fsdp_train_step(*overrides):
+    config = _fsdp_config(*overrides)
+    mesh = parallel.create_mesh({"data": 1, "fsdp": -1})
+    training = build_training(config, config_lib.model_config(config), mesh)
+    batch = training.global_batch(next(SyntheticBatches(16, 32, 5, 200, seed=7)))
+    return training.train_step.lower(training.abstract_state, batch, jax.random.PRNGKey(1))
+
+
+def test_fsdp_gathers_parameters_not_activations():
+    """Under FSDP the batch stays split: every all-gather in the compiled step is a parameter
+    (or a per-example vector), never a [batch, seq, ...] activation. Without the model's
+    activation constraints reaching the partitioner (``parallel.constrain``), XLA followed the
+    fsdp-sharded kernels, gathered the whole batch's activations and all-reduced matmul
+    outputs."""
+    hlo = _fsdp_train_step().compile().as_text()
+    gathered = [tuple(int(d) for d in dims.split(",") if d)
+                for dims in re.findall(r"= [a-z0-9]+\[([0-9,]*)\][^ ]* all-gather(?:-start)?\(",
+                                       hlo)]
+    assert gathered, "no all-gather: is the mesh FSDP?"
+    activations = [shape for shape in gathered if shape[:2] == (16, 32) and shape[2:] != (1,)]
+    assert not activations, f"activations gathered over the batch: {activations}"
+    assert (64, 64) in gathered  # the MLP kernels ([64, 64]) are gathered
+
+
+def test_param_gather_in_compute_dtype():
+    """parallel.param_gather=compute_dtype: matmul kernels are cast to bf16 under their own
+    (fsdp) sharding before use, so the gathers move bf16; embeddings stay float32; the loss is
+    the one of the default path (the same bf16 values reach the matmuls)."""
+    default = _fsdp_train_step().as_text()
+    cast = _fsdp_train_step("--config.parallel.param_gather=compute_dtype").as_text()
+    constrained = re.compile(r"sdy\.sharding_constraint[^\n]*tensor<([0-9x]+)xbf16>")
+    assert "64x64" in constrained.findall(cast) and "64x64" not in constrained.findall(default)
+    assert "200x64" not in constrained.findall(cast)  # the word embeddings (vocab 200 x 64)
+    with pytest.raises(BertJaxError, match="param_gather"):
+        parallel.param_gather_cast({}, "bfloat16", "int8")
+    losses = {}
+    for gather in ("param_dtype", "compute_dtype"):
+        config = _fsdp_config(f"--config.parallel.param_gather={gather}")
+        training = build_training(config, config_lib.model_config(config),
+                                  parallel.create_mesh({"data": 1, "fsdp": -1}))
+        state = training.init_state(jax.random.PRNGKey(0))
+        batch = training.global_batch(next(SyntheticBatches(16, 32, 5, 200, seed=7)))
+        for _ in range(2):
+            state, metrics = training.train_step(state, batch, jax.random.PRNGKey(1))
+        losses[gather] = float(metrics["loss"])
+    assert abs(losses["param_dtype"] - losses["compute_dtype"]) < 1e-3

@@ -19,9 +19,15 @@ from bert_jax.errors import BertJaxError
 from bert_jax.modeling.attention import dropout_attention, explicit_attention, fused_attention
 from bert_jax.modeling.dropout import Dropout
 from bert_jax.modeling.ops import TwoStageLayerNorm, add_bias, add_bias_activate
+from bert_jax.parallel import constrain
 
 # Logical axis names of activations between layers (mapped to mesh axes by the rules).
 ACTIVATION_AXES = ("batch", "length", "activation_embed")
+# Activations inside a layer. Pinning them keeps the batch split over (data, fsdp) under FSDP:
+# left free, XLA's sharding propagation follows the fsdp-sharded kernels instead, gathers
+# the activations of the whole batch and all-reduces the matmul outputs.
+HEAD_AXES = ("batch", "length", "heads", "kv")  # query, key, value, context
+MLP_AXES = ("batch", "length", "mlp")
 
 REMAT_POLICIES = {
     "full": None,  # save nothing, recompute everything
@@ -144,7 +150,10 @@ class BertEmbeddings(nn.Module):
         positions = self.position_embeddings.embedding[None, :seq_len]
         types = jax.nn.one_hot(segment_ids, self.config.type_vocab_size,
                                dtype=words.dtype) @ self.token_type_embeddings.embedding
-        x = self.layer_norm((words + positions + types).astype(self.config.dtype))
+        # The table is split on its hidden axis under FSDP; the lookup would carry that split
+        # into the activations (batch replicated) without this constraint.
+        x = constrain((words + positions + types).astype(self.config.dtype), ACTIVATION_AXES)
+        x = self.layer_norm(x)
         x = self.dropout(x, deterministic=deterministic)
         if self.config.embedding_dim != self.config.hidden_size:
             x = self.projection(x)
@@ -173,6 +182,8 @@ class BertSelfAttention(nn.Module):
         else:
             qkv = dense(cfg, (3, n, d), axes, "qkv")(x)
             query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        query, key, value = (constrain(t, HEAD_AXES)
+                             for t in (query, key, value))
         dropout_active = not self.deterministic and cfg.attention_probs_dropout_prob > 0.0
         if self.output_attentions:
             rng = self.make_rng("dropout") if dropout_active else None
@@ -187,8 +198,9 @@ class BertSelfAttention(nn.Module):
         else:
             context, probs = fused_attention(query, key, value, kv_lengths,
                                              cfg.attention_impl), None
+        context = constrain(context, HEAD_AXES)
         out = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1))
-        return out(context), probs  # [batch, seq, hidden]
+        return constrain(out(context), ACTIVATION_AXES), probs
 
 
 class BertLayer(nn.Module):
@@ -207,9 +219,11 @@ class BertLayer(nn.Module):
         x = layer_norm(cfg, "attention_norm")(x + drop(attn, deterministic=self.deterministic))
         h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
                   activation=cfg.hidden_act)(x)
-        h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out")(h)
+        h = constrain(h, MLP_AXES)
+        h = constrain(
+            dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out")(h), ACTIVATION_AXES)
         x = layer_norm(cfg, "output_norm")(x + drop(h, deterministic=self.deterministic))
-        x = nn.with_logical_constraint(x, ACTIVATION_AXES)
+        x = constrain(x, ACTIVATION_AXES)
         return x, probs
 
 
@@ -297,7 +311,7 @@ class BertModel(nn.Module):
         kv_lengths = jnp.sum(input_mask, axis=-1).astype(jnp.int32)  # [batch]
         x = BertEmbeddings(cfg, name="embeddings")(input_ids, segment_ids,
                                                    deterministic=deterministic)
-        x = nn.with_logical_constraint(x, ACTIVATION_AXES)
+        x = constrain(x, ACTIVATION_AXES)
         out = BertEncoder(cfg, deterministic, output_hidden_states, output_attentions,
                           name="encoder")(x, kv_lengths)
         if self.add_pooler:

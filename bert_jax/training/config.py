@@ -92,6 +92,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Across slices / hosts (DCN), multiplied with the ICI sizes.
     c.parallel.dcn_mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
     c.parallel.logical_axis_rules = DEFAULT_RULES
+    # Sharded (FSDP) matmul kernels reach their all-gathers as stored (param_dtype) or cast to
+    # the compute dtype where they live (compute_dtype: half the bytes in bf16; gradients are
+    # still reduce-scattered in float32). No effect on replicated parameters.
+    c.parallel.param_gather = "param_dtype"
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 5_000

@@ -43,6 +43,7 @@ class Training:
     batch_shardings: dict[str, NamedSharding]
     train_step: Callable  # jitted (state, batch, rng) -> (state, metrics), state donated
     eval_step: Callable  # jitted (params, batch) -> sums
+    param_cast: Callable | None = None  # parallel.param_gather_cast, inside the train step
 
     def init_state(self, rng: jax.Array) -> TrainState:
         """Fresh state, created directly in its shards."""
@@ -73,10 +74,12 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
     replicated = parallel.replicated(mesh)
     batch_shardings = {name: parallel.batch_sharding(mesh, rules, ndim)
                        for name, ndim in BATCH_FIELDS}
+    param_cast = parallel.param_gather_cast(state_shardings.params, model_cfg.dtype,
+                                            config.parallel.get("param_gather", "param_dtype"))
     step_fn = make_train_step(
         model, tx, schedule, microbatches=config.microbatches, pair_head=model.pair_head,
         microbatch_sharding=lambda ndim: parallel.logical_sharding(
-            mesh, rules, None, "batch", *([None] * (ndim - 1))))
+            mesh, rules, None, "batch", *([None] * (ndim - 1))), param_cast=param_cast)
     step_fn, eval_fn = (parallel.traced_in_mesh(f, mesh, rules) for f in (
         step_fn, make_eval_step(model, pair_head=model.pair_head)))
     train_step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings, replicated),
@@ -85,4 +88,4 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
                         in_shardings=(state_shardings.params, batch_shardings),
                         out_shardings=replicated)
     return Training(model, tx, schedule, mesh, rules, init_fn, abstract_state,
-                    state_shardings, batch_shardings, train_step, eval_step)
+                    state_shardings, batch_shardings, train_step, eval_step, param_cast)

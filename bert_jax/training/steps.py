@@ -82,7 +82,7 @@ def _split_microbatches(batch: Batch, k: int, sharding: Callable[[int], Any] | N
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, *, microbatches: int = 1, pair_head: bool = True,
                     microbatch_sharding: Callable[[int], Any] | None = None,
-                    skip: str = "where"
+                    skip: str = "where", param_cast: Callable[[Any], Any] | None = None
                     ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
     """Builds ``train_step(state, batch, rng) -> (state, metrics)``.
 
@@ -92,11 +92,15 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     split (batch on the second axis). A non-finite loss or gradient norm leaves params and
     optimizer state untouched and bumps the skip counters: ``skip="where"`` computes the
     update and selects every leaf; ``skip="cond"`` runs the update under a ``lax.cond``.
+    ``param_cast`` (``parallel.param_gather_cast``) maps the parameters before the forward
+    pass, inside the differentiated function.
     """
     if skip not in ("where", "cond"):
         raise ValueError(f"skip={skip!r}: expected 'where' or 'cond'")
 
     def loss_fn(params, mb: Batch, rng, mlm_den, nsp_den):
+        if param_cast is not None:
+            params = param_cast(params)
         sums = loss_sums(_apply(model, params, mb, rng=rng), mb, pair_head)
         loss = sums["mlm_loss_sum"] / mlm_den + sums["nsp_loss_sum"] / nsp_den
         return loss, sums
