@@ -10,6 +10,7 @@ carry no loss and their predictions are dropped — no example is skipped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -207,14 +208,17 @@ class Finetuner:
         out_sharding = {k: parallel.batch_sharding(self.mesh, self.rules, 2)
                         for k in output_keys(self.kind)}
         # Inputs arrive committed to their shardings (params placed, batches global).
-        self.predict_step = jax.jit(make_predict_step(self.model, self.kind),
+        # Traced inside the mesh: the model's activation constraints and the flash kernel's
+        # per-shard split (shard_map) need it, as in pretraining (training/setup.py).
+        in_mesh = functools.partial(parallel.traced_in_mesh, mesh=self.mesh, rules=self.rules)
+        self.predict_step = jax.jit(in_mesh(make_predict_step(self.model, self.kind)),
                                     out_shardings=out_sharding)
         if self.tx is not None:
             _, self.state_shardings = parallel.abstract_and_shardings(
                 lambda rng: self._init_state(self._init_params(rng)), self.mesh, self.rules,
                 jax.random.PRNGKey(0))
             self.train_step = jax.jit(
-                make_train_step(self.model, self.tx, self.kind),
+                in_mesh(make_train_step(self.model, self.tx, self.kind)),
                 out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
                 donate_argnums=0)
 
