@@ -22,6 +22,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -327,13 +328,14 @@ def _cast_in_place(param, sharding, dtype):
 
 
 def _cast_in_place_fwd(param, sharding, dtype):
-    return _cast_in_place(param, sharding, dtype), None
+    # The parameter's dtype travels as a zero-size residual (a dtype is not a JAX value).
+    return _cast_in_place(param, sharding, dtype), jnp.zeros((0,), param.dtype)
 
 
-def _cast_in_place_bwd(sharding, dtype, _, grad):
-    # float32 before the constraint: the gradient's reduce-scatter runs in float32, as it does
-    # when the parameter is gathered first and cast afterwards.
-    return (jax.lax.with_sharding_constraint(grad.astype(np.float32), sharding),)
+def _cast_in_place_bwd(sharding, dtype, like, grad):
+    # Back to the parameter's dtype before the constraint: the gradient's reduce-scatter runs
+    # in float32, as it does when the parameter is gathered first and cast afterwards.
+    return (jax.lax.with_sharding_constraint(grad.astype(like.dtype), sharding),)
 
 
 _cast_in_place.defvjp(_cast_in_place_fwd, _cast_in_place_bwd)

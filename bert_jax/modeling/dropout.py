@@ -1,4 +1,4 @@
-"""Dropout whose mask is a counter mask_hash, recomputed in the backward pass instead of stored.
+"""Dropout whose mask is a counter hash, recomputed in the backward pass instead of stored.
 
 Flax's ``nn.Dropout`` draws the mask with ``jax.random.bernoulli``: threefry bits for every
 element (a separate kernel on GPUs that writes 4 bytes per element), a boolean mask written in
@@ -45,8 +45,8 @@ from jax import lax
 from bert_jax.config import DROPOUT_HASHES, HIDDEN_DROPOUT_IMPLS
 
 # ---------------------------------------------------------------------------------------------
-# The mask_hash, in int32 arithmetic (wrapping multiplies and logical shifts behave the same in XLA
-# and in Triton, so the Pallas kernels call these functions too).
+# The hashes, in int32 arithmetic (wrapping multiplies and logical shifts behave the same in
+# XLA and in Triton, so the Pallas kernels call these functions too).
 
 def srl(x, n: int):
     """Logical right shift of int32 values."""

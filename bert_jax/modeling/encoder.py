@@ -182,8 +182,7 @@ class BertSelfAttention(nn.Module):
         else:
             qkv = dense(cfg, (3, n, d), axes, "qkv")(x)
             query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        query, key, value = (constrain(t, HEAD_AXES)
-                             for t in (query, key, value))
+        query, key, value = (constrain(t, HEAD_AXES) for t in (query, key, value))
         dropout_active = not self.deterministic and cfg.attention_probs_dropout_prob > 0.0
         if self.output_attentions:
             rng = self.make_rng("dropout") if dropout_active else None
