@@ -68,10 +68,6 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--no-donate", action="store_true", help="do not donate the state")
     ap.add_argument("--mesh", default="dp", choices=["dp", "fsdp"],
                     help="dp: data=-1 (replicated params); fsdp: fsdp=-1")
-    ap.add_argument("--param-gather", default="param_dtype",
-                    choices=["param_dtype", "compute_dtype"],
-                    help="parallel.param_gather: FSDP all-gathers of matmul kernels in float32 "
-                         "(as stored) or cast to bf16 where they live")
     ap.add_argument("--devices", type=int, default=0, help="use the first N devices (0: all)")
     ap.add_argument("--peak-size", type=int, default=0,
                     help="matmul size for the measured peak (0: 8192 on GPU/TPU, 1024 on CPU)")
@@ -79,9 +75,17 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--out", default="bench_results.jsonl")
 
 
+def add_param_gather_argument(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--param-gather", default="param_dtype",
+                    choices=["param_dtype", "compute_dtype"],
+                    help="parallel.param_gather: FSDP all-gathers of matmul kernels in float32 "
+                         "(as stored) or cast to bf16 where they live")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(ap, batch_size=256)
+    add_param_gather_argument(ap)
     ap.add_argument("--microbatches", type=int, default=1)
     ap.add_argument("--skip", default="where", choices=["where", "cond"],
                     help="non-finite skip: engine's jnp.where over all leaves, or lax.cond")

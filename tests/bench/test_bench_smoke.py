@@ -16,7 +16,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bench import bench_finetune, bench_loop, bench_pretrain, summarize  # noqa: E402
+from bench import bench_finetune, bench_loop, bench_pretrain, collectives, summarize  # noqa: E402
 from bench.common import train_flops_per_sequence  # noqa: E402
 
 TINY = ["--model", "tiny", "--seq-len", "32", "--batch-size", "8", "--steps", "2",
@@ -34,6 +34,25 @@ def test_pretrain_record_and_fsdp_shards_state(tmp_path):
     per_device = r["param_bytes_per_device"] + r["opt_state_bytes_per_device"]
     assert 0.24 < per_device / r["state_bytes_total"] < 0.30
     assert json.loads(open(out).read())["mesh"] == "fsdp"
+
+
+def test_collectives_census(tmp_path):
+    """bench/collectives.py: the census of an HLO line, and the compiled FSDP step (tiny,
+    4 devices) with no activation gathered over the batch (exit code 0)."""
+    line = ('  %ag = (f32[16,32,64]{2,1,0}, bf16[64,64]{1,0}) all-gather-start(%a, %b), '
+            'metadata={op_name="jit(train_step)/bert/encoder/mlp_in/dot_general"}')
+    records = collectives.census(line)
+    assert [(r["dtype"], r["shape"], r["op"]) for r in records] == [
+        ("bf16", [64, 64], "bert/encoder/mlp_in/dot_general"),
+        ("f32", [16, 32, 64], "bert/encoder/mlp_in/dot_general")]
+    assert collectives.batch_activations(records, 16, 32) == [records[1]]
+    out = str(tmp_path / "c.jsonl")
+    assert collectives.main(["--model", "tiny", "--seq-len", "32", "--batch-size", "16",
+                             "--mesh", "fsdp", "--devices", "4", "--out", out]) == 0
+    record = json.loads(open(out).read())
+    assert record["batch_activation_gathers"] == 0
+    assert any(r["collective"] == "all-gather" and r["shape"] == [128, 512]
+               for r in record["collectives"])  # the MLP kernel is gathered
 
 
 def test_finetune_record(tmp_path):
