@@ -14,6 +14,7 @@ each process's local rows with ``jax.make_array_from_process_local_data``.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 import os
@@ -287,23 +288,26 @@ def mesh_axes_size(mesh: Mesh, axes: str | Sequence[str] | None) -> int:
     return math.prod(mesh.shape[a] for a in names)
 
 
+# The mesh ``traced_in_mesh`` entered, for the model code traced under it. Our own context
+# variable: JAX's ``with mesh:`` is deprecated (and never reached Flax's constraints), and
+# ``jax.set_mesh`` cannot be entered inside ``jax.jit``.
+_ENTERED_MESH: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar(
+    "bert_jax_entered_mesh", default=None)
+
+
 def entered_mesh() -> Mesh | None:
     """The mesh ``traced_in_mesh`` entered around the current trace, if it has more than one
     device; None otherwise (no mesh, or one device)."""
-    try:
-        from jax._src import mesh as mesh_lib
-
-        mesh = mesh_lib.thread_resources.env.physical_mesh
-    except (ImportError, AttributeError):
-        return None
-    return None if mesh.empty or mesh.size == 1 else mesh
+    mesh = _ENTERED_MESH.get()
+    return None if mesh is None or mesh.size == 1 else mesh
 
 
 def constrain(x, logical_axes: Sequence[str | None]):
     """``nn.with_logical_constraint`` against the mesh ``traced_in_mesh`` entered (a no-op
     without one). The mesh is passed explicitly: Flax looks for JAX's abstract mesh
-    (``jax.set_mesh``), which the ``with mesh:`` of ``traced_in_mesh`` does not set and
-    which cannot be set inside ``jax.jit``, so without it every constraint was dropped."""
+    (``jax.set_mesh``), which cannot be set inside ``jax.jit``; until the fourth session the
+    step traced under ``with mesh:``, which does not set it, and every constraint was
+    silently dropped."""
     mesh = entered_mesh()
     if mesh is None:
         return x
@@ -315,8 +319,12 @@ def traced_in_mesh(fn: Callable[..., Any], mesh: Mesh, rules: Rules) -> Callable
     model's activation constraints (:func:`constrain`) then take effect."""
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        with mesh, nn.logical_axis_rules(rules):
-            return fn(*args, **kwargs)
+        token = _ENTERED_MESH.set(mesh)
+        try:
+            with nn.logical_axis_rules(rules):
+                return fn(*args, **kwargs)
+        finally:
+            _ENTERED_MESH.reset(token)
 
     return wrapped
 

@@ -146,3 +146,18 @@ def test_param_gather_in_compute_dtype():
             state, metrics = training.train_step(state, batch, jax.random.PRNGKey(1))
         losses[gather] = float(metrics["loss"])
     assert abs(losses["param_dtype"] - losses["compute_dtype"]) < 1e-3
+
+
+def test_entered_mesh_only_inside_traced_in_mesh():
+    """``traced_in_mesh`` makes its mesh visible to the model code it traces (constraints,
+    the flash kernel's shard_map), and only there; a one-device mesh counts as none."""
+    mesh = parallel.create_mesh({"data": -1})
+    rules = parallel.rules_from_config(parallel.DEFAULT_RULES)
+    seen = []
+    parallel.traced_in_mesh(lambda: seen.append(parallel.entered_mesh()), mesh, rules)()
+    one = parallel.create_mesh({"data": 1}, devices=jax.devices()[:1])
+    parallel.traced_in_mesh(lambda: seen.append(parallel.entered_mesh()), one, rules)()
+    assert seen == [mesh, None] and parallel.entered_mesh() is None
+    with pytest.raises(ZeroDivisionError):  # the mesh is left even when the trace fails
+        parallel.traced_in_mesh(lambda: 1 / 0, mesh, rules)()
+    assert parallel.entered_mesh() is None
