@@ -2,7 +2,8 @@
 reduce-scatter of the optimized HLO, grouped by dtype, shape and the JAX op that asked for it.
 
 Compiles (never runs) the benchmark's own train step, so it works on any backend and, with
-simulated devices, on a laptop:
+simulated devices, on a laptop; also prints XLA's per-device estimate of FLOPs, bytes
+accessed and temporaries:
 
   XLA_FLAGS=--xla_force_host_platform_device_count=4 \\
     python bench/collectives.py --model base --layers 1 --batch-size 128 --mesh fsdp
@@ -55,6 +56,17 @@ def batch_activations(records: list[dict], batch: int, seq: int) -> list[dict]:
             and r["shape"][:2] == [batch, seq] and r["shape"][2:] not in ([], [1])]
 
 
+def per_device_cost(compiled) -> dict:
+    """FLOPs, bytes accessed and temporaries of one device's program, from XLA's own
+    analyses of the compiled step (estimates, not measurements)."""
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+    memory = compiled.memory_analysis()
+    return {"gflop": round(cost.get("flops", 0.0) / 1e9, 1),
+            "gb_accessed": round(cost.get("bytes accessed", 0.0) / 1e9, 2),
+            "temp_mib": round(memory.temp_size_in_bytes / 2 ** 20) if memory else None}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(ap, batch_size=128)
@@ -81,10 +93,13 @@ def main(argv=None) -> int:
     preds = masked_positions(args.seq_len)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in random_pretraining_batch(
         np.random.default_rng(0), args.batch_size, args.seq_len, preds, 30522).items()}
-    hlo = training.train_step.lower(training.abstract_state, batch,
-                                    jax.random.PRNGKey(1)).compile().as_text()
-    records = census(hlo)
-    print(f"mesh {dict(training.mesh.shape)}, {jax.devices()[0].platform}")
+    compiled = training.train_step.lower(training.abstract_state, batch,
+                                         jax.random.PRNGKey(1)).compile()
+    records = census(compiled.as_text())
+    cost = per_device_cost(compiled)
+    print(f"mesh {dict(training.mesh.shape)}, {jax.devices()[0].platform}; per device: "
+          f"{cost['gflop']} GFLOP, {cost['gb_accessed']} GB accessed, "
+          f"{cost['temp_mib']} MiB temporaries (XLA's cost and memory analysis)")
     print("| collective | dtype | shape | count | op |\n|---|---|---|---|---|")
     for r in records:
         print(f"| {r['collective']} | {r['dtype']} | {r['shape']} | {r['count']} | {r['op']} |")
@@ -94,7 +109,8 @@ def main(argv=None) -> int:
         f.write(json.dumps({"tool": "collectives", "mesh": dict(training.mesh.shape),
                             "model": args.model, "layers": args.layers,
                             "batch_size": args.batch_size, "seq_len": args.seq_len,
-                            "param_gather": args.param_gather, "collectives": records,
+                            "param_gather": args.param_gather, "per_device": cost,
+                            "collectives": records,
                             "batch_activation_gathers": len(gathered)}) + "\n")
     return 1 if gathered else 0
 

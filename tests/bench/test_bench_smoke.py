@@ -51,6 +51,7 @@ def test_collectives_census(tmp_path):
                              "--mesh", "fsdp", "--devices", "4", "--out", out]) == 0
     record = json.loads(open(out).read())
     assert record["batch_activation_gathers"] == 0
+    assert record["per_device"]["gflop"] > 0 and record["per_device"]["gb_accessed"] > 0
     assert any(r["collective"] == "all-gather" and r["shape"] == [128, 512]
                for r in record["collectives"])  # the MLP kernel is gathered
 
