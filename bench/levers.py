@@ -7,8 +7,8 @@
 * Non-finite skip through ``lax.cond`` instead of ``jnp.where`` over every parameter and
   optimizer-state leaf (:func:`make_cond_skip_train_step`).
 * The model's runtime choices passed straight to ``BertConfig`` (:data:`MODEL_CHOICES`:
-  ``--hidden-dropout``, ``--dropout-hash``, ``--qkv``, ``--layer-norm``), defined once for
-  every benchmark.
+  ``--hidden-dropout``, ``--dropout-hash``, ``--qkv``, ``--layer-norm``,
+  ``--residual-dtype``), defined once for every benchmark.
 
 A lever that pays is then proposed as a patch to bert_jax (see docs/performance.md).
 """
@@ -25,8 +25,7 @@ MODEL_CHOICES = {"hidden_dropout": "hidden_dropout_impl", "dropout_hash": "dropo
 
 
 def add_model_choice_arguments(ap: argparse.ArgumentParser) -> None:
-    """``--hidden-dropout``, ``--dropout-hash``, ``--qkv``, ``--layer-norm`` (docs/pretraining.md,
-    runtime fields)."""
+    """One option per :data:`MODEL_CHOICES` entry (docs/pretraining.md, runtime fields)."""
     from bert_jax.config import CHOICE_FIELDS, BertConfig
 
     defaults = BertConfig()

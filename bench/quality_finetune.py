@@ -162,7 +162,7 @@ def run_peer(config, workdir: str, checkpoint: str, args) -> dict:
 
 
 def bert_jax_initial_head(config, workdir: str) -> str:
-    """The head bert-jax's fine-tuning run starts from (same seed, same init path as
+    """The head bert-jax's fine-tuning run starts from (the init path of
     ``bert_jax.tasks.run.finetune``), saved as ``<module>/kernel|bias`` in an .npz."""
     import jax
 
@@ -172,8 +172,7 @@ def bert_jax_initial_head(config, workdir: str) -> str:
     task = get_task(config.task)
     model_cfg, _, _, _ = task_run.initial_model(task, config)
     finetuner = task_run.build_finetuner(task, config, model_cfg, 1)
-    init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
-    params = jax.device_get(finetuner.init_params(init_rng))
+    params = jax.device_get(finetuner.init_params(task_run.run_rngs(config.seed)[0]))
     arrays = {f"{name}/{leaf}": np.asarray(value)
               for name, layer in params.items() if name != "bert"
               for leaf, value in layer.items()}
@@ -263,6 +262,8 @@ def _fmt(record: dict | None, key: str, digits: int) -> str:
 
 
 def main(argv=None) -> int:
+    from bert_jax.config import RESIDUAL_DTYPES
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-root", default=default_data_root(),
                     help="folder with glue/, conll2003/, squad/ (default: shared/data)")
@@ -280,7 +281,7 @@ def main(argv=None) -> int:
                          "(overrides --seed); the summary adds per-task means over seeds")
     ap.add_argument("--holdout-seed", type=int, default=1234)
     ap.add_argument("--dtype", default="bfloat16", help="bert-jax compute dtype (params fp32)")
-    ap.add_argument("--residual-dtype", default="compute", choices=("compute", "float32"),
+    ap.add_argument("--residual-dtype", default="compute", choices=RESIDUAL_DTYPES,
                     help="bert-jax model.residual_dtype (float32: LayerNorm outputs and "
                          "residual sums in float32, as torch autocast keeps them)")
     ap.add_argument("--checkpoint", default=None, help="HF dir (default: the MiniLM package)")

@@ -351,8 +351,7 @@ _cast_in_place.defvjp(_cast_in_place_fwd, _cast_in_place_bwd)
 PARAM_GATHERS = ("param_dtype", "compute_dtype")
 
 
-def param_gather_cast(shardings, dtype, gather: str = "compute_dtype"
-                      ) -> Callable[[Any], Any] | None:
+def param_gather_cast(shardings, dtype, gather: str) -> Callable[[Any], Any] | None:
     """``params -> params`` for a train step that makes sharded (FSDP) matmul kernels reach
     their all-gathers in the compute ``dtype`` (``gather="compute_dtype"``): each ``kernel``
     leaf is cast where it lives, under its own sharding, so the gather moves half the bytes

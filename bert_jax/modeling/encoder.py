@@ -64,6 +64,12 @@ def layer_norm(config: BertConfig, name: str) -> nn.Module:
     return nn.LayerNorm(**kwargs)
 
 
+def hidden_dropout(config: BertConfig) -> Dropout:
+    """Hidden-state dropout as the config says (rate, ``hidden_dropout_impl``,
+    ``dropout_hash``)."""
+    return Dropout(config.hidden_dropout_prob, config.hidden_dropout_impl, config.dropout_hash)
+
+
 class Projection(nn.Module):
     """A dense layer contracting the last ``in_dims`` input axes into ``features`` output axes.
 
@@ -108,7 +114,7 @@ def dense(config: BertConfig, features, axes, name: str, axis=-1,
           activation: str | None = None) -> Projection:
     """Projection with logical ``axes`` (input axes then output axes); ``axis`` = the
     contracted input axes (-1, or (-2, -1) for [heads, head_dim] -> hidden); ``activation``
-    (a :func:`activation` name) is applied after the bias."""
+    (a ``modeling.ops.activation`` name) is applied after the bias."""
     features = features if isinstance(features, tuple) else (features,)
     in_dims = len(axis) if isinstance(axis, tuple) else 1
     return Projection(features, in_dims, tuple(axes), config, activation, name=name)
@@ -136,8 +142,7 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = emb(num_embeddings=cfg.type_vocab_size,
                                          embedding_init=initializer(cfg, (None, "embed")))
         self.layer_norm = layer_norm(cfg, "LayerNorm")
-        self.dropout = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl,
-                               cfg.dropout_hash)
+        self.dropout = hidden_dropout(cfg)
         if cfg.embedding_dim != cfg.hidden_size:
             self.projection = dense(cfg, cfg.hidden_size, ("embed", "mlp"),
                                     "embedding_projection")
@@ -212,15 +217,15 @@ class BertLayer(nn.Module):
     @nn.compact
     def __call__(self, x, kv_lengths):
         cfg = self.config
-        drop = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl, cfg.dropout_hash)
+        drop = hidden_dropout(cfg)
         attn, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
                                         name="attention")(x, kv_lengths)
         x = layer_norm(cfg, "attention_norm")(x + drop(attn, deterministic=self.deterministic))
         h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
                   activation=cfg.hidden_act)(x)
         h = constrain(h, MLP_AXES)
-        h = constrain(
-            dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out")(h), ACTIVATION_AXES)
+        h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out")(h)
+        h = constrain(h, ACTIVATION_AXES)
         x = layer_norm(cfg, "output_norm")(x + drop(h, deterministic=self.deterministic))
         x = constrain(x, ACTIVATION_AXES)
         return x, probs

@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
-from bert_jax.modeling.dropout import Dropout
-from bert_jax.modeling.encoder import BertModel, dense, layer_norm, zeros
+from bert_jax.modeling.encoder import BertModel, dense, hidden_dropout, layer_norm, zeros
 
 NEG_INF = -1e9
 
@@ -128,8 +127,7 @@ def _classify(module: nn.Module, features, num_outputs: int, deterministic: bool
     """Dropout then a dense layer (``name`` keeps checkpoint paths), logits in float32."""
     cfg = module.config
     if dropout:
-        features = Dropout(cfg.hidden_dropout_prob, cfg.hidden_dropout_impl, cfg.dropout_hash)(
-            features, deterministic=deterministic)
+        features = hidden_dropout(cfg)(features, deterministic=deterministic)
     logits = dense(cfg, num_outputs, ("embed", "classes"), name)(features)
     return logits.astype(jnp.float32)
 

@@ -328,6 +328,12 @@ def score(finetuner: Finetuner, params, task: Task, examples, features, config
 
 
 # ---- fine-tuning ----------------------------------------------------------------------------
+def run_rngs(seed: int) -> tuple[jax.Array, jax.Array]:
+    """(head initialisation key, dropout key) of a fine-tuning run with ``seed``."""
+    init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
+    return init_rng, dropout_rng
+
+
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Trains, evaluates after each epoch, keeps the best epoch in ``workdir``; returns the
     contents of metrics.json."""
@@ -349,8 +355,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     steps_per_epoch = -(-num_rows(train_feats) // config.batch_size)
     total_steps = steps_per_epoch * config.epochs
     finetuner = build_finetuner(task, config, model_cfg, total_steps)
-    rng = jax.random.PRNGKey(config.seed)
-    init_rng, dropout_rng = jax.random.split(rng)
+    init_rng, dropout_rng = run_rngs(config.seed)
     params = finetuner.init_params(init_rng)
     if pretrained is not None:
         merged, lines = merge_encoder(jax.device_get(params), pretrained, model_cfg)
