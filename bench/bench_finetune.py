@@ -48,6 +48,7 @@ def model_config(args):
     return get_preset(args.model, dtype="bfloat16", param_dtype="float32",
                       attention_impl=args.attention,
                       attention_probs_dropout_prob=float(args.attention_dropout),
+                      hidden_dropout_prob=float(args.hidden_dropout_rate),
                       dropout_attention_impl=model_dropout_impl(args.dropout_impl),
                       **model_choice_fields(args),
                       scan_layers=bool(args.scan), remat_policy=args.remat,
@@ -124,7 +125,8 @@ def main(argv=None) -> dict:
     record = {
         **environment(), "task": "classify", "model": args.model, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "devices": n_dev, "attention": args.attention,
-        "attention_dropout": args.attention_dropout, "dropout_impl": args.dropout_impl,
+        "attention_dropout": args.attention_dropout,
+        "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
         **model_choice_record(args),
         "scan": args.scan, "remat": args.remat, "vocab_pad": args.vocab_pad,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "mesh": args.mesh,

@@ -55,6 +55,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                          "with --dropout-impl cudnn)")
     ap.add_argument("--attention-dropout", type=float, default=0.1,
                     help="attention_probs_dropout_prob (BERT: 0.1; 0 lets the fused kernel run)")
+    ap.add_argument("--hidden-dropout-rate", type=float, default=0.1,
+                    help="hidden_dropout_prob (BERT: 0.1); with --attention-dropout 0 this is "
+                         "the issue's dropout-free plain-Flax comparison")
     ap.add_argument("--dropout-impl", default="auto",
                     choices=["auto", "explicit", "flash", "cudnn"],
                     help="attention with dropout: model.dropout_attention_impl (auto = the "
@@ -191,6 +194,7 @@ def experiment_config(args: argparse.Namespace):
     c.model.param_dtype = "float32"
     c.model.attention_impl = args.attention
     c.model.attention_probs_dropout_prob = float(args.attention_dropout)
+    c.model.hidden_dropout_prob = float(args.hidden_dropout_rate)
     c.model.dropout_attention_impl = model_dropout_impl(args.dropout_impl)
     c.model.update(model_choice_fields(args))
     c.model.scan_layers = bool(args.scan)
@@ -300,7 +304,8 @@ def main(argv=None) -> dict:
         **environment(), "task": "pretrain", "model": args.model, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "predictions": p, "devices": n_dev,
         "attention": args.attention, "attention_dropout": args.attention_dropout,
-        "dropout_impl": args.dropout_impl, **model_choice_record(args), "scan": args.scan,
+        "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
+        **model_choice_record(args), "scan": args.scan,
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,

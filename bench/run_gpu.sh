@@ -3,7 +3,7 @@
 #
 #   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
 #                                              loop | scaling | dropout | profile | qkv |
-#                                              layernorm | pending | finetune | hash | all
+#                                              nodrop | layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
 # Run from the repository root. Results go to $OUT/bench.jsonl (JSON lines), the stage's log to
@@ -35,6 +35,8 @@
 #                           hash; a profile (with op attribution) of the default
 #   finetune       ~3 min   classify base/128 b32: bert-jax and transformers, same call
 #   hash           ~3 min   large/512 b32: --dropout-hash rowcol (default) vs flat
+#   nodrop         ~5 min   pretrain base/128, large/128, large/512 with no dropout at all (the
+#                           issue's plain-Flax reference has none) and the base/128 default
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -245,6 +247,14 @@ stage_hash() {  # dropout mask hash: rowcol (default) vs flat, where attention m
   pretrain 75 hash:flat "$LARGE" "$S512" "$B32" --dropout-hash flat
 }
 
+stage_nodrop() {  # no dropout at all: the plain-Flax reference trains without it
+  local nodrop=(--attention-dropout 0 --hidden-dropout-rate 0)
+  pretrain 45 nodrop "$BASE" "$S128" "$B256" "${nodrop[@]}"
+  pretrain 45 nodrop:baseline "$BASE" "$S128" "$B256"
+  pretrain 120 nodrop "$LARGE" "$S128" "$B256" "${nodrop[@]}"
+  pretrain 120 nodrop "$LARGE" "$S512" "$B32" "${nodrop[@]}"
+}
+
 stage_qkv() {  # the query/key/value projection: split (default) vs fused
   pretrain 60 qkv:fused "$BASE" "$S128" "$B256" --qkv fused
   classify 40 qkv:fused --qkv fused
@@ -309,11 +319,12 @@ run_stage() {
     dropout) stage_dropout ;;
     profile) stage_profile ;;
     qkv) stage_qkv ;;
+    nodrop) stage_nodrop ;;
     layernorm) stage_layernorm ;;
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|dropout|profile|qkv|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|dropout|profile|qkv|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
