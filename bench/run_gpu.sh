@@ -40,6 +40,8 @@
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
+#   scaling-levers ~3 min   DP and FSDP on all N GPUs with SCALING_LEVER_ARGS (default
+#                           --param-gather compute_dtype --xla-flags collectives)
 # Each stage stops starting new runs when its budget (BUDGET_S, default 540 s) would be
 # exceeded; skipped runs are listed in the summary, rerun them with a later call.
 #
@@ -303,6 +305,18 @@ stage_scaling() {  # SCALING_COUNTS=1,2 limits the device counts (default: 1, 2,
     "$PY" bench/bench_scaling.py "${SCALE[@]}" "${extra[@]}" --out "$RESULTS" "${pass[@]}"
 }
 
+stage_scaling_levers() {  # the FSDP levers at the largest device count, with a DP run of the
+  # same flags: SCALING_LEVER_ARGS (default: bf16 parameter gathers + collective overlap)
+  local n extra=() RUN_TIMEOUT_S=$(( BUDGET_S > 590 ? BUDGET_S : 590 ))
+  [ "$SMOKE" = 1 ] && extra=(--model "$LARGE" --seq-len "$S128")
+  if [ "$SMOKE" = 1 ]; then n=2; else n=$(nvidia-smi -L | grep -c '^GPU'); fi
+  # shellcheck disable=SC2206  # options, word-split on purpose
+  local pass=(${SCALING_LEVER_ARGS:---param-gather compute_dtype --xla-flags collectives})
+  run_case 240 scaling scaling_summary "$LARGE" "$S128" 0 -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_scaling.py "${SCALE[@]}" "${extra[@]}" --device-counts "$n" \
+    --out "$RESULTS" -- "${pass[@]}"
+}
+
 run_stage() {
   local name=$1
   LOG=$OUT/$name.log
@@ -316,6 +330,7 @@ run_stage() {
     levers-large) stage_levers_large ;;
     loop) stage_loop ;;
     scaling) stage_scaling ;;
+    scaling-levers) stage_scaling_levers ;;
     dropout) stage_dropout ;;
     profile) stage_profile ;;
     qkv) stage_qkv ;;
@@ -324,7 +339,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|dropout|profile|qkv|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|qkv|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
