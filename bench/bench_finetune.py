@@ -127,7 +127,7 @@ def main(argv=None) -> dict:
         "batch_size": args.batch_size, "devices": n_dev, "attention": args.attention,
         "attention_dropout": args.attention_dropout,
         "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
-        **model_choice_record(args),
+        **model_choice_record(args), "gelu": args.gelu,
         "scan": args.scan, "remat": args.remat, "vocab_pad": args.vocab_pad,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "mesh": args.mesh,
         "tag": args.tag, "compile_and_first_step_s": first,

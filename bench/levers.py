@@ -103,6 +103,26 @@ def use_cudnn_dropout_attention() -> None:
     encoder.dropout_attention = cudnn_dropout_attention
 
 
+def use_erfc_gelu() -> None:
+    """``--gelu erfc``: the exact GELU as ``jax.nn.gelu(approximate=False)`` computes it
+    (through ``erfc``), instead of bert-jax's ``modeling.ops.gelu_erf`` (process-wide; call
+    before the model is traced). The same function; the A/B of its cost."""
+    import functools
+
+    import jax
+
+    from bert_jax.modeling import ops
+
+    erf_activation = ops.activation
+
+    def activation(name: str):
+        if name == "gelu":
+            return functools.partial(jax.nn.gelu, approximate=False)
+        return erf_activation(name)
+
+    ops.activation = activation
+
+
 def model_dropout_impl(dropout_impl: str) -> str:
     """``--dropout-impl`` -> ``model.dropout_attention_impl`` (``cudnn`` is a process patch,
     :func:`apply_process_levers`, under the model's default)."""
@@ -110,11 +130,13 @@ def model_dropout_impl(dropout_impl: str) -> str:
 
 
 def apply_process_levers(args) -> None:
-    """The process-wide levers, before anything is traced: ``--xla-flags`` and the cuDNN
-    dropout patch."""
+    """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
+    dropout patch and ``--gelu erfc``."""
     apply_xla_flags(args.xla_flags)
     if args.dropout_impl == "cudnn":
         use_cudnn_dropout_attention()
+    if getattr(args, "gelu", "erf") == "erfc":
+        use_erfc_gelu()
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

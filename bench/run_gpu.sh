@@ -3,7 +3,7 @@
 #
 #   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
 #                                              loop | scaling | dropout | profile | qkv |
-#                                              nodrop | layernorm | pending | finetune | hash | all
+#                                              gelu | nodrop | layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
 # Run from the repository root. Results go to $OUT/bench.jsonl (JSON lines), the stage's log to
@@ -37,6 +37,7 @@
 #   hash           ~3 min   large/512 b32: --dropout-hash rowcol (default) vs flat
 #   nodrop         ~5 min   pretrain base/128, large/128, large/512 with no dropout at all (the
 #                           issue's plain-Flax reference has none) and the base/128 default
+#   gelu           ~3 min   base/128 pretrain and classify: gelu_erf (default) vs --gelu erfc
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -257,6 +258,13 @@ stage_nodrop() {  # no dropout at all: the issue's plain-Flax reference trains w
   pretrain 120 nodrop "$LARGE" "$S512" "$B32" "${nodrop[@]}"
 }
 
+stage_gelu() {  # GELU: bert-jax's erf formulation (default) vs jax.nn.gelu's erfc expansion
+  pretrain 45 gelu:erf "$BASE" "$S128" "$B256"
+  pretrain 45 gelu:erfc "$BASE" "$S128" "$B256" --gelu erfc
+  classify 40 gelu:erf
+  classify 40 gelu:erfc --gelu erfc
+}
+
 stage_qkv() {  # the query/key/value projection: split (default) vs fused
   pretrain 60 qkv:fused "$BASE" "$S128" "$B256" --qkv fused
   classify 40 qkv:fused --qkv fused
@@ -334,12 +342,13 @@ run_stage() {
     dropout) stage_dropout ;;
     profile) stage_profile ;;
     qkv) stage_qkv ;;
+    gelu) stage_gelu ;;
     nodrop) stage_nodrop ;;
     layernorm) stage_layernorm ;;
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|qkv|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|qkv|gelu|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

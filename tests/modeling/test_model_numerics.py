@@ -295,6 +295,29 @@ def test_bias_activation_vjp_matches_autodiff(name):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_gelu_erf_matches_the_definition():
+    """gelu_erf is x * Phi(x) (float64 math.erf as reference) with the derivative
+    Phi(x) + x * phi(x), and lowers to erf, not to XLA's far costlier erfc expansion."""
+    import math
+
+    from bert_jax.modeling.ops import activation, gelu_erf
+
+    assert activation("gelu") is gelu_erf
+    x = np.linspace(-9.0, 9.0, 20001)
+    phi_cdf = np.array([0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x])
+    want = x * phi_cdf
+    want_grad = phi_cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    xf = jnp.asarray(x, jnp.float32)
+    np.testing.assert_allclose(gelu_erf(xf), want, rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(jax.vmap(jax.grad(gelu_erf))(xf), want_grad, rtol=2e-6,
+                               atol=2e-6)
+    low = gelu_erf(xf.astype(jnp.bfloat16))
+    assert low.dtype == jnp.bfloat16
+    np.testing.assert_allclose(low.astype(jnp.float32), want, rtol=8e-3, atol=1e-2)
+    text = jax.jit(jax.grad(lambda v: jnp.sum(gelu_erf(v)))).lower(xf).as_text()
+    assert "erf" in text and "erfc" not in text
+
+
 def test_decoder_vjp():
     """The tied decoder's logit gradient: exact in float32; in bfloat16 the logit gradient is
     rounded to bfloat16 before the matmuls (relative error ~2**-8)."""
