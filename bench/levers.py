@@ -51,6 +51,9 @@ XLA_FLAG_PRESETS: dict[str, tuple[str, ...]] = {
     "lhs": ("--xla_gpu_enable_latency_hiding_scheduler=true",),
     # cuBLAS for every GEMM instead of Triton-generated GEMM fusions.
     "no_triton_gemm": ("--xla_gpu_enable_triton_gemm=false",),
+    # Every kernel of the step into CUDA graphs (XLA command buffers): fewer launch gaps.
+    "graphs": ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN",
+               "--xla_gpu_graph_min_graph_size=1"),
     # Multi-GPU: overlap collectives with compute (FSDP all-gathers / reduce-scatters).
     "collectives": ("--xla_gpu_enable_latency_hiding_scheduler=true",
                     "--xla_gpu_enable_pipelined_all_gather=true",

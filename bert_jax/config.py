@@ -26,8 +26,10 @@ DROPOUT_HASHES = ("rowcol", "flat")
 # (fused), or one matmul per slice of the same kernel (split). Parameters are the same.
 QKV_PROJECTIONS = ("split", "fused")
 # LayerNorm: two_stage (custom backward with two-stage column sums for the scale/bias
-# gradients; bert_jax/modeling/ops.py) or Flax's nn.LayerNorm (autodiff backward).
-LAYER_NORM_IMPLS = ("two_stage", "flax")
+# gradients; bert_jax/modeling/ops.py), Flax's nn.LayerNorm (autodiff backward), or fused:
+# each layer's bias + hidden dropout + residual add + LayerNorm as one Pallas kernel per
+# direction (bert_jax/modeling/fused_norm.py; GPU; needs hash dropout with the rowcol hash).
+LAYER_NORM_IMPLS = ("two_stage", "flax", "fused")
 # The residual stream (LayerNorm outputs and the sums into them): the compute dtype, or float32
 # while matmuls still run in the compute dtype (what torch autocast does).
 RESIDUAL_DTYPES = ("compute", "float32")
@@ -80,7 +82,7 @@ class BertConfig:
     hidden_dropout_impl: str = "hash"  # hash | prng (see HIDDEN_DROPOUT_IMPLS)
     dropout_hash: str = "rowcol"  # rowcol | flat (see DROPOUT_HASHES)
     qkv_projection: str = "split"  # split | fused (see QKV_PROJECTIONS)
-    layer_norm_impl: str = "two_stage"  # two_stage | flax (see LAYER_NORM_IMPLS)
+    layer_norm_impl: str = "two_stage"  # two_stage | flax | fused (see LAYER_NORM_IMPLS)
     residual_dtype: str = "compute"  # compute | float32 (see RESIDUAL_DTYPES)
     scan_layers: bool = False
     remat_policy: str = "none"
@@ -108,6 +110,11 @@ class BertConfig:
         for key, choices in CHOICE_FIELDS.items():
             if getattr(self, key) not in choices:
                 bad(key, f"{getattr(self, key)!r} is not one of {choices}")
+        if self.layer_norm_impl == "fused" and (self.hidden_dropout_impl != "hash"
+                                                or self.dropout_hash != "rowcol"):
+            bad("layer_norm_impl", "'fused' draws its dropout mask from the rowcol hash: it "
+                "needs hidden_dropout_impl='hash' and dropout_hash='rowcol' (got "
+                f"{self.hidden_dropout_impl!r}, {self.dropout_hash!r})")
         if not 0 <= self.pad_token_id < self.vocab_size:
             bad("pad_token_id", f"{self.pad_token_id} is outside the vocabulary "
                 f"[0, {self.vocab_size})")

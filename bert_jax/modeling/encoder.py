@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.attention import dropout_attention, explicit_attention, fused_attention
-from bert_jax.modeling.dropout import Dropout
+from bert_jax.modeling.dropout import Dropout, salt_from_rng
 from bert_jax.modeling.ops import TwoStageLayerNorm, add_bias, add_bias_activate
 from bert_jax.parallel import constrain
 
@@ -64,6 +64,29 @@ def layer_norm(config: BertConfig, name: str) -> nn.Module:
     return nn.LayerNorm(**kwargs)
 
 
+class FusedResidualNorm(nn.Module):
+    """``LayerNorm(residual + dropout(y + b))`` in one Pallas kernel each way
+    (``layer_norm_impl=fused``, :mod:`bert_jax.modeling.fused_norm`): the same ``scale`` and
+    ``bias`` parameters as the LayerNorm it replaces; ``b`` is the output projection's bias
+    (``Projection(skip_bias_add=True)``)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, residual, y, b, deterministic: bool):
+        from bert_jax.modeling.fused_norm import residual_dropout_layer_norm
+
+        cfg = self.config
+        features = (y.shape[-1],)
+        scale = self.param("scale", ones(("embed",)), features, cfg.param_dtype)
+        bias = self.param("bias", zeros(("embed",)), features, cfg.param_dtype)
+        rate = 0.0 if deterministic else cfg.hidden_dropout_prob
+        salt = salt_from_rng(self.make_rng("dropout")) if rate > 0.0 else None
+        dtype = "float32" if cfg.residual_dtype == "float32" else cfg.dtype
+        return residual_dropout_layer_norm(residual, y, b, scale, bias, salt=salt, rate=rate,
+                                           epsilon=cfg.layer_norm_eps, out_dtype=dtype)
+
+
 def hidden_dropout(config: BertConfig) -> Dropout:
     """Hidden-state dropout as the config says (rate, ``hidden_dropout_impl``,
     ``dropout_hash``)."""
@@ -85,6 +108,8 @@ class Projection(nn.Module):
     # Output axis (index into ``features``) computed as one matmul per slice, returned as a
     # tuple of arrays; the parameters keep their full shape.
     split_output: int | None = None
+    # Return (matmul output, bias) unadded: the consumer adds the bias (FusedResidualNorm).
+    skip_bias_add: bool = False
 
     @nn.compact
     def __call__(self, x):
@@ -105,19 +130,23 @@ class Projection(nn.Module):
                     jax.lax.index_in_dim(bias, i, axis, False))
                 for i in range(self.features[axis]))
         y = jax.lax.dot_general(x, kernel, dims)
+        if self.skip_bias_add:
+            return y, bias
         if self.activation is not None:
             return add_bias_activate(y, bias, self.activation)
         return add_bias(y, bias)
 
 
 def dense(config: BertConfig, features, axes, name: str, axis=-1,
-          activation: str | None = None) -> Projection:
+          activation: str | None = None, skip_bias_add: bool = False) -> Projection:
     """Projection with logical ``axes`` (input axes then output axes); ``axis`` = the
     contracted input axes (-1, or (-2, -1) for [heads, head_dim] -> hidden); ``activation``
-    (a ``modeling.ops.activation`` name) is applied after the bias."""
+    (a ``modeling.ops.activation`` name) is applied after the bias; ``skip_bias_add`` returns
+    (output, bias) instead."""
     features = features if isinstance(features, tuple) else (features,)
     in_dims = len(axis) if isinstance(axis, tuple) else 1
-    return Projection(features, in_dims, tuple(axes), config, activation, name=name)
+    return Projection(features, in_dims, tuple(axes), config, activation,
+                      skip_bias_add=skip_bias_add, name=name)
 
 
 class BertEmbeddings(nn.Module):
@@ -203,8 +232,12 @@ class BertSelfAttention(nn.Module):
             context, probs = fused_attention(query, key, value, kv_lengths,
                                              cfg.attention_impl), None
         context = constrain(context, HEAD_AXES)
-        out = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1))
-        return constrain(out(context), ACTIVATION_AXES), probs
+        fused = cfg.layer_norm_impl == "fused"
+        out = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1),
+                    skip_bias_add=fused)(context)
+        if fused:  # (matmul output, bias): the layer's FusedResidualNorm adds the bias
+            return (constrain(out[0], ACTIVATION_AXES), out[1]), probs
+        return constrain(out, ACTIVATION_AXES), probs
 
 
 class BertLayer(nn.Module):
@@ -217,16 +250,26 @@ class BertLayer(nn.Module):
     @nn.compact
     def __call__(self, x, kv_lengths):
         cfg = self.config
-        drop = hidden_dropout(cfg)
         attn, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
                                         name="attention")(x, kv_lengths)
-        x = layer_norm(cfg, "attention_norm")(x + drop(attn, deterministic=self.deterministic))
+        if cfg.layer_norm_impl == "fused":
+            x = FusedResidualNorm(cfg, name="attention_norm")(x, *attn, self.deterministic)
+        else:
+            drop = hidden_dropout(cfg)
+            x = layer_norm(cfg, "attention_norm")(
+                x + drop(attn, deterministic=self.deterministic))
         h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
                   activation=cfg.hidden_act)(x)
         h = constrain(h, MLP_AXES)
-        h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out")(h)
-        h = constrain(h, ACTIVATION_AXES)
-        x = layer_norm(cfg, "output_norm")(x + drop(h, deterministic=self.deterministic))
+        if cfg.layer_norm_impl == "fused":
+            h, b = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out",
+                         skip_bias_add=True)(h)
+            x = FusedResidualNorm(cfg, name="output_norm")(
+                x, constrain(h, ACTIVATION_AXES), b, self.deterministic)
+        else:
+            h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out")(h)
+            h = constrain(h, ACTIVATION_AXES)
+            x = layer_norm(cfg, "output_norm")(x + drop(h, deterministic=self.deterministic))
         x = constrain(x, ACTIVATION_AXES)
         return x, probs
 

@@ -378,11 +378,13 @@ def test_two_stage_layer_norm_matches_flax(dtype):
 
 
 @pytest.mark.parametrize("field,value,reference", [("qkv_projection", "split", "fused"),
-                                                    ("layer_norm_impl", "two_stage", "flax")])
+                                                    ("layer_norm_impl", "two_stage", "flax"),
+                                                    ("layer_norm_impl", "fused", "flax")])
 def test_runtime_variants_agree(field, value, reference):
     """Runtime variants with the same parameters: split query/key/value matmuls vs one fused
-    matmul then slices; the two-stage LayerNorm backward vs nn.LayerNorm's autodiff. Same
-    outputs and gradients."""
+    matmul then slices; the two-stage LayerNorm backward and the fused bias + residual +
+    LayerNorm kernel (Pallas, interpret mode here) vs nn.LayerNorm's autodiff. Same outputs
+    and gradients."""
     cfg = get_preset("tiny", vocab_size=300)
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 300)
     mask = jnp.ones((2, 16), jnp.int32)

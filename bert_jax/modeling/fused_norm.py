@@ -1,0 +1,324 @@
+"""Bias + hidden dropout + residual add + LayerNorm in one Pallas kernel (Triton on GPUs).
+
+Each BERT sublayer ends in ``LayerNorm(residual + dropout(y + b))``, where ``y`` is the output
+projection's matmul and ``b`` its bias. XLA compiles this, with its backward pass, into four
+to six memory-bound kernels per sublayer that each read a [tokens, hidden] array again: the
+statistics, the normalization, the parameter-gradient column sums, the input gradient, the
+dropout's gradient and the bias gradient (24 sublayers, ~7 ms of a 54 ms Base/128 step on an
+H100; ``bench/profile_step.py``). Here one forward kernel reads ``residual`` and ``y`` once and
+writes the output, and one backward kernel reads the output gradient, ``residual`` and ``y``
+once and writes both input gradients plus per-block partial sums of the three parameter
+gradients (summed by XLA afterwards).
+
+The dropout mask is the ``rowcol`` counter hash of ``dropout.py`` (the row codes of the
+[batch, seq] positions and the column codes of the hidden units, computed by XLA and passed
+in), so the kernel drops exactly what ``hash_dropout`` drops for the same salt, and the
+backward kernel recomputes it instead of reading a stored mask. The forward pass saves
+``residual`` and ``y`` (the pre-LayerNorm sum is recomputed) and the per-token mean and 1/std.
+
+Rows are processed in blocks of ``block_rows`` tokens; the hidden axis in power-of-two chunks
+(Triton's tensors are powers of two: 768 = 3 x 256), all in float32. Under a device mesh the
+kernels run per batch shard (``shard_map``), and the parameter gradients are summed over the
+shards by XLA. On the CPU the kernels run in Pallas interpret mode (tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from bert_jax.modeling.dropout import column_code, flat_index, keep_from_codes, row_code
+
+
+@dataclasses.dataclass(frozen=True)
+class NormSettings:
+    """Static kernel settings (hashable: a custom_vjp non-differentiable argument)."""
+    rate: float
+    epsilon: float
+    block_rows: int
+    chunk: int
+    num_warps: int
+    interpret: bool
+
+
+def _chunk(hidden: int, limit: int = 256) -> int:
+    """The largest power of two <= ``limit`` dividing ``hidden``."""
+    chunk = 1
+    while chunk * 2 <= limit and hidden % (chunk * 2) == 0:
+        chunk *= 2
+    return chunk
+
+
+def supported(hidden: int) -> bool:
+    """Hidden sizes the kernels handle: a multiple of 16 (the chunk is then >= 16)."""
+    return hidden % 16 == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels. Refs: rows [R] (row codes), cols/b/gamma/beta [H], arrays [R, H]; partial sums [1, H].
+
+def _pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, sl, s: NormSettings):
+    """float32 ``residual + dropout(y + b)`` of one chunk, and its keep mask (or None)."""
+    h = y_ref[:, sl].astype(jnp.float32) + b_ref[sl].astype(jnp.float32)[None, :]
+    keep = None
+    if s.rate > 0.0:
+        keep = keep_from_codes(rows[:, None], cols_ref[sl][None, :], s.rate)
+        h = jnp.where(keep, h * (1.0 / (1.0 - s.rate)), 0.0)
+    return r_ref[:, sl].astype(jnp.float32) + h, keep
+
+
+def _forward_kernel(r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, beta_ref,
+                    o_ref, mean_ref, rstd_ref, *, s: NormSettings, hidden: int):
+    from jax.experimental import pallas as pl
+
+    rows = rows_ref[...]
+    slices = [pl.ds(c * s.chunk, s.chunk) for c in range(hidden // s.chunk)]
+    xs = [_pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, sl, s)[0] for sl in slices]
+    mean = sum(jnp.sum(x, axis=1) for x in xs) / hidden
+    var = sum(jnp.sum(jnp.square(x - mean[:, None]), axis=1) for x in xs) / hidden
+    rstd = lax.rsqrt(var + s.epsilon)
+    for sl, x in zip(slices, xs, strict=True):
+        gamma = gamma_ref[sl].astype(jnp.float32)[None, :]
+        beta = beta_ref[sl].astype(jnp.float32)[None, :]
+        o_ref[:, sl] = ((x - mean[:, None]) * rstd[:, None] * gamma + beta).astype(o_ref.dtype)
+    mean_ref[...] = mean
+    rstd_ref[...] = rstd
+
+
+def _backward_kernel(g_ref, r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, mean_ref,
+                     rstd_ref, dr_ref, dy_ref, dgamma_ref, dbeta_ref, db_ref, *,
+                     s: NormSettings, hidden: int):
+    from jax.experimental import pallas as pl
+
+    rows = rows_ref[...]
+    mean, rstd = mean_ref[...][:, None], rstd_ref[...][:, None]
+    slices = [pl.ds(c * s.chunk, s.chunk) for c in range(hidden // s.chunk)]
+    parts, sum_gx, sum_gx_xhat = [], 0.0, 0.0
+    for sl in slices:
+        x, keep = _pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, sl, s)
+        xhat = (x - mean) * rstd
+        g = g_ref[:, sl].astype(jnp.float32)
+        gx = g * gamma_ref[sl].astype(jnp.float32)[None, :]
+        sum_gx = sum_gx + jnp.sum(gx, axis=1)
+        sum_gx_xhat = sum_gx_xhat + jnp.sum(gx * xhat, axis=1)
+        dgamma_ref[0, sl] = jnp.sum(g * xhat, axis=0)
+        dbeta_ref[0, sl] = jnp.sum(g, axis=0)
+        parts.append((sl, xhat, gx, keep))
+    mean_gx = (sum_gx / hidden)[:, None]
+    mean_gx_xhat = (sum_gx_xhat / hidden)[:, None]
+    for sl, xhat, gx, keep in parts:
+        dx = rstd * (gx - mean_gx - xhat * mean_gx_xhat)
+        dr_ref[:, sl] = dx.astype(dr_ref.dtype)
+        dh = dx if keep is None else jnp.where(keep, dx * (1.0 / (1.0 - s.rate)), 0.0)
+        dy_ref[:, sl] = dh.astype(dy_ref.dtype)
+        db_ref[0, sl] = jnp.sum(dh, axis=0)
+
+
+def _compiler_params(s: NormSettings):
+    if s.interpret:
+        return {}
+    from jax.experimental.pallas import triton as plgpu
+
+    return {"compiler_params": plgpu.CompilerParams(num_warps=s.num_warps, num_stages=1)}
+
+
+def _forward_call(r, y, rows, cols, b, gamma, beta, s: NormSettings, out_dtype):
+    from jax.experimental import pallas as pl
+
+    n, hidden = r.shape
+    block = s.block_rows
+    tile = pl.BlockSpec((block, hidden), lambda i: (i, 0))
+    vec = pl.BlockSpec((hidden,), lambda i: (0,))
+    per_row = pl.BlockSpec((block,), lambda i: (i,))
+    return pl.pallas_call(
+        functools.partial(_forward_kernel, s=s, hidden=hidden),
+        grid=(n // block,),
+        in_specs=[tile, tile, per_row, vec, vec, vec, vec],
+        out_specs=[tile, per_row, per_row],
+        out_shape=[jax.ShapeDtypeStruct((n, hidden), out_dtype),
+                   jax.ShapeDtypeStruct((n,), jnp.float32),
+                   jax.ShapeDtypeStruct((n,), jnp.float32)],
+        interpret=s.interpret, name="bert_norm_forward", **_compiler_params(s),
+    )(r, y, rows, cols, b, gamma, beta)
+
+
+def _backward_call(g, r, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
+    from jax.experimental import pallas as pl
+
+    n, hidden = r.shape
+    block = s.block_rows
+    tile = pl.BlockSpec((block, hidden), lambda i: (i, 0))
+    vec = pl.BlockSpec((hidden,), lambda i: (0,))
+    per_row = pl.BlockSpec((block,), lambda i: (i,))
+    partial = pl.BlockSpec((1, hidden), lambda i: (i, 0))
+    sums = jax.ShapeDtypeStruct((n // block, hidden), jnp.float32)
+    return pl.pallas_call(
+        functools.partial(_backward_kernel, s=s, hidden=hidden),
+        grid=(n // block,),
+        in_specs=[tile, tile, tile, per_row, vec, vec, vec, per_row, per_row],
+        out_specs=[tile, tile, partial, partial, partial],
+        out_shape=[jax.ShapeDtypeStruct((n, hidden), r.dtype),
+                   jax.ShapeDtypeStruct((n, hidden), y.dtype), sums, sums, sums],
+        interpret=s.interpret, name="bert_norm_backward", **_compiler_params(s),
+    )(g, r, y, rows, cols, b, gamma, mean, rstd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per shard: [batch, seq, hidden] arrays flattened to rows; split over the mesh's batch axes.
+
+def _row_spec():
+    """(mesh, batch mesh axes) when the kernels must run per shard, else (None, None)."""
+    from bert_jax import parallel
+
+    mesh = parallel.entered_mesh()
+    if mesh is None:
+        return None, None
+    import flax.linen as nn
+
+    batch_axes, _, embed_axes = nn.logical_to_mesh_axes(("batch", "length", "activation_embed"))
+    if embed_axes is not None:
+        raise ValueError("the fused LayerNorm needs the hidden axis of activations unsplit "
+                         "(logical axis 'activation_embed' is mapped to mesh axis "
+                         f"{embed_axes!r}); use model.layer_norm_impl=two_stage")
+    return mesh, batch_axes
+
+
+def _per_shard(fn, sharded: tuple, replicated: tuple, out_ndims: tuple[int, ...]):
+    """Runs ``fn(*sharded, *replicated)`` per batch shard: ``sharded`` arrays split on their
+    first axis over the mesh's batch axes, ``replicated`` whole; every output (of rank
+    ``out_ndims``) is split on its first axis the same way (per-block partial sums are
+    concatenated over the shards)."""
+    mesh, batch_axes = _row_spec()
+    if mesh is None:
+        return fn(*sharded, *replicated)
+    from jax.sharding import PartitionSpec as P
+
+    from bert_jax import parallel
+
+    if sharded[0].shape[0] % parallel.mesh_axes_size(mesh, batch_axes):
+        raise ValueError(f"batch {sharded[0].shape[0]} does not split over mesh axes "
+                         f"{batch_axes!r}")
+    shard_map = getattr(jax, "shard_map", None)
+    kwargs = {"check_vma": False}
+    if shard_map is None:  # older jax
+        from jax.experimental.shard_map import shard_map
+        kwargs = {"check_rep": False}
+
+    def split(ndim):
+        return P(batch_axes, *([None] * (ndim - 1)))
+
+    in_specs = tuple(split(x.ndim) for x in sharded) + tuple(P() for _ in replicated)
+    return shard_map(fn, mesh=mesh, in_specs=in_specs,
+                     out_specs=tuple(split(n) for n in out_ndims), **kwargs)(*sharded,
+                                                                             *replicated)
+
+
+def _flat(x):
+    return x.reshape(-1, x.shape[-1])
+
+
+def _fused_forward(residual, y, rows, cols, b, gamma, beta, s: NormSettings, out_dtype):
+    def local(r, y, rows, cols, b, gamma, beta):
+        out, mean, rstd = _forward_call(_flat(r), _flat(y), rows.reshape(-1), cols, b, gamma,
+                                        beta, s, out_dtype)
+        return out.reshape(r.shape), mean.reshape(r.shape[:2]), rstd.reshape(r.shape[:2])
+
+    return _per_shard(local, (residual, y, rows), (cols, b, gamma, beta), (3, 2, 2))
+
+
+def _fused_backward(g, residual, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
+    def local(g, r, y, rows, mean, rstd, cols, b, gamma):
+        dr, dy, pg, pb, pbias = _backward_call(_flat(g), _flat(r), _flat(y), rows.reshape(-1),
+                                               cols, b, gamma, mean.reshape(-1),
+                                               rstd.reshape(-1), s)
+        return dr.reshape(r.shape), dy.reshape(y.shape), pg, pb, pbias
+
+    return _per_shard(local, (g, residual, y, rows, mean, rstd), (cols, b, gamma),
+                      (3, 3, 2, 2, 2))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _fused(residual, y, rows, cols, b, gamma, beta, s: NormSettings, out_dtype):
+    return _fused_forward(residual, y, rows, cols, b, gamma, beta, s, out_dtype)[0]
+
+
+def _fused_fwd(residual, y, rows, cols, b, gamma, beta, s, out_dtype):
+    out, mean, rstd = _fused_forward(residual, y, rows, cols, b, gamma, beta, s, out_dtype)
+    return out, (residual, y, rows, cols, b, gamma, beta, mean, rstd)
+
+
+def _fused_bwd(s, out_dtype, saved, g):
+    del out_dtype
+    residual, y, rows, cols, b, gamma, beta, mean, rstd = saved
+    dr, dy, pg, pb, pbias = _fused_backward(g, residual, y, rows, cols, b, gamma, mean, rstd, s)
+    zero_codes = (np.zeros(rows.shape, jax.dtypes.float0), np.zeros(cols.shape,
+                                                                   jax.dtypes.float0))
+    return (dr, dy, *zero_codes, jnp.sum(pbias, axis=0).astype(b.dtype),
+            jnp.sum(pg, axis=0).astype(gamma.dtype), jnp.sum(pb, axis=0).astype(beta.dtype))
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _fit(block: int, n: int) -> int:
+    """The largest power of two <= ``block`` dividing ``n``."""
+    block = min(block, n)
+    while n % block:
+        block //= 2
+    return max(block, 1)
+
+
+def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate: float = 0.0,
+                                epsilon: float = 1e-12, out_dtype=None, block_rows: int = 16,
+                                num_warps: int = 4, interpret: bool | None = None):
+    """``LayerNorm(residual + dropout(y + b)) * gamma + beta`` over the last axis, in one
+    kernel each way. ``residual`` and ``y`` are [batch, seq, hidden]; ``b``, ``gamma``,
+    ``beta`` [hidden]; ``salt`` an int32 scalar (``dropout.salt_from_rng``) when ``rate > 0``:
+    the mask is ``hash_dropout``'s ``rowcol`` mask of a [batch, seq, hidden] array for that
+    salt. Returns [batch, seq, hidden] in ``out_dtype`` (default ``residual.dtype``)."""
+    if residual.ndim != 3 or residual.shape != y.shape:
+        raise ValueError(f"residual and y must be the same [batch, seq, hidden] shape; got "
+                         f"{residual.shape} and {y.shape}")
+    hidden = residual.shape[-1]
+    if not supported(hidden):
+        raise ValueError(f"the fused LayerNorm needs a hidden size divisible by 16, got {hidden}")
+    if rate > 0.0 and salt is None:
+        raise ValueError("dropout in the fused LayerNorm needs a salt (salt_from_rng)")
+    if interpret is None:
+        interpret = jax.default_backend() != "gpu"
+    rows_per_shard = residual.shape[0] * residual.shape[1]
+    mesh, batch_axes = _row_spec()
+    if mesh is not None:
+        from bert_jax import parallel
+
+        rows_per_shard //= max(1, parallel.mesh_axes_size(mesh, batch_axes))
+    s = NormSettings(float(rate), float(epsilon), _fit(block_rows, rows_per_shard),
+                     _chunk(hidden), int(num_warps), bool(interpret))
+    positions = residual.shape[:2]
+    salt = jnp.zeros((), jnp.int32) if salt is None else salt
+    rows = row_code(flat_index(positions), salt)
+    cols = column_code(lax.iota(jnp.int32, hidden))
+    return _fused(residual, y, rows, cols, b, gamma, beta, s,
+                  jnp.dtype(out_dtype or residual.dtype))
+
+
+def reference(residual, y, b, gamma, beta, *, salt=None, rate: float = 0.0,
+              epsilon: float = 1e-12, out_dtype=None):
+    """The same computation with jax.numpy in float32 (tests)."""
+    from bert_jax.modeling.dropout import dropout_keep_mask
+
+    h = y.astype(jnp.float32) + b.astype(jnp.float32)
+    if rate > 0.0:
+        keep = dropout_keep_mask(residual.shape, salt, rate, "rowcol")
+        h = jnp.where(keep, h / (1.0 - rate), 0.0)
+    x = residual.astype(jnp.float32) + h
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    out = (x - mean) * lax.rsqrt(var + epsilon) * gamma.astype(jnp.float32) + beta.astype(
+        jnp.float32)
+    return out.astype(out_dtype or residual.dtype)

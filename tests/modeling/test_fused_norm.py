@@ -1,0 +1,167 @@
+"""The fused bias + hidden dropout + residual add + LayerNorm kernel
+(``bert_jax/modeling/fused_norm.py``, Pallas interpret mode on the CPU): values and gradients
+against jax.numpy, the same mask as ``hash_dropout``, per-shard runs under a mesh, a train step
+with ``layer_norm_impl=fused``, and the Triton lowering for the GPU."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.config import BertConfig, get_preset
+from bert_jax.errors import BertJaxError
+from bert_jax.modeling import fused_norm
+from bert_jax.modeling.dropout import hash_dropout, salt_from_rng
+
+
+def _inputs(shape=(2, 16, 96), dtype=jnp.float32, seed=0):
+    k = jax.random.split(jax.random.key(seed), 6)
+    hidden = shape[-1]
+    return (jax.random.normal(k[0], shape).astype(dtype),
+            (2.0 * jax.random.normal(k[1], shape) + 0.5).astype(dtype),
+            0.1 * jax.random.normal(k[2], (hidden,)),
+            1.0 + 0.1 * jax.random.normal(k[3], (hidden,)),
+            0.1 * jax.random.normal(k[4], (hidden,)),
+            salt_from_rng(k[5]))
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.1])
+def test_values_and_gradients_match_jax(rate):
+    r, y, b, gamma, beta, salt = _inputs()
+    probe = jax.random.normal(jax.random.key(9), r.shape)
+
+    def loss(fn, *args):
+        return jnp.sum(fn(*args, salt=salt, rate=rate, epsilon=1e-12) * probe)
+
+    got = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=rate)
+    want = fused_norm.reference(r, y, b, gamma, beta, salt=salt, rate=rate)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    args = (r, y, b, gamma, beta)
+    grads = jax.grad(lambda *a: loss(fused_norm.residual_dropout_layer_norm, *a),
+                     range(5))(*args)
+    wants = jax.grad(lambda *a: loss(fused_norm.reference, *a), range(5))(*args)
+    for name, g, w in zip(("residual", "y", "b", "gamma", "beta"), grads, wants, strict=True):
+        scale = float(jnp.abs(w).max())
+        assert float(jnp.abs(g - w).max()) <= 1e-5 * max(scale, 1.0), name
+
+
+def test_mask_is_hash_dropouts():
+    """Same salt, same dropped elements as hash_dropout (rowcol) on the [batch, seq, hidden]
+    array; a different salt drops different ones."""
+    r, y, b, gamma, beta, salt = _inputs()
+    rate = 0.3
+    x = r + hash_dropout(y + b, salt, rate, "rowcol")
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    want = (x - mean) / jnp.sqrt(var + 1e-12) * gamma + beta
+    got = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=rate)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    other = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt + 1,
+                                                   rate=rate)
+    assert float(jnp.abs(other - got).max()) > 0.1
+
+
+def test_bfloat16_inputs_and_output_dtype():
+    r, y, b, gamma, beta, salt = _inputs(dtype=jnp.bfloat16)
+    out = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=0.1)
+    assert out.dtype == jnp.bfloat16
+    f32 = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=0.1,
+                                                 out_dtype=jnp.float32)
+    assert f32.dtype == jnp.float32
+    np.testing.assert_allclose(out.astype(jnp.float32), f32, rtol=2e-2, atol=2e-2)
+    grads = jax.grad(lambda r, y: jnp.sum(fused_norm.residual_dropout_layer_norm(
+        r, y, b, gamma, beta, salt=salt, rate=0.1).astype(jnp.float32)), (0, 1))(r, y)
+    assert [g.dtype for g in grads] == [jnp.bfloat16, jnp.bfloat16]
+
+
+def test_bad_input_is_named():
+    r, y, b, gamma, beta, salt = _inputs()
+    with pytest.raises(ValueError, match="same .batch, seq, hidden. shape"):
+        fused_norm.residual_dropout_layer_norm(r, y[:, :8], b, gamma, beta)
+    with pytest.raises(ValueError, match="salt"):
+        fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, rate=0.1)
+    with pytest.raises(BertJaxError, match="layer_norm_impl"):
+        BertConfig(layer_norm_impl="fused", hidden_dropout_impl="prng")
+
+
+def test_per_shard_under_a_mesh_matches_one_device():
+    """Under a 2-device data mesh the kernels run per batch shard (shard_map); values and
+    gradients (parameter gradients summed over the shards) equal the one-device run."""
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
+    from bert_jax import parallel
+
+    r, y, b, gamma, beta, salt = _inputs(shape=(4, 16, 64))
+
+    def loss(r, y, b, gamma, beta):
+        out = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=0.1)
+        return jnp.sum(out * jnp.cos(out))
+
+    want = jax.value_and_grad(loss, range(5))(r, y, b, gamma, beta)
+    mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
+    fn = parallel.traced_in_mesh(jax.value_and_grad(loss, range(5)), mesh,
+                                 parallel.DEFAULT_RULES)
+    got = jax.jit(fn)(r, y, b, gamma, beta)
+    text = jax.jit(fn).lower(r, y, b, gamma, beta).as_text()
+    assert text.count("manual_computation") + text.count("shard_map") >= 2  # fwd + bwd
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+
+
+def test_train_step_with_fused_layer_norm_learns():
+    """A tiny BertForPreTraining with layer_norm_impl=fused: dropout active, loss falls."""
+    import optax
+
+    from bert_jax import modeling
+
+    cfg = get_preset("tiny", vocab_size=128, layer_norm_impl="fused")
+    model = modeling.BertForPreTraining(cfg)
+    ids = jax.random.randint(jax.random.key(0), (4, 16), 5, 128)
+    mask = jnp.ones_like(ids)
+    positions = jnp.tile(jnp.arange(1, 4)[None], (4, 1))
+    labels = jnp.take_along_axis(ids, positions, axis=1)
+    params = model.init(jax.random.key(1), ids, mask)
+    tx = optax.adam(3e-3)
+    opt = tx.init(params)
+
+    def loss(p, rng):
+        out = model.apply(p, ids, mask, masked_lm_positions=positions, deterministic=False,
+                          rngs={"dropout": rng})
+        logp = jax.nn.log_softmax(out["mlm_logits"].astype(jnp.float32))
+        return -jnp.mean(jnp.take_along_axis(logp, labels[..., None], -1))
+
+    @jax.jit
+    def step(p, o, rng):
+        value, g = jax.value_and_grad(loss)(p, rng)
+        updates, o = tx.update(g, o, p)
+        return optax.apply_updates(p, updates), o, value
+
+    losses = []
+    for i in range(30):
+        params, opt, value = step(params, opt, jax.random.key(100 + i))
+        losses.append(float(value))
+    assert np.isfinite(losses).all() and np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
+
+
+def test_triton_lowering_for_the_gpu():
+    """The kernels lower to Triton for CUDA from this CPU machine (power-of-two chunks of the
+    768 hidden units), forward and backward."""
+    sd = jax.ShapeDtypeStruct
+
+    def loss(r, y, b, gamma, beta, salt):
+        out = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=0.1,
+                                                     interpret=False)
+        return jnp.sum(out.astype(jnp.float32))
+
+    grad = jax.jit(jax.grad(loss, range(5)))
+    shape, vec = (8, 128, 768), (768,)
+    try:
+        lowered = grad.trace(sd(shape, jnp.bfloat16), sd(shape, jnp.bfloat16),
+                             sd(vec, jnp.float32), sd(vec, jnp.float32), sd(vec, jnp.float32),
+                             sd((), jnp.int32)).lower(lowering_platforms=("cuda",))
+    except (ImportError, NotImplementedError) as e:  # a jaxlib without the Triton bindings
+        pytest.skip(f"no Triton lowering here: {e}")
+    text = lowered.as_text()
+    assert text.count("xla.gpu.triton") == 2
