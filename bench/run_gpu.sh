@@ -3,7 +3,7 @@
 #
 #   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
 #                                              loop | scaling | dropout | profile | qkv |
-#                                              gelu | nodrop | layernorm | pending | finetune | hash | all
+#                                              gelu | fused | nodrop | layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
 # Run from the repository root. Results go to $OUT/bench.jsonl (JSON lines), the stage's log to
@@ -37,6 +37,9 @@
 #   hash           ~3 min   large/512 b32: --dropout-hash rowcol (default) vs flat
 #   nodrop         ~5 min   pretrain base/128, large/128, large/512 with no dropout at all (the
 #                           issue's plain-Flax reference has none) and the base/128 default
+#   fused          ~8 min   the fifth session's A/B: base/128 --gelu erfc, --layer-norm fused,
+#                           --xla-flags graphs; classify; large/512 and large/128 fused; a
+#                           profile of the fused LayerNorm step
 #   gelu           ~3 min   base/128 pretrain and classify: gelu_erf (default) vs --gelu erfc
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
@@ -265,6 +268,21 @@ stage_gelu() {  # GELU: bert-jax's erf formulation (default) vs jax.nn.gelu's er
   classify 40 gelu:erfc --gelu erfc
 }
 
+stage_fused() {  # the fifth session's A/B runs: gelu_erf vs erfc, fused LayerNorm, CUDA graphs
+  pretrain 45 fused:baseline "$BASE" "$S128" "$B256"
+  pretrain 45 fused:gelu_erfc "$BASE" "$S128" "$B256" --gelu erfc
+  pretrain 45 fused:ln_fused "$BASE" "$S128" "$B256" --layer-norm fused
+  pretrain 45 fused:graphs "$BASE" "$S128" "$B256" --xla-flags graphs
+  classify 30 fused:baseline
+  classify 30 fused:gelu_erfc --gelu erfc
+  classify 30 fused:ln_fused --layer-norm fused
+  pretrain 60 fused:baseline "$LARGE" "$S512" "$B32"
+  pretrain 60 fused:ln_fused "$LARGE" "$S512" "$B32" --layer-norm fused
+  pretrain 90 fused:baseline "$LARGE" "$S128" "$B256"
+  pretrain 90 fused:ln_fused "$LARGE" "$S128" "$B256" --layer-norm fused
+  profile pretrain "$B256" profile-fused-pretrain --layer-norm fused
+}
+
 stage_qkv() {  # the query/key/value projection: split (default) vs fused
   pretrain 60 qkv:fused "$BASE" "$S128" "$B256" --qkv fused
   classify 40 qkv:fused --qkv fused
@@ -342,13 +360,14 @@ run_stage() {
     dropout) stage_dropout ;;
     profile) stage_profile ;;
     qkv) stage_qkv ;;
+    fused) stage_fused ;;
     gelu) stage_gelu ;;
     nodrop) stage_nodrop ;;
     layernorm) stage_layernorm ;;
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|qkv|gelu|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|qkv|gelu|fused|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
