@@ -65,6 +65,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     add_model_choice_arguments(ap)
     ap.add_argument("--gelu", default="erf", choices=["erf", "erfc"],
                     help="erf: bert-jax's gelu_erf (default); erfc: jax.nn.gelu's formulation")
+    ap.add_argument("--fused-norm-blocks", default="",
+                    help="ROWS:WARPS[:hold]: settings of the fused LayerNorm kernel "
+                         "(--layer-norm fused); default: fused_norm.blocks_for(hidden)")
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])
@@ -307,7 +310,8 @@ def main(argv=None) -> dict:
         "batch_size": args.batch_size, "predictions": p, "devices": n_dev,
         "attention": args.attention, "attention_dropout": args.attention_dropout,
         "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
-        **model_choice_record(args), "gelu": args.gelu, "scan": args.scan,
+        **model_choice_record(args), "gelu": args.gelu,
+        "fused_norm_blocks": args.fused_norm_blocks, "scan": args.scan,
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,

@@ -126,6 +126,22 @@ def use_erfc_gelu() -> None:
     ops.activation = activation
 
 
+def use_fused_norm_blocks(spec: str) -> None:
+    """``--fused-norm-blocks ROWS:WARPS[:hold]``: the fused LayerNorm kernel's settings for
+    every hidden size (process-wide; ``hold`` keeps whole rows in registers in the backward
+    pass instead of recomputing them)."""
+    from bert_jax.modeling import fused_norm
+
+    parts = spec.split(":")
+    try:
+        rows, warps = int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        raise SystemExit(f"--fused-norm-blocks {spec!r}: expected ROWS:WARPS or "
+                         "ROWS:WARPS:hold") from None
+    fused_norm.DEFAULT_BLOCKS = (rows, warps, parts[2:] != ["hold"])
+    fused_norm.TUNED_BLOCKS.clear()
+
+
 def model_dropout_impl(dropout_impl: str) -> str:
     """``--dropout-impl`` -> ``model.dropout_attention_impl`` (``cudnn`` is a process patch,
     :func:`apply_process_levers`, under the model's default)."""
@@ -140,6 +156,8 @@ def apply_process_levers(args) -> None:
         use_cudnn_dropout_attention()
     if getattr(args, "gelu", "erf") == "erfc":
         use_erfc_gelu()
+    if getattr(args, "fused_norm_blocks", ""):
+        use_fused_norm_blocks(args.fused_norm_blocks)
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

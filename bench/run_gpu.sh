@@ -3,7 +3,7 @@
 #
 #   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
 #                                              loop | scaling | dropout | profile | qkv |
-#                                              gelu | fused | nodrop | layernorm | pending | finetune | hash | all
+#                                              gelu | fused | tune | nodrop | layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
 # Run from the repository root. Results go to $OUT/bench.jsonl (JSON lines), the stage's log to
@@ -40,6 +40,9 @@
 #   fused          ~8 min   the fifth session's A/B: base/128 --gelu erfc, --layer-norm fused,
 #                           --xla-flags graphs; classify; large/512 and large/128 fused; a
 #                           profile of the fused LayerNorm step
+#   tune           ~8 min   the fused LayerNorm kernel: bench_norm.py block sweep ($OUT/norm.jsonl),
+#                           then base/128, classify and large/512 with the fastest setting
+#                           against the default, and a profile of it
 #   gelu           ~3 min   base/128 pretrain and classify: gelu_erf (default) vs --gelu erfc
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
@@ -283,6 +286,42 @@ stage_fused() {  # the fifth session's A/B runs: gelu_erf vs erfc, fused LayerNo
   profile pretrain "$B256" profile-fused-pretrain --layer-norm fused
 }
 
+best_norm_blocks() {  # best_norm_blocks SHAPE -> ROWS:WARPS[:hold] of the fastest fused variant
+  "$PY" - "$OUT/norm.jsonl" "$1" <<'EOF'
+import json, os, sys
+path, shape = sys.argv[1:]
+runs = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+runs = [r for r in runs if r.get("shape") == shape and "us_fwd_bwd" in r
+        and r["variant"].startswith("fused_")]
+if not runs:
+    print("16:4")
+else:
+    name = min(runs, key=lambda r: r["us_fwd_bwd"])["variant"].split("_")[1:]
+    rows, warps = name[0][1:], name[1][1:]
+    print(f"{rows}:{warps}" + (":hold" if name[-1] == "hold" else ""))
+EOF
+}
+
+stage_tune() {  # the fused LayerNorm kernel: block sweep, then the best setting in the step
+  local shapes="256x128x768,32x128x768,32x512x1024"
+  local sweep=(--block-rows 4,8,16 --num-warps 2,4,8 --hold 16:4,8:8)
+  [ "$SMOKE" = 1 ] && shapes="8x64x64,2x64x128" && sweep=(--block-rows 8 --num-warps 4 --hold 8:4)
+  run_case 240 norm norm "$BASE" "$S128" "$B256" -- "${JAX_ENV[@]}" "$PY" bench/bench_norm.py \
+    --shapes "$shapes" "${sweep[@]}" --out "$OUT/norm.jsonl"
+  local small=${shapes%%,*} large=${shapes##*,}
+  local b768 b1024
+  b768=$(best_norm_blocks "$small")
+  b1024=$(best_norm_blocks "$large")
+  echo "best fused LayerNorm blocks: $small -> $b768, $large -> $b1024"
+  pretrain 45 tune:baseline "$BASE" "$S128" "$B256"
+  pretrain 45 tune:ln_fused "$BASE" "$S128" "$B256" --layer-norm fused --fused-norm-blocks "$b768"
+  classify 30 tune:baseline
+  classify 30 tune:ln_fused --layer-norm fused --fused-norm-blocks "$b768"
+  pretrain 75 tune:baseline "$LARGE" "$S512" "$B32"
+  pretrain 75 tune:ln_fused "$LARGE" "$S512" "$B32" --layer-norm fused --fused-norm-blocks "$b1024"
+  profile pretrain "$B256" profile-tune-pretrain --layer-norm fused --fused-norm-blocks "$b768"
+}
+
 stage_qkv() {  # the query/key/value projection: split (default) vs fused
   pretrain 60 qkv:fused "$BASE" "$S128" "$B256" --qkv fused
   classify 40 qkv:fused --qkv fused
@@ -360,6 +399,7 @@ run_stage() {
     dropout) stage_dropout ;;
     profile) stage_profile ;;
     qkv) stage_qkv ;;
+    tune) stage_tune ;;
     fused) stage_fused ;;
     gelu) stage_gelu ;;
     nodrop) stage_nodrop ;;
@@ -367,7 +407,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|qkv|gelu|fused|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|qkv|gelu|fused|tune|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

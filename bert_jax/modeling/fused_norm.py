@@ -44,6 +44,20 @@ class NormSettings:
     chunk: int
     num_warps: int
     interpret: bool
+    # Backward: recompute each chunk's x, xhat and gradient terms in the second pass (reloads
+    # that hit the cache) instead of holding the whole rows in registers.
+    recompute: bool = True
+
+
+# (block_rows, num_warps, recompute) per hidden size, from ``bench/bench_norm.py`` on an H100
+# (docs/performance.md); other sizes use DEFAULT_BLOCKS.
+DEFAULT_BLOCKS = (16, 4, True)
+TUNED_BLOCKS: dict[int, tuple[int, int, bool]] = {}
+
+
+def blocks_for(hidden: int) -> tuple[int, int, bool]:
+    """The kernel settings used for ``hidden`` units when the caller gives none."""
+    return TUNED_BLOCKS.get(hidden, DEFAULT_BLOCKS)
 
 
 def _chunk(hidden: int, limit: int = 256) -> int:
@@ -98,20 +112,26 @@ def _backward_kernel(g_ref, r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, 
     rows = rows_ref[...]
     mean, rstd = mean_ref[...][:, None], rstd_ref[...][:, None]
     slices = [pl.ds(c * s.chunk, s.chunk) for c in range(hidden // s.chunk)]
-    parts, sum_gx, sum_gx_xhat = [], 0.0, 0.0
-    for sl in slices:
+
+    def terms(sl):
         x, keep = _pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, sl, s)
         xhat = (x - mean) * rstd
         g = g_ref[:, sl].astype(jnp.float32)
-        gx = g * gamma_ref[sl].astype(jnp.float32)[None, :]
+        return g, xhat, g * gamma_ref[sl].astype(jnp.float32)[None, :], keep
+
+    held, sum_gx, sum_gx_xhat = [], 0.0, 0.0
+    for sl in slices:
+        g, xhat, gx, keep = terms(sl)
         sum_gx = sum_gx + jnp.sum(gx, axis=1)
         sum_gx_xhat = sum_gx_xhat + jnp.sum(gx * xhat, axis=1)
         dgamma_ref[0, sl] = jnp.sum(g * xhat, axis=0)
         dbeta_ref[0, sl] = jnp.sum(g, axis=0)
-        parts.append((sl, xhat, gx, keep))
+        if not s.recompute:
+            held.append((xhat, gx, keep))
     mean_gx = (sum_gx / hidden)[:, None]
     mean_gx_xhat = (sum_gx_xhat / hidden)[:, None]
-    for sl, xhat, gx, keep in parts:
+    for c, sl in enumerate(slices):
+        xhat, gx, keep = held[c] if held else terms(sl)[1:]
         dx = rstd * (gx - mean_gx - xhat * mean_gx_xhat)
         dr_ref[:, sl] = dx.astype(dr_ref.dtype)
         dh = dx if keep is None else jnp.where(keep, dx * (1.0 / (1.0 - s.rate)), 0.0)
@@ -274,13 +294,15 @@ def _fit(block: int, n: int) -> int:
 
 
 def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate: float = 0.0,
-                                epsilon: float = 1e-12, out_dtype=None, block_rows: int = 16,
-                                num_warps: int = 4, interpret: bool | None = None):
+                                epsilon: float = 1e-12, out_dtype=None,
+                                block_rows: int | None = None, num_warps: int | None = None,
+                                recompute: bool | None = None, interpret: bool | None = None):
     """``LayerNorm(residual + dropout(y + b)) * gamma + beta`` over the last axis, in one
     kernel each way. ``residual`` and ``y`` are [batch, seq, hidden]; ``b``, ``gamma``,
     ``beta`` [hidden]; ``salt`` an int32 scalar (``dropout.salt_from_rng``) when ``rate > 0``:
     the mask is ``hash_dropout``'s ``rowcol`` mask of a [batch, seq, hidden] array for that
-    salt. Returns [batch, seq, hidden] in ``out_dtype`` (default ``residual.dtype``)."""
+    salt. Returns [batch, seq, hidden] in ``out_dtype`` (default ``residual.dtype``).
+    ``block_rows``, ``num_warps``, ``recompute`` default to :func:`blocks_for` (hidden)."""
     if residual.ndim != 3 or residual.shape != y.shape:
         raise ValueError(f"residual and y must be the same [batch, seq, hidden] shape; got "
                          f"{residual.shape} and {y.shape}")
@@ -291,6 +313,10 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
         raise ValueError("dropout in the fused LayerNorm needs a salt (salt_from_rng)")
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
+    tuned = blocks_for(hidden)
+    block_rows = tuned[0] if block_rows is None else block_rows
+    num_warps = tuned[1] if num_warps is None else num_warps
+    recompute = tuned[2] if recompute is None else recompute
     rows_per_shard = residual.shape[0] * residual.shape[1]
     mesh, batch_axes = _row_spec()
     if mesh is not None:
@@ -298,7 +324,7 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
 
         rows_per_shard //= max(1, parallel.mesh_axes_size(mesh, batch_axes))
     s = NormSettings(float(rate), float(epsilon), _fit(block_rows, rows_per_shard),
-                     _chunk(hidden), int(num_warps), bool(interpret))
+                     _chunk(hidden), int(num_warps), bool(interpret), bool(recompute))
     positions = residual.shape[:2]
     salt = jnp.zeros((), jnp.int32) if salt is None else salt
     rows = row_code(flat_index(positions), salt)

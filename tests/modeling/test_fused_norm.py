@@ -27,13 +27,15 @@ def _inputs(shape=(2, 16, 96), dtype=jnp.float32, seed=0):
             salt_from_rng(k[5]))
 
 
-@pytest.mark.parametrize("rate", [0.0, 0.1])
-def test_values_and_gradients_match_jax(rate):
+@pytest.mark.parametrize("rate,recompute", [(0.0, True), (0.1, True), (0.1, False)])
+def test_values_and_gradients_match_jax(rate, recompute):
+    """Both backward variants (recomputed chunks, rows held in registers) against jax.numpy."""
     r, y, b, gamma, beta, salt = _inputs()
     probe = jax.random.normal(jax.random.key(9), r.shape)
 
     def loss(fn, *args):
-        return jnp.sum(fn(*args, salt=salt, rate=rate, epsilon=1e-12) * probe)
+        kwargs = {"recompute": recompute} if fn is fused_norm.residual_dropout_layer_norm else {}
+        return jnp.sum(fn(*args, salt=salt, rate=rate, epsilon=1e-12, **kwargs) * probe)
 
     got = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=rate)
     want = fused_norm.reference(r, y, b, gamma, beta, salt=salt, rate=rate)

@@ -1,0 +1,115 @@
+"""The end of a BERT sublayer alone: ``LayerNorm(residual + dropout(y + b))``, forward and
+backward, as XLA compiles it (``layer_norm_impl=two_stage``: add_bias + hash_dropout +
+TwoStageLayerNorm) against the fused Pallas kernel (``bert_jax/modeling/fused_norm.py``) at
+every (block_rows, num_warps) of a sweep. One JSON line per (shape, variant): microseconds per
+forward + backward, and the bytes the fused kernels must move at least (residual, y, the
+output and the output gradient read or written once each way) over that time.
+
+  python bench/bench_norm.py --out norm.jsonl [--shapes 256x128x768,32x512x1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bench_pretrain import environment  # noqa: E402
+from bench.common import median_time, write_result  # noqa: E402
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="256x128x768,32x128x768,32x512x1024,256x128x1024",
+                    help="comma list of BATCHxSEQxHIDDEN")
+    ap.add_argument("--block-rows", default="4,8,16,32")
+    ap.add_argument("--num-warps", default="2,4,8")
+    ap.add_argument("--hold", default="16:4,8:4,8:8",
+                    help="ROWS:WARPS settings also run with the backward holding rows in "
+                         "registers (recompute=False)")
+    ap.add_argument("--rate", type=float, default=0.1)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default="norm.jsonl")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax.modeling import fused_norm
+    from bert_jax.modeling.dropout import hash_dropout, salt_from_rng
+    from bert_jax.modeling.ops import add_bias, layer_norm_two_stage
+
+    interpret = jax.default_backend() != "gpu"
+    records = []
+    for spec in args.shapes.split(","):
+        batch, seq, hidden = (int(v) for v in spec.split("x"))
+        k = jax.random.split(jax.random.key(0), 7)
+        shape = (batch, seq, hidden)
+        r = jax.random.normal(k[0], shape, jnp.bfloat16)
+        y = jax.random.normal(k[1], shape, jnp.bfloat16)
+        g = jax.random.normal(k[2], shape, jnp.bfloat16)
+        b, gamma, beta = (jax.random.normal(k[i], (hidden,)) for i in (3, 4, 5))
+        salt = salt_from_rng(k[6])
+
+        def xla(r, y, b, gamma, beta):
+            h = hash_dropout(add_bias(y, b.astype(jnp.bfloat16)), salt, args.rate, "rowcol")
+            return layer_norm_two_stage(r + h, gamma, beta, 1e-12, jnp.dtype(jnp.bfloat16))
+
+        variants = [("xla", xla)]
+        settings = [(rows, warps, True) for rows, warps in itertools.product(
+            (int(v) for v in args.block_rows.split(",")),
+            (int(v) for v in args.num_warps.split(",")))]
+        settings += [(int(v.split(":")[0]), int(v.split(":")[1]), False)
+                     for v in args.hold.split(",") if v]
+        for rows, warps, recompute in settings:
+            name = f"fused_r{rows}_w{warps}" + ("" if recompute else "_hold")
+            variants.append((name, lambda r, y, b, gamma, beta, rows=rows, warps=warps,
+                             recompute=recompute: fused_norm.residual_dropout_layer_norm(
+                                 r, y, b.astype(jnp.bfloat16), gamma, beta, salt=salt,
+                                 rate=args.rate, block_rows=rows, num_warps=warps,
+                                 recompute=recompute, interpret=interpret)))
+        for name, fn in variants:
+            def step(r, y, b, gamma, beta, fn=fn):
+                out, pullback = jax.vjp(fn, r, y, b, gamma, beta)
+                return out, pullback(g)
+
+            jitted = jax.jit(step)
+            try:
+                jax.block_until_ready(jitted(r, y, b, gamma, beta))
+            except Exception as e:  # noqa: BLE001 - a setting that does not compile is a result
+                record = {"task": "norm", "shape": spec, "variant": name,
+                          "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                print(record, flush=True)
+                write_result(args.out, record)
+                records.append(record)
+                continue
+
+            def run(jitted=jitted):
+                out = None
+                for _ in range(args.iters):
+                    out = jitted(r, y, b, gamma, beta)
+                jax.block_until_ready(out)
+
+            t, _ = median_time(run, args.repeats)
+            us = t / args.iters * 1e6
+            # at least: read r, y, write out (fwd); read g, r, y, write dr, dy (bwd); bf16
+            moved = 8 * batch * seq * hidden * 2
+            record = {**environment(), "task": "norm", "shape": spec, "variant": name,
+                      "rate": args.rate, "us_fwd_bwd": us, "min_bytes": moved,
+                      "gb_per_s": moved / (us * 1e-6) / 1e9}
+            print(f"{spec:>14} {name:>16} {us:9.1f} us  {record['gb_per_s']:7.0f} GB/s",
+                  flush=True)
+            write_result(args.out, record)
+            records.append(record)
+    return records
+
+
+if __name__ == "__main__":
+    main()
