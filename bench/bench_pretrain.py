@@ -67,7 +67,7 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                     help="erf: bert-jax's gelu_erf (default); erfc: jax.nn.gelu's formulation")
     ap.add_argument("--fused-norm-blocks", default="",
                     help="ROWS:WARPS[:hold]: settings of the fused LayerNorm kernel "
-                         "(--layer-norm fused); default: fused_norm.blocks_for(hidden)")
+                         "(--layer-norm fused); default: fused_norm.blocks_for(rows)")
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])

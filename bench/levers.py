@@ -128,7 +128,7 @@ def use_erfc_gelu() -> None:
 
 def use_fused_norm_blocks(spec: str) -> None:
     """``--fused-norm-blocks ROWS:WARPS[:hold]``: the fused LayerNorm kernel's settings for
-    every hidden size (process-wide; ``hold`` keeps whole rows in registers in the backward
+    every shape (process-wide; ``hold`` keeps whole rows in registers in the backward
     pass instead of recomputing them)."""
     from bert_jax.modeling import fused_norm
 
@@ -139,7 +139,6 @@ def use_fused_norm_blocks(spec: str) -> None:
         raise SystemExit(f"--fused-norm-blocks {spec!r}: expected ROWS:WARPS or "
                          "ROWS:WARPS:hold") from None
     fused_norm.DEFAULT_BLOCKS = (rows, warps, parts[2:] != ["hold"])
-    fused_norm.TUNED_BLOCKS.clear()
 
 
 def model_dropout_impl(dropout_impl: str) -> str:

@@ -3,7 +3,8 @@
 #
 #   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
 #                                              loop | scaling | dropout | profile | qkv |
-#                                              gelu | fused | tune | nodrop | layernorm | pending | finetune | hash | all
+#                                              gelu | fused | tune | final | nodrop |
+#                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
 # Run from the repository root. Results go to $OUT/bench.jsonl (JSON lines), the stage's log to
@@ -40,6 +41,8 @@
 #   fused          ~8 min   the fifth session's A/B: base/128 --gelu erfc, --layer-norm fused,
 #                           --xla-flags graphs; classify; large/512 and large/128 fused; a
 #                           profile of the fused LayerNorm step
+#   final          ~10 min  bert-jax then transformers, pair by pair: base/128, classify,
+#                           large/512, large/128 (what the stage budget leaves out is skipped)
 #   tune           ~8 min   the fused LayerNorm kernel: bench_norm.py block sweep ($OUT/norm.jsonl),
 #                           then base/128, classify and large/512 with the fastest setting
 #                           against the default, and a profile of it
@@ -322,6 +325,24 @@ stage_tune() {  # the fused LayerNorm kernel: block sweep, then the best setting
   profile pretrain "$B256" profile-tune-pretrain --layer-norm fused --fused-norm-blocks "$b768"
 }
 
+stage_final() {  # bert-jax and transformers pairs, most important first (one 10-minute call
+  # fits about three pairs: the last ones are skipped by the stage budget)
+  local w task model seq batch est_jax est_peer
+  for w in "pretrain $BASE $S128 $B256 60 120" "classify $BASE $S128 $B32 50 100" \
+           "pretrain $LARGE $S512 $B32 110 150" "pretrain $LARGE $S128 $B256 150 150"; do
+    read -r task model seq batch est_jax est_peer <<<"$w"
+    if [ "$task" = classify ]; then
+      classify "$est_jax" core
+    else
+      pretrain "$est_jax" core "$model" "$seq" "$batch"
+    fi
+    if "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+      run_case "$est_peer" peer "$task" "$model" "$seq" "$batch" -- "$PY" bench/peer_hf.py \
+        --task "$task" --model "$model" --seq-len "$seq" --batch-size "$batch" --out "$RESULTS"
+    fi
+  done
+}
+
 stage_qkv() {  # the query/key/value projection: split (default) vs fused
   pretrain 60 qkv:fused "$BASE" "$S128" "$B256" --qkv fused
   classify 40 qkv:fused --qkv fused
@@ -399,6 +420,7 @@ run_stage() {
     dropout) stage_dropout ;;
     profile) stage_profile ;;
     qkv) stage_qkv ;;
+    final) stage_final ;;
     tune) stage_tune ;;
     fused) stage_fused ;;
     gelu) stage_gelu ;;
@@ -407,7 +429,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|qkv|gelu|fused|tune|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

@@ -28,8 +28,9 @@ QKV_PROJECTIONS = ("split", "fused")
 # LayerNorm: two_stage (custom backward with two-stage column sums for the scale/bias
 # gradients; bert_jax/modeling/ops.py), Flax's nn.LayerNorm (autodiff backward), or fused:
 # each layer's bias + hidden dropout + residual add + LayerNorm as one Pallas kernel per
-# direction (bert_jax/modeling/fused_norm.py; GPU; needs hash dropout with the rowcol hash).
-LAYER_NORM_IMPLS = ("two_stage", "flax", "fused")
+# direction (bert_jax/modeling/fused_norm.py; GPU; needs hash dropout with the rowcol hash);
+# auto: fused on GPU where it applies, else two_stage.
+LAYER_NORM_IMPLS = ("two_stage", "flax", "fused", "auto")
 # The residual stream (LayerNorm outputs and the sums into them): the compute dtype, or float32
 # while matmuls still run in the compute dtype (what torch autocast does).
 RESIDUAL_DTYPES = ("compute", "float32")
@@ -82,7 +83,7 @@ class BertConfig:
     hidden_dropout_impl: str = "hash"  # hash | prng (see HIDDEN_DROPOUT_IMPLS)
     dropout_hash: str = "rowcol"  # rowcol | flat (see DROPOUT_HASHES)
     qkv_projection: str = "split"  # split | fused (see QKV_PROJECTIONS)
-    layer_norm_impl: str = "two_stage"  # two_stage | flax | fused (see LAYER_NORM_IMPLS)
+    layer_norm_impl: str = "auto"  # auto | two_stage | flax | fused (see LAYER_NORM_IMPLS)
     residual_dtype: str = "compute"  # compute | float32 (see RESIDUAL_DTYPES)
     scan_layers: bool = False
     remat_policy: str = "none"

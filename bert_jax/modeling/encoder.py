@@ -59,9 +59,28 @@ def layer_norm(config: BertConfig, name: str) -> nn.Module:
     kwargs = dict(epsilon=config.layer_norm_eps, dtype=dtype,
                   param_dtype=config.param_dtype, scale_init=ones(("embed",)),
                   bias_init=zeros(("embed",)), name=name)
-    if config.layer_norm_impl == "two_stage":
-        return TwoStageLayerNorm(**kwargs)
-    return nn.LayerNorm(**kwargs)
+    if config.layer_norm_impl == "flax":
+        return nn.LayerNorm(**kwargs)
+    return TwoStageLayerNorm(**kwargs)  # also where fused/auto has no sublayer to fuse
+
+
+def use_fused_norm(config: BertConfig) -> bool:
+    """Whether the layers end their sublayers in :class:`FusedResidualNorm`:
+    ``layer_norm_impl=fused``, or ``auto`` on GPU where the kernel applies (hash dropout with
+    the rowcol hash, a hidden size divisible by 16, activations not split on hidden)."""
+    if config.layer_norm_impl == "fused":
+        return True
+    if config.layer_norm_impl != "auto" or jax.default_backend() != "gpu":
+        return False
+    from bert_jax import parallel
+    from bert_jax.modeling import fused_norm
+
+    if config.hidden_dropout_impl != "hash" or config.dropout_hash != "rowcol":
+        return False
+    if not fused_norm.supported(config.hidden_size):
+        return False
+    return parallel.entered_mesh() is None or nn.logical_to_mesh_axes(
+        ("activation_embed",))[0] is None
 
 
 class FusedResidualNorm(nn.Module):
@@ -246,7 +265,7 @@ class BertSelfAttention(nn.Module):
             context, probs = fused_attention(query, key, value, kv_lengths,
                                              cfg.attention_impl), None
         context = constrain(context, HEAD_AXES)
-        fused = cfg.layer_norm_impl == "fused"
+        fused = use_fused_norm(cfg)
         out = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1),
                     skip_bias_add=fused)(context)
         if fused:  # (matmul output, bias): the layer's FusedResidualNorm adds the bias
@@ -266,7 +285,8 @@ class BertLayer(nn.Module):
         cfg = self.config
         attn, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
                                         name="attention")(x, kv_lengths)
-        if cfg.layer_norm_impl == "fused":
+        fused = use_fused_norm(cfg)
+        if fused:
             x = FusedResidualNorm(cfg, name="attention_norm")(x, *attn, self.deterministic)
         else:
             drop = hidden_dropout(cfg)
@@ -275,7 +295,7 @@ class BertLayer(nn.Module):
         h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
                   activation=cfg.hidden_act)(x)
         h = constrain(h, MLP_AXES)
-        if cfg.layer_norm_impl == "fused":
+        if fused:
             h, b = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out",
                          skip_bias_add=True)(h)
             x = FusedResidualNorm(cfg, name="output_norm")(

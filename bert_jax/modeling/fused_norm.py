@@ -49,15 +49,23 @@ class NormSettings:
     recompute: bool = True
 
 
-# (block_rows, num_warps, recompute) per hidden size, from ``bench/bench_norm.py`` on an H100
-# (docs/performance.md); other sizes use DEFAULT_BLOCKS.
-DEFAULT_BLOCKS = (16, 4, True)
-TUNED_BLOCKS: dict[int, tuple[int, int, bool]] = {}
+# Kernel settings (block_rows, num_warps, recompute) from ``bench/bench_norm.py`` on an H100
+# (fifth session, docs/performance.md): 16 rows x 8 warps for long row counts (Base/128 at
+# batch 256: 253 us forward + backward vs XLA's 328; Large/512 at batch 32: 191 vs 222), 4 rows
+# x 2 warps for short ones, where 16-row blocks leave SMs idle (Base/128 at batch 32: 77 vs
+# XLA's 79 us, 16 x 8: 108). DEFAULT_BLOCKS, when set (``bench --fused-norm-blocks``),
+# overrides both.
+LONG_BLOCKS = (16, 8, True)
+SHORT_BLOCKS = (4, 2, True)
+LONG_ROWS = 16384  # rows per shard from which LONG_BLOCKS apply
+DEFAULT_BLOCKS: tuple[int, int, bool] | None = None
 
 
-def blocks_for(hidden: int) -> tuple[int, int, bool]:
-    """The kernel settings used for ``hidden`` units when the caller gives none."""
-    return TUNED_BLOCKS.get(hidden, DEFAULT_BLOCKS)
+def blocks_for(rows: int) -> tuple[int, int, bool]:
+    """The kernel settings for ``rows`` tokens per shard when the caller gives none."""
+    if DEFAULT_BLOCKS is not None:
+        return DEFAULT_BLOCKS
+    return LONG_BLOCKS if rows >= LONG_ROWS else SHORT_BLOCKS
 
 
 def _chunk(hidden: int, limit: int = 256) -> int:
@@ -302,7 +310,7 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
     ``beta`` [hidden]; ``salt`` an int32 scalar (``dropout.salt_from_rng``) when ``rate > 0``:
     the mask is ``hash_dropout``'s ``rowcol`` mask of a [batch, seq, hidden] array for that
     salt. Returns [batch, seq, hidden] in ``out_dtype`` (default ``residual.dtype``).
-    ``block_rows``, ``num_warps``, ``recompute`` default to :func:`blocks_for` (hidden)."""
+    ``block_rows``, ``num_warps``, ``recompute`` default to :func:`blocks_for` (rows)."""
     if residual.ndim != 3 or residual.shape != y.shape:
         raise ValueError(f"residual and y must be the same [batch, seq, hidden] shape; got "
                          f"{residual.shape} and {y.shape}")
@@ -313,16 +321,16 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
         raise ValueError("dropout in the fused LayerNorm needs a salt (salt_from_rng)")
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
-    tuned = blocks_for(hidden)
-    block_rows = tuned[0] if block_rows is None else block_rows
-    num_warps = tuned[1] if num_warps is None else num_warps
-    recompute = tuned[2] if recompute is None else recompute
     rows_per_shard = residual.shape[0] * residual.shape[1]
     mesh, batch_axes = _row_spec()
     if mesh is not None:
         from bert_jax import parallel
 
         rows_per_shard //= max(1, parallel.mesh_axes_size(mesh, batch_axes))
+    tuned = blocks_for(rows_per_shard)
+    block_rows = tuned[0] if block_rows is None else block_rows
+    num_warps = tuned[1] if num_warps is None else num_warps
+    recompute = tuned[2] if recompute is None else recompute
     s = NormSettings(float(rate), float(epsilon), _fit(block_rows, rows_per_shard),
                      _chunk(hidden), int(num_warps), bool(interpret), bool(recompute))
     positions = residual.shape[:2]

@@ -167,3 +167,18 @@ def test_triton_lowering_for_the_gpu():
         pytest.skip(f"no Triton lowering here: {e}")
     text = lowered.as_text()
     assert text.count("xla.gpu.triton") == 2
+
+
+def test_auto_resolution(monkeypatch):
+    """layer_norm_impl=auto: the fused kernel on GPU where it applies, two_stage elsewhere."""
+    from bert_jax.modeling import encoder
+
+    auto = BertConfig(layer_norm_impl="auto")
+    assert encoder.use_fused_norm(BertConfig(layer_norm_impl="fused"))
+    assert not encoder.use_fused_norm(auto)  # CPU
+    assert not encoder.use_fused_norm(BertConfig())  # two_stage
+    monkeypatch.setattr(encoder.jax, "default_backend", lambda: "gpu")
+    assert encoder.use_fused_norm(auto)
+    assert not encoder.use_fused_norm(auto.replace(hidden_dropout_impl="prng"))
+    assert not encoder.use_fused_norm(auto.replace(dropout_hash="flat"))
+    assert not encoder.use_fused_norm(auto.replace(hidden_size=40, num_attention_heads=4))
