@@ -229,8 +229,7 @@ def _per_shard(fn, sharded: tuple, replicated: tuple, out_ndims: tuple[int, ...]
     from bert_jax import parallel
 
     if sharded[0].shape[0] % parallel.mesh_axes_size(mesh, batch_axes):
-        raise ValueError(f"batch {sharded[0].shape[0]} does not split over mesh axes "
-                         f"{batch_axes!r}")
+        return fn(*sharded, *replicated)  # uneven split (e.g. a ragged eval batch): XLA gathers
     shard_map = getattr(jax, "shard_map", None)
     kwargs = {"check_vma": False}
     if shard_map is None:  # older jax
@@ -326,7 +325,9 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
     if mesh is not None:
         from bert_jax import parallel
 
-        rows_per_shard //= max(1, parallel.mesh_axes_size(mesh, batch_axes))
+        shards = max(1, parallel.mesh_axes_size(mesh, batch_axes))
+        if residual.shape[0] % shards == 0:
+            rows_per_shard //= shards
     tuned = blocks_for(rows_per_shard)
     block_rows = tuned[0] if block_rows is None else block_rows
     num_warps = tuned[1] if num_warps is None else num_warps

@@ -182,3 +182,19 @@ def test_auto_resolution(monkeypatch):
     assert not encoder.use_fused_norm(auto.replace(hidden_dropout_impl="prng"))
     assert not encoder.use_fused_norm(auto.replace(dropout_hash="flat"))
     assert not encoder.use_fused_norm(auto.replace(hidden_size=40, num_attention_heads=4))
+
+
+def test_uneven_batch_under_a_mesh_falls_back_to_one_call():
+    """A batch that does not split over the mesh (a ragged evaluation batch) runs the kernel
+    once on the gathered arrays instead of failing."""
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 devices")
+    from bert_jax import parallel
+
+    r, y, b, gamma, beta, _ = _inputs(shape=(3, 16, 64))
+    mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
+    fn = parallel.traced_in_mesh(
+        lambda r, y: fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta), mesh,
+        parallel.DEFAULT_RULES)
+    np.testing.assert_allclose(jax.jit(fn)(r, y), fused_norm.reference(r, y, b, gamma, beta),
+                               rtol=1e-5, atol=1e-5)
