@@ -233,6 +233,8 @@ class BertSelfAttention(nn.Module):
     config: BertConfig
     deterministic: bool = True
     output_attentions: bool = False
+    # Return (output projection's matmul, its bias) for FusedResidualNorm to add.
+    return_bias: bool = False
 
     @nn.compact
     def __call__(self, x, kv_lengths):
@@ -265,10 +267,9 @@ class BertSelfAttention(nn.Module):
             context, probs = fused_attention(query, key, value, kv_lengths,
                                              cfg.attention_impl), None
         context = constrain(context, HEAD_AXES)
-        fused = use_fused_norm(cfg)
         out = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1),
-                    skip_bias_add=fused)(context)
-        if fused:  # (matmul output, bias): the layer's FusedResidualNorm adds the bias
+                    skip_bias_add=self.return_bias)(context)
+        if self.return_bias:  # (matmul output, bias): the layer's FusedResidualNorm adds it
             return (constrain(out[0], ACTIVATION_AXES), out[1]), probs
         return constrain(out, ACTIVATION_AXES), probs
 
@@ -283,13 +284,13 @@ class BertLayer(nn.Module):
     @nn.compact
     def __call__(self, x, kv_lengths):
         cfg = self.config
+        fused = use_fused_norm(cfg)  # bias + dropout + residual + LayerNorm in one kernel
+        drop = None if fused else hidden_dropout(cfg)
         attn, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
-                                        name="attention")(x, kv_lengths)
-        fused = use_fused_norm(cfg)
+                                        return_bias=fused, name="attention")(x, kv_lengths)
         if fused:
             x = FusedResidualNorm(cfg, name="attention_norm")(x, *attn, self.deterministic)
         else:
-            drop = hidden_dropout(cfg)
             x = layer_norm(cfg, "attention_norm")(
                 x + drop(attn, deterministic=self.deterministic))
         h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
