@@ -147,9 +147,10 @@ def test_train_step_with_fused_layer_norm_learns():
     assert np.isfinite(losses).all() and np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
 
 
-def test_triton_lowering_for_the_gpu():
+@pytest.mark.parametrize("hidden", [384, 768, 1024])
+def test_triton_lowering_for_the_gpu(hidden):
     """The kernels lower to Triton for CUDA from this CPU machine (power-of-two chunks of the
-    768 hidden units), forward and backward."""
+    hidden units: 3 x 128, 3 x 256, 4 x 256), forward and backward."""
     sd = jax.ShapeDtypeStruct
 
     def loss(r, y, b, gamma, beta, salt):
@@ -158,7 +159,7 @@ def test_triton_lowering_for_the_gpu():
         return jnp.sum(out.astype(jnp.float32))
 
     grad = jax.jit(jax.grad(loss, range(5)))
-    shape, vec = (8, 128, 768), (768,)
+    shape, vec = (8, 128, hidden), (hidden,)
     try:
         lowered = grad.trace(sd(shape, jnp.bfloat16), sd(shape, jnp.bfloat16),
                              sd(vec, jnp.float32), sd(vec, jnp.float32), sd(vec, jnp.float32),
