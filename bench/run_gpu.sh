@@ -191,8 +191,18 @@ stage_core() {
   classify 60 core
 }
 
+torch_gpu() {  # true when torch sees a CUDA device (the peer needs one)
+  "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null
+}
+
+peer() {  # peer EST TASK MODEL SEQ BATCH: one transformers run (bench/peer_hf.py)
+  local est=$1 task=$2 model=$3 seq=$4 batch=$5
+  run_case "$est" peer "$task" "$model" "$seq" "$batch" -- "$PY" bench/peer_hf.py \
+    --task "$task" --model "$model" --seq-len "$seq" --batch-size "$batch" --out "$RESULTS"
+}
+
 stage_peer() {
-  if ! "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  if ! torch_gpu; then
     echo "peer: no CUDA device for torch; skipped"
     return 0
   fi
@@ -204,8 +214,7 @@ stage_peer() {
     if [ -n "${PEER_ONLY:-}" ] && [[ " $PEER_ONLY " != *" $task:$model:$seq "* ]]; then
       continue
     fi
-    run_case "$est" peer "$task" "$model" "$seq" "$batch" -- "$PY" bench/peer_hf.py \
-      --task "$task" --model "$model" --seq-len "$seq" --batch-size "$batch" --out "$RESULTS"
+    peer "$est" "$task" "$model" "$seq" "$batch"
   done
 }
 
@@ -327,7 +336,8 @@ stage_tune() {  # the fused LayerNorm kernel: block sweep, then the best setting
 
 stage_final() {  # bert-jax and transformers pairs, most important first (one 10-minute call
   # fits about three pairs: the last ones are skipped by the stage budget)
-  local w task model seq batch est_jax est_peer
+  local w task model seq batch est_jax est_peer with_peer=0
+  torch_gpu && with_peer=1
   for w in "pretrain $BASE $S128 $B256 60 120" "classify $BASE $S128 $B32 50 100" \
            "pretrain $LARGE $S512 $B32 110 150" "pretrain $LARGE $S128 $B256 150 150"; do
     read -r task model seq batch est_jax est_peer <<<"$w"
@@ -336,10 +346,7 @@ stage_final() {  # bert-jax and transformers pairs, most important first (one 10
     else
       pretrain "$est_jax" core "$model" "$seq" "$batch"
     fi
-    if "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
-      run_case "$est_peer" peer "$task" "$model" "$seq" "$batch" -- "$PY" bench/peer_hf.py \
-        --task "$task" --model "$model" --seq-len "$seq" --batch-size "$batch" --out "$RESULTS"
-    fi
+    if (( with_peer )); then peer "$est_peer" "$task" "$model" "$seq" "$batch"; fi
   done
 }
 

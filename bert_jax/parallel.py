@@ -314,6 +314,18 @@ def constrain(x, logical_axes: Sequence[str | None]):
     return nn.with_logical_constraint(x, tuple(logical_axes), mesh=mesh)
 
 
+def shard_map_unchecked(fn: Callable[..., Any], mesh: Mesh, in_specs, out_specs):
+    """``shard_map`` without replication checks (for Pallas calls, which the checks cannot
+    see through), on jax versions with ``jax.shard_map`` (``check_vma``) and older ones
+    (``jax.experimental.shard_map``, ``check_rep``)."""
+    shard_map = getattr(jax, "shard_map", None)
+    kwargs = {"check_vma": False}
+    if shard_map is None:  # older jax
+        from jax.experimental.shard_map import shard_map
+        kwargs = {"check_rep": False}
+    return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **kwargs)
+
+
 def traced_in_mesh(fn: Callable[..., Any], mesh: Mesh, rules: Rules) -> Callable[..., Any]:
     """Wraps ``fn`` so that it traces inside ``mesh`` and the logical-axis ``rules``: the
     model's activation constraints (:func:`constrain`) then take effect."""

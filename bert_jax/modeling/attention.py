@@ -117,12 +117,7 @@ def _over_mesh(fn, query, key, value, kv_lengths, salt):
             or query.shape[2] % parallel.mesh_axes_size(mesh, head_axes)):
         return fn(query, key, value, kv_lengths, salt)  # uneven split: let XLA gather
     qkv = P(batch_axes, None, head_axes, None)
-    shard_map = getattr(jax, "shard_map", None)
-    kwargs = {"check_vma": False}
-    if shard_map is None:  # older jax
-        from jax.experimental.shard_map import shard_map
-        kwargs = {"check_rep": False}
-    return shard_map(fn, mesh=mesh, in_specs=(qkv, qkv, qkv, P(batch_axes), P(batch_axes,
-                                                                               head_axes)),
-                     out_specs=qkv, **kwargs)(query, key, value, kv_lengths, salt)
+    return parallel.shard_map_unchecked(
+        fn, mesh, in_specs=(qkv, qkv, qkv, P(batch_axes), P(batch_axes, head_axes)),
+        out_specs=qkv)(query, key, value, kv_lengths, salt)
 

@@ -110,7 +110,7 @@ def flat_index(shape) -> jax.Array:
     return index
 
 
-def _codes(shape, salt):
+def rowcol_codes(shape, salt):
     """(row codes [*shape[:-1], 1], column codes [shape[-1]]) of the ``rowcol`` hash."""
     rows = row_code(flat_index(shape[:-1]), salt)[..., None]
     return rows, column_code(lax.iota(jnp.int32, shape[-1]))
@@ -120,7 +120,7 @@ def dropout_keep_mask(shape, salt, rate: float, mask_hash: str = "rowcol"):
     """The mask ``hash_dropout`` applies (for tests and analysis)."""
     if mask_hash == "flat":
         return keep_from_index(flat_index(shape), salt, rate)
-    return keep_from_codes(*_codes(shape, salt), rate)
+    return keep_from_codes(*rowcol_codes(shape, salt), rate)
 
 
 def _masked(x, keep, rate: float):
@@ -144,7 +144,7 @@ def _hash_dropout_fwd(x, salt, rate, mask_hash):
         raise ValueError(f"dropout hash must be one of {DROPOUT_HASHES}, got {mask_hash!r}")
     # The barrier materializes the codes (one int32 per row and per column): otherwise XLA
     # fuses their two finalizer rounds into the consumer and recomputes them per element.
-    codes = lax.optimization_barrier(_codes(x.shape, salt))
+    codes = lax.optimization_barrier(rowcol_codes(x.shape, salt))
     return _masked(x, keep_from_codes(*codes, rate), rate), codes
 
 

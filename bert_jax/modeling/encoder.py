@@ -72,15 +72,11 @@ def use_fused_norm(config: BertConfig) -> bool:
         return True
     if config.layer_norm_impl != "auto" or jax.default_backend() != "gpu":
         return False
-    from bert_jax import parallel
     from bert_jax.modeling import fused_norm
 
     if config.hidden_dropout_impl != "hash" or config.dropout_hash != "rowcol":
         return False
-    if not fused_norm.supported(config.hidden_size):
-        return False
-    return parallel.entered_mesh() is None or nn.logical_to_mesh_axes(
-        ("activation_embed",))[0] is None
+    return fused_norm.supported(config.hidden_size) and fused_norm.hidden_split_axes() is None
 
 
 class FusedResidualNorm(nn.Module):

@@ -45,7 +45,7 @@ MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 
 @dataclasses.dataclass(frozen=True)
 class FlashSettings:
     """Static kernel settings (hashable: a custom_vjp non-differentiable argument). Blocks are
-    already fitted to the lengths (``_fit``): each divides its length."""
+    already fitted to the lengths (``fit_block``): each divides its length."""
     scale: float
     dropout_rate: float
     block_q: int
@@ -384,14 +384,14 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
     fused = kv_len <= FUSED_BACKWARD_MAX_KV if backward == "auto" else backward == "fused"
     if block_q_bwd is None:
         block_q_bwd = 16 if fused else 64
-    blocks = [_fit(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
+    blocks = [fit_block(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
                                        (block_q_bwd, q_len), (block_k_bwd, kv_len))]
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *blocks,
                              num_warps, num_stages, bool(interpret), fused, mask_hash)
     return _flash(query, key, value, bias, salt.astype(jnp.int32), settings)
 
 
-def _fit(block: int, length: int) -> int:
+def fit_block(block: int, length: int) -> int:
     """The largest power-of-two block <= ``block`` that divides ``length``."""
     block = min(block, length)
     while length % block:

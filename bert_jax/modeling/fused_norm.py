@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bert_jax.modeling.dropout import column_code, flat_index, keep_from_codes, row_code
+from bert_jax.modeling.dropout import keep_from_codes, rowcol_codes
+from bert_jax.modeling.flash import fit_block
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +200,18 @@ def _backward_call(g, r, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
 # ---------------------------------------------------------------------------------------------
 # Per shard: [batch, seq, hidden] arrays flattened to rows; split over the mesh's batch axes.
 
+def hidden_split_axes():
+    """The mesh axes the hidden axis of activations is split over under the entered mesh
+    (None: unsplit, or no mesh); the kernels need it unsplit."""
+    from bert_jax import parallel
+
+    if parallel.entered_mesh() is None:
+        return None
+    import flax.linen as nn
+
+    return nn.logical_to_mesh_axes(("activation_embed",))[0]
+
+
 def _row_spec():
     """(mesh, batch mesh axes) when the kernels must run per shard, else (None, None)."""
     from bert_jax import parallel
@@ -208,7 +221,8 @@ def _row_spec():
         return None, None
     import flax.linen as nn
 
-    batch_axes, _, embed_axes = nn.logical_to_mesh_axes(("batch", "length", "activation_embed"))
+    batch_axes = nn.logical_to_mesh_axes(("batch",))[0]
+    embed_axes = hidden_split_axes()
     if embed_axes is not None:
         raise ValueError("the fused LayerNorm needs the hidden axis of activations unsplit "
                          "(logical axis 'activation_embed' is mapped to mesh axis "
@@ -230,19 +244,13 @@ def _per_shard(fn, sharded: tuple, replicated: tuple, out_ndims: tuple[int, ...]
 
     if sharded[0].shape[0] % parallel.mesh_axes_size(mesh, batch_axes):
         return fn(*sharded, *replicated)  # uneven split (e.g. a ragged eval batch): XLA gathers
-    shard_map = getattr(jax, "shard_map", None)
-    kwargs = {"check_vma": False}
-    if shard_map is None:  # older jax
-        from jax.experimental.shard_map import shard_map
-        kwargs = {"check_rep": False}
-
     def split(ndim):
         return P(batch_axes, *([None] * (ndim - 1)))
 
     in_specs = tuple(split(x.ndim) for x in sharded) + tuple(P() for _ in replicated)
-    return shard_map(fn, mesh=mesh, in_specs=in_specs,
-                     out_specs=tuple(split(n) for n in out_ndims), **kwargs)(*sharded,
-                                                                             *replicated)
+    return parallel.shard_map_unchecked(fn, mesh, in_specs,
+                                        tuple(split(n) for n in out_ndims))(*sharded,
+                                                                            *replicated)
 
 
 def _flat(x):
@@ -292,14 +300,6 @@ def _fused_bwd(s, out_dtype, saved, g):
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
-def _fit(block: int, n: int) -> int:
-    """The largest power of two <= ``block`` dividing ``n``."""
-    block = min(block, n)
-    while n % block:
-        block //= 2
-    return max(block, 1)
-
-
 def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate: float = 0.0,
                                 epsilon: float = 1e-12, out_dtype=None,
                                 block_rows: int | None = None, num_warps: int | None = None,
@@ -332,12 +332,11 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
     block_rows = tuned[0] if block_rows is None else block_rows
     num_warps = tuned[1] if num_warps is None else num_warps
     recompute = tuned[2] if recompute is None else recompute
-    s = NormSettings(float(rate), float(epsilon), _fit(block_rows, rows_per_shard),
+    s = NormSettings(float(rate), float(epsilon), fit_block(block_rows, rows_per_shard),
                      _chunk(hidden), int(num_warps), bool(interpret), bool(recompute))
-    positions = residual.shape[:2]
     salt = jnp.zeros((), jnp.int32) if salt is None else salt
-    rows = row_code(flat_index(positions), salt)
-    cols = column_code(lax.iota(jnp.int32, hidden))
+    rows, cols = rowcol_codes(residual.shape, salt)  # hash_dropout's codes of this shape
+    rows = rows[..., 0]
     return _fused(residual, y, rows, cols, b, gamma, beta, s,
                   jnp.dtype(out_dtype or residual.dtype))
 
