@@ -3,6 +3,7 @@
 #
 #   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
 #                                              loop | scaling | dropout | profile | qkv |
+#                                              profile-large | attention-tune |
 #                                              gelu | fused | tune | final | nodrop |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
@@ -28,6 +29,9 @@
 #                           base/128 pretrain and classify, large/512 pretrain
 #   profile        ~3 min   bench/profile_step.py kernel tables: base/128 pretrain b256 and
 #                           classify b32 (traces and summaries under $OUT/profile-*)
+#   profile-large  ~3 min   the same kernel table for pretrain large/512 b32 ($OUT/profile-*.tgz)
+#   attention-tune ~3 min   bench_attention.py at 32x512x16x64: the "long" block sweep of the
+#                           flash kernel ($OUT/attention.jsonl)
 #   layernorm      ~1 min   base/128 pretrain and classify with --layer-norm flax (two_stage
 #                           is the default)
 #   pending        ~9 min   unmeasured changes in one call (BUDGET_S=570): base/128 baseline vs
@@ -153,8 +157,14 @@ classify() {  # classify EST TAG [bench_finetune options...]  (base/128, batch 3
 profile() {  # profile TASK BATCH NAME [profile_step options...]  (base/128) -> $OUT/NAME.tgz
   local task=$1 batch=$2 name=$3
   shift 3
-  run_case 90 profile "profile_$task" "$BASE" "$S128" "$batch" -- "${JAX_ENV[@]}" \
-    "$PY" bench/profile_step.py --task "$task" --model "$BASE" --seq-len "$S128" \
+  profile_model 90 "$task" "$BASE" "$S128" "$batch" "$name" "$@"
+}
+
+profile_model() {  # profile_model EST TASK MODEL SEQ BATCH NAME [profile_step options...]
+  local est=$1 task=$2 model=$3 seq=$4 batch=$5 name=$6
+  shift 6
+  run_case "$est" profile "profile_$task" "$model" "$seq" "$batch" -- "${JAX_ENV[@]}" \
+    "$PY" bench/profile_step.py --task "$task" --model "$model" --seq-len "$seq" \
     --batch-size "$batch" --out "$OUT/$name" "$@"
   # one file back instead of dozens (the device tool returns a handful of files per call);
   # the trace folder is too deep to come back and trace.json.gz is its flat copy
@@ -380,11 +390,27 @@ attention() {  # attention EST: bench_attention.py, default blocks, -> $OUT/atte
     "$PY" bench/bench_attention.py --tune none "${shapes[@]}" --out "$OUT/attention.jsonl"
 }
 
-stage_profile() {  # per-kernel time tables of one step (bench/profile_step.py)
+stage_profile() {  # per-kernel time tables of one step (bench/profile_step.py);
+  # PROFILE_TASKS="pretrain" limits the tasks (default: pretrain classify)
+  local tasks=" ${PROFILE_TASKS:-pretrain classify} "
   # shellcheck disable=SC2086  # PROFILE_ARGS: extra options, word-split on purpose
-  profile pretrain "$B256" "profile-pretrain-$BASE-$S128" ${PROFILE_ARGS:-}
+  [[ $tasks == *" pretrain "* ]] && profile pretrain "$B256" "profile-pretrain-$BASE-$S128" ${PROFILE_ARGS:-}
   # shellcheck disable=SC2086
-  profile classify "$B32" "profile-classify-$BASE-$S128" ${PROFILE_ARGS:-}
+  [[ $tasks == *" classify "* ]] && profile classify "$B32" "profile-classify-$BASE-$S128" ${PROFILE_ARGS:-}
+  return 0
+}
+
+stage_profile_large() {  # the step profile at Large/512 b32 (attention's largest share)
+  # shellcheck disable=SC2086
+  profile_model 150 pretrain "$LARGE" "$S512" "$B32" "profile-pretrain-$LARGE-$S512" \
+    ${PROFILE_ARGS:-}
+}
+
+stage_attention_tune() {  # flash kernel block sweep at the long shape (bench_attention.py)
+  local shapes=(--shapes 32x512x16x64)
+  [ "$SMOKE" = 1 ] && shapes=(--shapes 2x64x2x16)
+  run_case 200 attention attention "$LARGE" "$S512" "$B32" -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_attention.py --tune long "${shapes[@]}" --out "$OUT/attention.jsonl"
 }
 
 stage_scaling() {  # SCALING_COUNTS=1,2 limits the device counts (default: 1, 2, 4.. present);
@@ -426,6 +452,8 @@ run_stage() {
     scaling-levers) stage_scaling_levers ;;
     dropout) stage_dropout ;;
     profile) stage_profile ;;
+    profile-large) stage_profile_large ;;
+    attention-tune) stage_attention_tune ;;
     qkv) stage_qkv ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -436,7 +464,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
