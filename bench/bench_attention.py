@@ -28,6 +28,14 @@ TUNINGS = {
               (64, 64, 32, 64, 4, 2, "split"), (128, 128, 64, 128, 4, 2, "split"),
               (128, 128, 32, 64, 4, 2, "fused"), (128, 128, 64, 64, 8, 2, "fused"),
               (128, 128, 16, 64, 4, 2, "fused"), (64, 128, 32, 64, 4, 3, "fused")],
+    # sixth session, after the length-512 sweep: three pipeline stages, the one-pass
+    # backward variants (atomic dQ, written dS)
+    "session6": [(64, 128, 16, 64, 4, 2, "fused"), (64, 128, 16, 64, 4, 3, "fused"),
+                 (64, 64, 16, 64, 4, 3, "fused"), (64, 128, 32, 64, 4, 3, "fused"),
+                 (64, 64, 64, 64, 4, 3, "split"), (64, 64, 64, 64, 4, 3, "atomic"),
+                 (64, 64, 64, 64, 4, 3, "ds"), (64, 64, 32, 64, 4, 3, "atomic"),
+                 (64, 64, 64, 32, 4, 3, "atomic"), (64, 64, 64, 64, 4, 4, "atomic"),
+                 (128, 64, 64, 64, 4, 3, "atomic"), (64, 32, 64, 64, 4, 3, "atomic")],
     # the split backward at length 512 (the default first)
     "long": [(64, 128, 64, 64, 4, 2, "split"), (128, 128, 64, 64, 8, 2, "split"),
              (128, 64, 64, 64, 4, 2, "split"), (64, 64, 64, 64, 4, 3, "split"),
@@ -50,6 +58,21 @@ def timed(fn, *args, repeats=5, inner=10):
         jax.block_until_ready(out)
 
     return median_time(run, repeats)[0] / inner
+
+
+def finalizer_flash(fn):
+    """``fn`` traced with the previous (9-operation) keep test in the flash kernel."""
+    from bench.levers import finalizer_keep_from_codes
+    from bert_jax.modeling import flash
+
+    def traced(*a):
+        current = flash.keep_from_codes
+        flash.keep_from_codes = finalizer_keep_from_codes
+        try:
+            return fn(*a)
+        finally:
+            flash.keep_from_codes = current
+    return traced
 
 
 def run_shape(shape: str, args) -> None:
@@ -95,10 +118,15 @@ def run_shape(shape: str, args) -> None:
             q, k, v, lengths, salt=salt, dropout_rate=args.rate),
         "flash_dropout_flat_hash": lambda q, k, v: flash.flash_attention(
             q, k, v, lengths, salt=salt, dropout_rate=args.rate, mask_hash="flat"),
+        "flash_dropout_finalizer_keep": finalizer_flash(
+            lambda q, k, v: flash.flash_attention(q, k, v, lengths, salt=salt,
+                                                  dropout_rate=args.rate)),
         "flash_no_dropout": lambda q, k, v: flash.flash_attention(q, k, v, lengths),
         "fused_no_dropout": lambda q, k, v: fused_attention(q, k, v, lengths, "auto"),
     }
     for name, fn in impls.items():
+        if args.impls != "all" and name not in args.impls.split(","):
+            continue
         try:
             t = timed(grad_of(fn), q, k, v)
             record = {**base, "impl": name, "fwd_bwd_ms": 1e3 * t}
@@ -132,6 +160,8 @@ def main(argv=None) -> int:
                     help="comma list of batch x seq x heads x head_dim")
     ap.add_argument("--rate", type=float, default=0.1)
     ap.add_argument("--tune", default="small", choices=sorted(TUNINGS))
+    ap.add_argument("--impls", default="all",
+                    help="comma list of the implementations to time (all: every one)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 

@@ -141,6 +141,55 @@ def use_fused_norm_blocks(spec: str) -> None:
     fused_norm.DEFAULT_BLOCKS = (rows, warps, parts[2:] != ["hold"])
 
 
+def finalizer_keep_from_codes(rows, cols, rate: float):
+    """The ``rowcol`` keep test before the sixth session: one MurmurHash3 finalizer round of
+    ``rows ^ cols`` without its last xor-shift, then a logical shift and an unsigned-range
+    compare (9 integer operations per element instead of 6)."""
+    from bert_jax.modeling.dropout import drop_threshold, srl
+
+    import jax.numpy as jnp
+
+    x = rows ^ cols
+    x = x ^ srl(x, 16)
+    x = x * jnp.int32(-2048144789)
+    x = x ^ srl(x, 13)
+    x = x * jnp.int32(-1028477387)
+    return srl(x, 1) >= drop_threshold(rate)
+
+
+def use_finalizer_keep() -> None:
+    """``--keep-hash finalizer``: the previous ``rowcol`` keep test everywhere it is used
+    (hidden dropout, the flash kernel, the fused LayerNorm; process-wide, before tracing).
+    The A/B of the six-operation keep test."""
+    from bert_jax.modeling import dropout, flash, fused_norm
+
+    for module in (dropout, flash, fused_norm):
+        module.keep_from_codes = finalizer_keep_from_codes
+
+
+def use_flash_settings(spec: str) -> None:
+    """``--flash BACKWARD[:BQ:BK:BQB:BKB:WARPS:STAGES]``: the flash kernel's backward variant
+    (``fused``, ``split``, ``atomic``, ``ds``; see ``flash.flash_attention``) and optionally
+    its blocks, warps and pipeline stages, for every call in the process (call before the
+    model is traced)."""
+    import functools
+
+    from bert_jax.modeling import flash
+
+    parts = spec.split(":")
+    names = ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "num_warps", "num_stages")
+    if parts[0] not in flash.BACKWARDS or len(parts) not in (1, 1 + len(names)):
+        raise SystemExit(f"--flash {spec!r}: expected BACKWARD or "
+                         f"BACKWARD:{':'.join(n.upper() for n in names)}, BACKWARD one of "
+                         f"{flash.BACKWARDS}")
+    try:
+        settings = dict(zip(names, (int(p) for p in parts[1:]), strict=False))
+    except ValueError:
+        raise SystemExit(f"--flash {spec!r}: blocks, warps and stages are integers") from None
+    flash.flash_attention = functools.partial(flash.flash_attention, backward=parts[0],
+                                              **settings)
+
+
 def model_dropout_impl(dropout_impl: str) -> str:
     """``--dropout-impl`` -> ``model.dropout_attention_impl`` (``cudnn`` is a process patch,
     :func:`apply_process_levers`, under the model's default)."""
@@ -149,7 +198,8 @@ def model_dropout_impl(dropout_impl: str) -> str:
 
 def apply_process_levers(args) -> None:
     """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
-    dropout patch and ``--gelu erfc``."""
+    dropout patch, ``--gelu erfc``, ``--fused-norm-blocks``, ``--flash`` and
+    ``--keep-hash``."""
     apply_xla_flags(args.xla_flags)
     if args.dropout_impl == "cudnn":
         use_cudnn_dropout_attention()
@@ -157,6 +207,10 @@ def apply_process_levers(args) -> None:
         use_erfc_gelu()
     if getattr(args, "fused_norm_blocks", ""):
         use_fused_norm_blocks(args.fused_norm_blocks)
+    if getattr(args, "flash", ""):
+        use_flash_settings(args.flash)
+    if getattr(args, "keep_hash", "short") == "finalizer":
+        use_finalizer_keep()
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

@@ -3,7 +3,7 @@
 #
 #   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
 #                                              loop | scaling | dropout | profile | qkv |
-#                                              profile-large | attention-tune |
+#                                              profile-large | attention-tune | flash-tune |
 #                                              gelu | fused | tune | final | nodrop |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
@@ -32,6 +32,9 @@
 #   profile-large  ~3 min   the same kernel table for pretrain large/512 b32 ($OUT/profile-*.tgz)
 #   attention-tune ~3 min   bench_attention.py at 32x512x16x64: the "long" block sweep of the
 #                           flash kernel ($OUT/attention.jsonl)
+#   flash-tune     ~9 min   the flash kernel: block/stage/backward sweep at 32x512x16x64 and
+#                           256x128x12x64, then large/512 and base/128 with the fastest setting
+#                           (--flash) against the default; base/128 with the previous keep hash
 #   layernorm      ~1 min   base/128 pretrain and classify with --layer-norm flax (two_stage
 #                           is the default)
 #   pending        ~9 min   unmeasured changes in one call (BUDGET_S=570): base/128 baseline vs
@@ -413,6 +416,38 @@ stage_attention_tune() {  # flash kernel block sweep at the long shape (bench_at
     "$PY" bench/bench_attention.py --tune long "${shapes[@]}" --out "$OUT/attention.jsonl"
 }
 
+best_flash() {  # best_flash SHAPE -> BACKWARD:BQ:BK:BQB:BKB:WARPS:STAGES (fastest tuning)
+  "$PY" - "$OUT/attention.jsonl" "$1" <<'EOF'
+import json, os, sys
+path, shape = sys.argv[1:]
+runs = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+runs = [r for r in runs if r.get("shape") == shape and "tune" in r and "fwd_bwd_ms" in r]
+if runs:
+    *blocks, backward = min(runs, key=lambda r: r["fwd_bwd_ms"])["tune"]
+    print(":".join([backward, *map(str, blocks)]))
+EOF
+}
+
+stage_flash_tune() {  # the flash kernel: sweep (bench_attention.py --tune session6) at the
+  # Large/512 and Base/128 shapes, then each step with its fastest setting against the default
+  local long=32x512x16x64 short=256x128x12x64
+  [ "$SMOKE" = 1 ] && long=2x128x2x16 && short=2x64x2x16
+  run_case 240 attention attention "$LARGE" "$S512" "$B32" -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_attention.py --tune session6 --shapes "$long,$short" \
+    --impls flash_dropout,flash_dropout_finalizer_keep,flash_no_dropout,fused_no_dropout \
+    --out "$OUT/attention.jsonl"
+  local f512 f128
+  f512=$(best_flash "$long")
+  f128=$(best_flash "$short")
+  echo "best flash settings: $long -> ${f512:-none}, $short -> ${f128:-none}"
+  pretrain 100 flash:default "$LARGE" "$S512" "$B32"
+  [ -n "$f512" ] && pretrain 100 flash:best "$LARGE" "$S512" "$B32" --flash "$f512"
+  pretrain 45 flash:default "$BASE" "$S128" "$B256"
+  [ -n "$f128" ] && pretrain 45 flash:best "$BASE" "$S128" "$B256" --flash "$f128"
+  pretrain 45 flash:finalizer_keep "$BASE" "$S128" "$B256" --keep-hash finalizer
+  return 0
+}
+
 stage_scaling() {  # SCALING_COUNTS=1,2 limits the device counts (default: 1, 2, 4.. present);
   # SCALING_ARGS="--param-gather compute_dtype --xla-flags collectives" go to every run
   local extra=() pass=() RUN_TIMEOUT_S=$(( BUDGET_S > 590 ? BUDGET_S : 590 ))
@@ -454,6 +489,7 @@ run_stage() {
     profile) stage_profile ;;
     profile-large) stage_profile_large ;;
     attention-tune) stage_attention_tune ;;
+    flash-tune) stage_flash_tune ;;
     qkv) stage_qkv ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -464,7 +500,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

@@ -39,6 +39,7 @@ from bert_jax.modeling.dropout import salt_from_rng as _salts
 
 LOG2E = math.log2(math.e)
 FUSED_BACKWARD_MAX_KV = 128  # ``backward="auto"``: one-pass backward up to this many keys
+BACKWARDS = ("auto", "fused", "split", "atomic", "ds")
 MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 gives 0)
 
 
@@ -55,7 +56,7 @@ class FlashSettings:
     num_warps: int
     num_stages: int
     interpret: bool
-    fused_backward: bool = False
+    backward: str = "split"  # fused | split | atomic | ds (``flash_attention``), never auto
     mask_hash: str = "rowcol"
 
 
@@ -168,26 +169,37 @@ def _dropped(p, dp, rows, cols, salt, kv_len, s: FlashSettings):
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref,
                  *out_refs, s: FlashSettings):
-    """dK and dV of one block of keys, looping over blocks of queries. With three output refs
-    (dq, dk, dv) the block holds every key (the fused backward for short sequences) and each
-    query block's dQ is complete after its step, so it is written there: probabilities and
-    the mask are computed once instead of again in the dQ kernel."""
+    """dK and dV of one block of keys, looping over blocks of queries; what else it writes
+    depends on ``s.backward``:
+
+    * ``split``: nothing else (the dQ kernel recomputes probabilities and mask);
+    * ``fused``: the block holds every key, so each query block's dQ is complete after its
+      step and is written there;
+    * ``atomic``: each query block's share of dQ (dS @ K of this key block) is added to a
+      float32 dQ in memory with atomic adds (``out_refs`` starts with the aliased zeros);
+      blocks of keys start at different query blocks so they rarely add to the same rows at
+      once;
+    * ``ds``: dS of the block is written (compute dtype) for XLA's dQ = dS @ K.
+    """
     from jax.experimental import pallas as pl
 
-    dq_ref = out_refs[0] if len(out_refs) == 3 else None
+    extra_ref = out_refs[-3] if len(out_refs) >= 3 else None
     dk_ref, dv_ref = out_refs[-2:]
     block_k, block_q = k_ref.shape[0], s.block_q_bwd
     q_len = q_ref.shape[0]
+    steps = q_len // block_q
     kv_len = bias_ref.shape[0]
-    start_k = pl.program_id(2) * block_k
+    key_block = pl.program_id(2)
+    start_k = key_block * block_k
     k, v = k_ref[...], v_ref[...]
     bias = bias_ref[pl.ds(start_k, block_k)]
     salt = salt_ref[...]
     cols = _mask_cols(_iota(block_k, start_k), s.mask_hash)
     qk_scale = s.scale * LOG2E
 
-    def body(i, carry):
+    def body(step, carry):
         dk, dv = carry
+        i = (step + key_block) % steps if s.backward == "atomic" else step
         queries = pl.ds(i * block_q, block_q)
         q, do = q_ref[queries, :], do_ref[queries, :]
         p = _probabilities(q, k, bias, lse_ref[queries], qk_scale)
@@ -197,12 +209,19 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
         dv = dv + _dot(p_kept.astype(do.dtype), do, trans_a=True)
         ds = p * (dp - delta_ref[queries][:, None])
         dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
-        if dq_ref is not None:
-            dq_ref[queries, :] = (_dot(ds.astype(k.dtype), k) * s.scale).astype(dq_ref.dtype)
+        if s.backward == "fused":
+            extra_ref[queries, :] = (_dot(ds.astype(k.dtype), k) * s.scale).astype(
+                extra_ref.dtype)
+        elif s.backward == "atomic":
+            from jax.experimental.pallas import triton as plgpu
+
+            plgpu.atomic_add(extra_ref, (queries, slice(None)), _dot(ds.astype(k.dtype), k))
+        elif s.backward == "ds":
+            extra_ref[queries, :] = ds.astype(extra_ref.dtype)
         return dk, dv
 
     zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, q_len // block_q, body, (zeros, zeros))
+    dk, dv = lax.fori_loop(0, steps, body, (zeros, zeros))
     dk_ref[...] = (dk * s.scale).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -291,7 +310,7 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
     # delta = rowsum(dO * O): with dropout, rowsum(dP_dropped * Z * P) equals it too.
     delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), out.astype(jnp.float32))
 
-    if s.fused_backward:
+    if s.backward == "fused":
         q_full, kv_full, bias_spec, salt_spec, row_full = _specs(
             q_len, kv_len, head_dim, None, None)
         return pl.pallas_call(
@@ -306,6 +325,8 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
 
     q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
         q_len, kv_len, head_dim, None, block_k)
+    if s.backward in ("atomic", "ds"):
+        return _backward_one_pass(q, k, v, bias, salt, do, lse, delta, s)
     dk, dv = pl.pallas_call(
         functools.partial(_dkdv_kernel, s=s),
         grid=(batch, heads, kv_len // block_k),
@@ -327,6 +348,46 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
         interpret=s.interpret, name="bert_flash_dq", **_compiler_params(s),
     )(q, k, v, bias, salt, do, lse, delta)
     return dq, dk, dv
+
+
+def _backward_one_pass(q, k, v, bias, salt, do, lse, delta, s: FlashSettings):
+    """One kernel per block of keys that also produces dQ's inputs (``atomic``: dQ itself,
+    summed in float32 with atomic adds; ``ds``: dS, for one batched matmul by XLA), so the
+    probabilities and the mask are computed twice per step instead of three times."""
+    from jax.experimental import pallas as pl
+
+    batch, q_len, heads, head_dim = q.shape
+    kv_len = k.shape[1]
+    q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
+        q_len, kv_len, head_dim, None, s.block_k_bwd)
+    ins = [q, k, v, bias, salt, do, lse, delta]
+    in_specs = [q_spec, k_tile, k_tile, bias_spec, salt_spec, q_spec, row_full, row_full]
+    kv_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    if s.backward == "atomic":
+        ins.append(jnp.zeros(q.shape, jnp.float32))
+        in_specs.append(q_spec)
+        extra_spec, extra_shape = q_spec, jax.ShapeDtypeStruct(q.shape, jnp.float32)
+        aliases = {len(ins) - 1: 0}
+    else:
+        extra_spec = pl.BlockSpec((None, None, q_len, s.block_k_bwd),
+                                  lambda b, h, j: (b, h, 0, j))
+        extra_shape = jax.ShapeDtypeStruct((batch, heads, q_len, kv_len), q.dtype)
+        aliases = {}
+    extra, dk, dv = pl.pallas_call(
+        functools.partial(_dkdv_kernel, s=s),
+        grid=(batch, heads, kv_len // s.block_k_bwd),
+        in_specs=in_specs,
+        out_specs=[extra_spec, k_tile, k_tile],
+        out_shape=[extra_shape, *kv_shapes],
+        input_output_aliases=aliases,
+        interpret=s.interpret, name=f"bert_flash_backward_{s.backward}", **_compiler_params(s),
+    )(*ins)
+    if s.backward == "atomic":
+        dq = extra * s.scale
+    else:
+        dq = jnp.einsum("bhqk,bkhd->bqhd", extra, k,
+                        preferred_element_type=jnp.float32) * s.scale
+    return dq.astype(q.dtype), dk, dv
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -360,7 +421,11 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
 
     ``backward``: ``split`` (one kernel per key block for dK/dV, one per query block for dQ,
     any length), ``fused`` (one kernel per (example, head) holding every key: no recomputed
-    probabilities; for short sequences) or ``auto`` (fused up to FUSED_BACKWARD_MAX_KV keys).
+    probabilities; for short sequences), ``atomic`` (one kernel per key block that also adds
+    its share of dQ to a float32 dQ with atomic adds: the float sums' order varies from run
+    to run, so dQ is not bit-reproducible), ``ds`` (one kernel per key block that writes dS
+    for one batched dQ = dS @ K matmul by XLA) or ``auto`` (fused up to
+    FUSED_BACKWARD_MAX_KV keys, split beyond).
     Default blocks are the fastest of the H200 sweep in docs/performance.md: forward 64
     queries x 128 keys; backward 16 queries per step when fused, 64 x 64 when split.
     """
@@ -379,15 +444,17 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
                      MASK_VALUE).astype(jnp.float32)
     if mask_hash not in ("rowcol", "flat"):
         raise ValueError(f"mask_hash must be rowcol or flat, got {mask_hash!r}")
-    if backward not in ("auto", "split", "fused"):
-        raise ValueError(f"backward must be auto, split or fused, got {backward!r}")
-    fused = kv_len <= FUSED_BACKWARD_MAX_KV if backward == "auto" else backward == "fused"
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+    if backward == "auto":
+        backward = "fused" if kv_len <= FUSED_BACKWARD_MAX_KV else "split"
+    fused = backward == "fused"
     if block_q_bwd is None:
         block_q_bwd = 16 if fused else 64
     blocks = [fit_block(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
                                        (block_q_bwd, q_len), (block_k_bwd, kv_len))]
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *blocks,
-                             num_warps, num_stages, bool(interpret), fused, mask_hash)
+                             num_warps, num_stages, bool(interpret), backward, mask_hash)
     return _flash(query, key, value, bias, salt.astype(jnp.int32), settings)
 
 

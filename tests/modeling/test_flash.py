@@ -25,7 +25,11 @@ def _inputs(seed, batch=2, seq=64, heads=3, dim=16, dtype=jnp.float32):
 BLOCKS = [dict(backward="fused"), dict(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=32,
                                       backward="split"),
           dict(block_q=16, block_k=64, block_q_bwd=64, block_k_bwd=16, backward="split"),
-          dict(block_q_bwd=16, backward="fused")]
+          dict(block_q_bwd=16, backward="fused"),
+          # one pass per key block: dQ by atomic adds (key blocks start at different query
+          # blocks) or from the written dS
+          dict(block_q_bwd=16, block_k_bwd=16, backward="atomic"),
+          dict(block_q_bwd=32, block_k_bwd=16, backward="ds")]
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.1, 0.5])
@@ -184,3 +188,28 @@ def test_flash_under_scan_and_remat(remat):
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(reference), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
         assert bool(jnp.all(jnp.isfinite(a)))
+
+
+@pytest.mark.parametrize("backward", ["fused", "split", "atomic", "ds"])
+def test_triton_lowering_for_the_gpu(backward):
+    """Every backward variant lowers to Triton for CUDA from this CPU machine (bfloat16,
+    BERT-Large's heads at length 256): forward plus one (fused, atomic, ds) or two (split)
+    backward kernels."""
+    sd = jax.ShapeDtypeStruct
+
+    def loss(q, k, v, lengths, salt):
+        out = flash.flash_attention(q, k, v, lengths, salt=salt, dropout_rate=0.1,
+                                    backward=backward, interpret=False)
+        return jnp.sum(out.astype(jnp.float32))
+
+    qkv = sd((2, 256, 16, 64), jnp.bfloat16)
+    try:
+        lowered = jax.jit(jax.grad(loss, (0, 1, 2))).trace(
+            qkv, qkv, qkv, sd((2,), jnp.int32), sd((2, 16), jnp.int32)).lower(
+                lowering_platforms=("cuda",))
+    except (ImportError, NotImplementedError) as e:  # a jaxlib without the Triton bindings
+        pytest.skip(f"no Triton lowering here: {e}")
+    text = lowered.as_text()
+    assert text.count("xla.gpu.triton") == (3 if backward == "split" else 2)
+    if backward == "atomic":
+        assert "atomic" in text.lower()
