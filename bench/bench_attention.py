@@ -28,14 +28,10 @@ TUNINGS = {
               (64, 64, 32, 64, 4, 2, "split"), (128, 128, 64, 128, 4, 2, "split"),
               (128, 128, 32, 64, 4, 2, "fused"), (128, 128, 64, 64, 8, 2, "fused"),
               (128, 128, 16, 64, 4, 2, "fused"), (64, 128, 32, 64, 4, 3, "fused")],
-    # sixth session, after the length-512 sweep: three pipeline stages, the one-pass
-    # backward variants (atomic dQ, written dS)
-    "session6": [(64, 128, 16, 64, 4, 2, "fused"), (64, 128, 16, 64, 4, 3, "fused"),
-                 (64, 64, 16, 64, 4, 3, "fused"), (64, 128, 32, 64, 4, 3, "fused"),
-                 (64, 64, 64, 64, 4, 3, "split"), (64, 64, 64, 64, 4, 3, "atomic"),
-                 (64, 64, 64, 64, 4, 3, "ds"), (64, 64, 32, 64, 4, 3, "atomic"),
-                 (64, 64, 64, 32, 4, 3, "atomic"), (64, 64, 64, 64, 4, 4, "atomic"),
-                 (128, 64, 64, 64, 4, 3, "atomic"), (64, 32, 64, 64, 4, 3, "atomic")],
+    # short sequences (the fused backward): pipeline stages and blocks, the default first
+    "short": [(64, 128, 16, 64, 4, 2, "fused"), (64, 128, 16, 64, 4, 3, "fused"),
+              (64, 64, 16, 64, 4, 3, "fused"), (64, 128, 32, 64, 4, 3, "fused"),
+              (128, 128, 16, 64, 4, 3, "fused"), (64, 64, 16, 64, 4, 2, "fused")],
     # the split backward at length 512 (the default first)
     "long": [(64, 128, 64, 64, 4, 2, "split"), (128, 128, 64, 64, 8, 2, "split"),
              (128, 64, 64, 64, 4, 2, "split"), (64, 64, 64, 64, 4, 3, "split"),

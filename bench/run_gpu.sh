@@ -32,9 +32,9 @@
 #   profile-large  ~3 min   the same kernel table for pretrain large/512 b32 ($OUT/profile-*.tgz)
 #   attention-tune ~3 min   bench_attention.py at 32x512x16x64: the "long" block sweep of the
 #                           flash kernel ($OUT/attention.jsonl)
-#   flash-tune     ~9 min   the flash kernel: block/stage/backward sweep at 32x512x16x64 and
-#                           256x128x12x64, then large/512 and base/128 with the fastest setting
-#                           (--flash) against the default; base/128 with the previous keep hash
+#   flash-tune     ~8 min   the flash kernel: block/stage sweep at 256x128x12x64, then base/128
+#                           and large/512 with the sixth session's defaults against each undone
+#                           (--qkv-bias xla, --keep-hash finalizer) and the best short setting
 #   layernorm      ~1 min   base/128 pretrain and classify with --layer-norm flax (two_stage
 #                           is the default)
 #   pending        ~9 min   unmeasured changes in one call (BUDGET_S=570): base/128 baseline vs
@@ -428,23 +428,24 @@ if runs:
 EOF
 }
 
-stage_flash_tune() {  # the flash kernel: sweep (bench_attention.py --tune session6) at the
-  # Large/512 and Base/128 shapes, then each step with its fastest setting against the default
-  local long=32x512x16x64 short=256x128x12x64
-  [ "$SMOKE" = 1 ] && long=2x128x2x16 && short=2x64x2x16
-  run_case 240 attention attention "$LARGE" "$S512" "$B32" -- "${JAX_ENV[@]}" \
-    "$PY" bench/bench_attention.py --tune session6 --shapes "$long,$short" \
-    --impls flash_dropout,flash_dropout_finalizer_keep,flash_no_dropout,fused_no_dropout \
+stage_flash_tune() {  # the flash kernel at Base/128 (--tune short, fused backward), then the
+  # step: the sixth session's defaults (projection biases in the kernel, 6-op keep test,
+  # split blocks 64 x 64 with 3 stages at 512) against each one undone, and the best short
+  # setting
+  local short=256x128x12x64
+  [ "$SMOKE" = 1 ] && short=2x64x2x16
+  run_case 120 attention attention "$BASE" "$S128" "$B256" -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_attention.py --tune short --shapes "$short" --impls flash_dropout \
     --out "$OUT/attention.jsonl"
-  local f512 f128
-  f512=$(best_flash "$long")
+  local f128
   f128=$(best_flash "$short")
-  echo "best flash settings: $long -> ${f512:-none}, $short -> ${f128:-none}"
-  pretrain 100 flash:default "$LARGE" "$S512" "$B32"
-  [ -n "$f512" ] && pretrain 100 flash:best "$LARGE" "$S512" "$B32" --flash "$f512"
+  echo "best flash settings: $short -> ${f128:-none}"
   pretrain 45 flash:default "$BASE" "$S128" "$B256"
-  [ -n "$f128" ] && pretrain 45 flash:best "$BASE" "$S128" "$B256" --flash "$f128"
+  pretrain 45 flash:xla_qkv_bias "$BASE" "$S128" "$B256" --qkv-bias xla
   pretrain 45 flash:finalizer_keep "$BASE" "$S128" "$B256" --keep-hash finalizer
+  [ -n "$f128" ] && pretrain 45 flash:best "$BASE" "$S128" "$B256" --flash "$f128"
+  pretrain 75 flash:default "$LARGE" "$S512" "$B32"
+  pretrain 75 flash:xla_qkv_bias "$LARGE" "$S512" "$B32" --qkv-bias xla
   return 0
 }
 
