@@ -72,9 +72,6 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                     help="BACKWARD[:BQ:BK:BQB:BKB:WARPS:STAGES]: the flash kernel's backward "
                          "variant (fused|split) and blocks; default: "
                          "flash_attention's own")
-    ap.add_argument("--qkv-bias", default="kernel", choices=["kernel", "xla"],
-                    help="query/key/value biases: added inside the flash kernel (default) or "
-                         "by XLA after the projections (the fifth session's path)")
     ap.add_argument("--keep-hash", default="short", choices=["short", "finalizer"],
                     help="rowcol keep test: short (6 integer ops, default) or finalizer (the "
                          "previous 9-op test)")
@@ -322,7 +319,7 @@ def main(argv=None) -> dict:
         "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
         **model_choice_record(args), "gelu": args.gelu,
         "fused_norm_blocks": args.fused_norm_blocks, "flash": args.flash,
-        "keep_hash": args.keep_hash, "qkv_bias": args.qkv_bias, "scan": args.scan,
+        "keep_hash": args.keep_hash, "scan": args.scan,
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,

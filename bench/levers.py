@@ -198,8 +198,8 @@ def model_dropout_impl(dropout_impl: str) -> str:
 
 def apply_process_levers(args) -> None:
     """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
-    dropout patch, ``--gelu erfc``, ``--fused-norm-blocks``, ``--flash``, ``--keep-hash``
-    and ``--qkv-bias xla``."""
+    dropout patch, ``--gelu erfc``, ``--fused-norm-blocks``, ``--flash`` and
+    ``--keep-hash``."""
     apply_xla_flags(args.xla_flags)
     if args.dropout_impl == "cudnn":
         use_cudnn_dropout_attention()
@@ -211,10 +211,6 @@ def apply_process_levers(args) -> None:
         use_flash_settings(args.flash)
     if getattr(args, "keep_hash", "short") == "finalizer":
         use_finalizer_keep()
-    if getattr(args, "qkv_bias", "kernel") == "xla":
-        from bert_jax.modeling import encoder
-
-        encoder.QKV_BIAS_IN_KERNEL = False
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

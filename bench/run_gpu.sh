@@ -4,6 +4,7 @@
 #   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
 #                                              loop | scaling | dropout | profile | qkv |
 #                                              profile-large | attention-tune | flash-tune |
+#                                              batch |
 #                                              gelu | fused | tune | final | nodrop |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
@@ -32,9 +33,9 @@
 #   profile-large  ~3 min   the same kernel table for pretrain large/512 b32 ($OUT/profile-*.tgz)
 #   attention-tune ~3 min   bench_attention.py at 32x512x16x64: the "long" block sweep of the
 #                           flash kernel ($OUT/attention.jsonl)
-#   flash-tune     ~8 min   the flash kernel: block/stage sweep at 256x128x12x64, then base/128
-#                           and large/512 with the sixth session's defaults against each undone
-#                           (--qkv-bias xla, --keep-hash finalizer) and the best short setting
+#   flash-tune     ~5 min   the flash kernel: block/stage sweep at 256x128x12x64, then base/128
+#                           with the best setting and with --keep-hash finalizer vs the default
+#   batch          ~5 min   the largest-batch lever: large/128 b512, large/512 b64, base/128 b512
 #   layernorm      ~1 min   base/128 pretrain and classify with --layer-norm flax (two_stage
 #                           is the default)
 #   pending        ~9 min   unmeasured changes in one call (BUDGET_S=570): base/128 baseline vs
@@ -429,9 +430,7 @@ EOF
 }
 
 stage_flash_tune() {  # the flash kernel at Base/128 (--tune short, fused backward), then the
-  # step: the sixth session's defaults (projection biases in the kernel, 6-op keep test,
-  # split blocks 64 x 64 with 3 stages at 512) against each one undone, and the best short
-  # setting
+  # step with the fastest setting against the default, and with the previous keep test
   local short=256x128x12x64
   [ "$SMOKE" = 1 ] && short=2x64x2x16
   run_case 120 attention attention "$BASE" "$S128" "$B256" -- "${JAX_ENV[@]}" \
@@ -441,12 +440,15 @@ stage_flash_tune() {  # the flash kernel at Base/128 (--tune short, fused backwa
   f128=$(best_flash "$short")
   echo "best flash settings: $short -> ${f128:-none}"
   pretrain 45 flash:default "$BASE" "$S128" "$B256"
-  pretrain 45 flash:xla_qkv_bias "$BASE" "$S128" "$B256" --qkv-bias xla
-  pretrain 45 flash:finalizer_keep "$BASE" "$S128" "$B256" --keep-hash finalizer
   [ -n "$f128" ] && pretrain 45 flash:best "$BASE" "$S128" "$B256" --flash "$f128"
-  pretrain 75 flash:default "$LARGE" "$S512" "$B32"
-  pretrain 75 flash:xla_qkv_bias "$LARGE" "$S512" "$B32" --qkv-bias xla
+  pretrain 45 flash:finalizer_keep "$BASE" "$S128" "$B256" --keep-hash finalizer
   return 0
+}
+
+stage_batch() {  # the largest-batch lever: twice the benchmark batch where it fits
+  pretrain 120 batch "$LARGE" "$S128" "$B512"
+  pretrain 120 batch "$LARGE" "$S512" $(( B32 * 2 ))
+  pretrain 60 batch "$BASE" "$S128" "$B512"
 }
 
 stage_scaling() {  # SCALING_COUNTS=1,2 limits the device counts (default: 1, 2, 4.. present);
@@ -491,6 +493,7 @@ run_stage() {
     profile-large) stage_profile_large ;;
     attention-tune) stage_attention_tune ;;
     flash-tune) stage_flash_tune ;;
+    batch) stage_batch ;;
     qkv) stage_qkv ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -501,7 +504,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

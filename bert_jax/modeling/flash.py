@@ -58,7 +58,6 @@ class FlashSettings:
     interpret: bool
     backward: str = "split"  # fused | split (``flash_attention``), never auto
     mask_hash: str = "rowcol"
-    qkv_bias: bool = False  # add [heads, head_dim] biases to query, key and value on load
 
 
 def supported(seq_len: int, kv_seq_len: int, head_dim: int) -> bool:
@@ -117,19 +116,13 @@ def _iota(n: int, offset):
     return offset + lax.broadcasted_iota(jnp.int32, (n,), 0)
 
 
-def _load(ref, index, bias_ref, s: FlashSettings):
-    """A block of query, key or value rows, plus its head's bias when the kernel adds it."""
-    x = ref[index]
-    return x + bias_ref[...][None, :] if s.qkv_bias else x
-
-
-def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, qb_ref, kb_ref, vb_ref, o_ref,
-                    lse_ref, *, s: FlashSettings):
+def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, o_ref, lse_ref, *,
+                    s: FlashSettings):
     from jax.experimental import pallas as pl
 
     block_q, block_k = q_ref.shape[0], s.block_k
     kv_len = k_ref.shape[0]
-    q = _load(q_ref, slice(None), qb_ref, s)
+    q = q_ref[...]
     salt = salt_ref[...]
     rows = _mask_rows(_iota(block_q, pl.program_id(2) * block_q), salt, s.mask_hash)
     qk_scale = s.scale * LOG2E
@@ -137,8 +130,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, qb_ref, kb_ref, vb_
     def body(j, carry):
         m, denom, acc = carry
         keys = pl.ds(j * block_k, block_k)
-        k, v = _load(k_ref, (keys, slice(None)), kb_ref, s), _load(v_ref, (keys, slice(None)),
-                                                                   vb_ref, s)
+        k, v = k_ref[keys, :], v_ref[keys, :]
         scores = _scores(q, k, bias_ref[keys], qk_scale)
         m_new = jnp.maximum(m, jnp.max(scores, axis=1))
         p = jnp.exp2(scores - m_new[:, None])
@@ -175,8 +167,8 @@ def _dropped(p, dp, rows, cols, salt, kv_len, s: FlashSettings):
     return jnp.where(keep, p * inv, 0.0), jnp.where(keep, dp * inv, 0.0)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, qb_ref, kb_ref, vb_ref, do_ref,
-                 lse_ref, delta_ref, *out_refs, s: FlashSettings):
+def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref,
+                 *out_refs, s: FlashSettings):
     """dK and dV of one block of keys, looping over blocks of queries. With three output refs
     (dq, dk, dv) the block holds every key (the fused backward for short sequences) and each
     query block's dQ is complete after its step, so it is written there: probabilities and
@@ -191,7 +183,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, qb_ref, kb_ref, vb_ref
     q_len = q_ref.shape[0]
     kv_len = bias_ref.shape[0]
     start_k = pl.program_id(2) * block_k
-    k, v = _load(k_ref, slice(None), kb_ref, s), _load(v_ref, slice(None), vb_ref, s)
+    k, v = k_ref[...], v_ref[...]
     bias = bias_ref[pl.ds(start_k, block_k)]
     salt = salt_ref[...]
     cols = _mask_cols(_iota(block_k, start_k), s.mask_hash)
@@ -200,7 +192,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, qb_ref, kb_ref, vb_ref
     def body(i, carry):
         dk, dv = carry
         queries = pl.ds(i * block_q, block_q)
-        q, do = _load(q_ref, (queries, slice(None)), qb_ref, s), do_ref[queries, :]
+        q, do = q_ref[queries, :], do_ref[queries, :]
         p = _probabilities(q, k, bias, lse_ref[queries], qk_scale)
         dp = _dot(do, v, trans_b=True)
         rows = _mask_rows(_iota(block_q, i * block_q), salt, s.mask_hash)
@@ -218,13 +210,13 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, qb_ref, kb_ref, vb_ref
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, qb_ref, kb_ref, vb_ref, do_ref, lse_ref,
-               delta_ref, dq_ref, *, s: FlashSettings):
+def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
+               s: FlashSettings):
     from jax.experimental import pallas as pl
 
     block_q, block_k = q_ref.shape[0], s.block_k_bwd
     kv_len = k_ref.shape[0]
-    q, do = _load(q_ref, slice(None), qb_ref, s), do_ref[...]
+    q, do = q_ref[...], do_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
     salt = salt_ref[...]
     rows = _mask_rows(_iota(block_q, pl.program_id(2) * block_q), salt, s.mask_hash)
@@ -232,8 +224,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, qb_ref, kb_ref, vb_ref, 
 
     def body(j, dq):
         keys = pl.ds(j * block_k, block_k)
-        k, v = _load(k_ref, (keys, slice(None)), kb_ref, s), _load(v_ref, (keys, slice(None)),
-                                                                   vb_ref, s)
+        k, v = k_ref[keys, :], v_ref[keys, :]
         p = _probabilities(q, k, bias_ref[keys], lse, qk_scale)
         dp = _dot(do, v, trans_b=True)
         cols = _mask_cols(_iota(block_k, j * block_k), s.mask_hash)
@@ -276,39 +267,30 @@ def _specs(q_len, kv_len, head_dim, q_block, k_block):
     return q_spec, k_spec, bias_spec, salt_spec, row_spec
 
 
-def _head_bias_spec(head_dim):
-    """BlockSpec of a [heads, head_dim] bias: the program's head."""
-    from jax.experimental import pallas as pl
-
-    return pl.BlockSpec((None, head_dim), lambda b, h, i: (h, 0))
-
-
-def _forward(q, k, v, bias, salt, qkv_bias, s: FlashSettings):
+def _forward(q, k, v, bias, salt, s: FlashSettings):
     from jax.experimental import pallas as pl
 
     batch, q_len, heads, head_dim = q.shape
     kv_len = k.shape[1]
     q_spec, kv_spec, bias_spec, salt_spec, row_spec = _specs(
         q_len, kv_len, head_dim, s.block_q, None)
-    hb = _head_bias_spec(head_dim)
     return pl.pallas_call(
         functools.partial(_forward_kernel, s=s),
         grid=(batch, heads, q_len // s.block_q),
-        in_specs=[q_spec, kv_spec, kv_spec, bias_spec, salt_spec, hb, hb, hb],
+        in_specs=[q_spec, kv_spec, kv_spec, bias_spec, salt_spec],
         out_specs=[q_spec, row_spec],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)],
         interpret=s.interpret, name="bert_flash_forward", **_compiler_params(s),
-    )(q, k, v, bias, salt, *qkv_bias)
+    )(q, k, v, bias, salt)
 
 
-def _backward(q, k, v, bias, salt, qkv_bias, out, lse, do, s: FlashSettings):
+def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
     from jax.experimental import pallas as pl
 
     batch, q_len, heads, head_dim = q.shape
     kv_len = k.shape[1]
     block_q, block_k = s.block_q_bwd, s.block_k_bwd
-    hb = _head_bias_spec(head_dim)
     # delta = rowsum(dO * O): with dropout, rowsum(dP_dropped * Z * P) equals it too.
     delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), out.astype(jnp.float32))
 
@@ -318,87 +300,75 @@ def _backward(q, k, v, bias, salt, qkv_bias, out, lse, do, s: FlashSettings):
         return pl.pallas_call(
             functools.partial(_dkdv_kernel, s=s),
             grid=(batch, heads, 1),
-            in_specs=[q_full, kv_full, kv_full, bias_spec, salt_spec, hb, hb, hb, q_full,
-                      row_full, row_full],
+            in_specs=[q_full, kv_full, kv_full, bias_spec, salt_spec, q_full, row_full,
+                      row_full],
             out_specs=[q_full, kv_full, kv_full],
             out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
             interpret=s.interpret, name="bert_flash_backward", **_compiler_params(s),
-        )(q, k, v, bias, salt, *qkv_bias, do, lse, delta)
+        )(q, k, v, bias, salt, do, lse, delta)
 
     q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
         q_len, kv_len, head_dim, None, block_k)
     dk, dv = pl.pallas_call(
         functools.partial(_dkdv_kernel, s=s),
         grid=(batch, heads, kv_len // block_k),
-        in_specs=[q_spec, k_tile, k_tile, bias_spec, salt_spec, hb, hb, hb, q_spec, row_full,
-                  row_full],
+        in_specs=[q_spec, k_tile, k_tile, bias_spec, salt_spec, q_spec, row_full, row_full],
         out_specs=[k_tile, k_tile],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
                    jax.ShapeDtypeStruct(v.shape, v.dtype)],
         interpret=s.interpret, name="bert_flash_dkdv", **_compiler_params(s),
-    )(q, k, v, bias, salt, *qkv_bias, do, lse, delta)
+    )(q, k, v, bias, salt, do, lse, delta)
 
     q_tile, kv_full, bias_spec, salt_spec, row_tile = _specs(
         q_len, kv_len, head_dim, block_q, None)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, s=s),
         grid=(batch, heads, q_len // block_q),
-        in_specs=[q_tile, kv_full, kv_full, bias_spec, salt_spec, hb, hb, hb, q_tile, row_tile,
-                  row_tile],
+        in_specs=[q_tile, kv_full, kv_full, bias_spec, salt_spec, q_tile, row_tile, row_tile],
         out_specs=q_tile,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         interpret=s.interpret, name="bert_flash_dq", **_compiler_params(s),
-    )(q, k, v, bias, salt, *qkv_bias, do, lse, delta)
+    )(q, k, v, bias, salt, do, lse, delta)
     return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _flash(q, k, v, bias, salt, qkv_bias, settings):
-    return _forward(q, k, v, bias, salt, qkv_bias, settings)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _flash(q, k, v, bias, salt, settings):
+    return _forward(q, k, v, bias, salt, settings)[0]
 
 
-def _flash_fwd(q, k, v, bias, salt, qkv_bias, settings):
-    out, lse = _forward(q, k, v, bias, salt, qkv_bias, settings)
-    return out, (q, k, v, bias, salt, qkv_bias, out, lse)
+def _flash_fwd(q, k, v, bias, salt, settings):
+    out, lse = _forward(q, k, v, bias, salt, settings)
+    return out, (q, k, v, bias, salt, out, lse)
 
 
 def _flash_bwd(settings, residuals, do):
-    from bert_jax.modeling.ops import column_sum
-
-    q, k, v, bias, salt, qkv_bias, out, lse = residuals
-    dq, dk, dv = _backward(q, k, v, bias, salt, qkv_bias, out, lse, do, settings)
-    # the biases' gradients: what ops.add_bias's backward computes (two-stage float32 sums)
-    dbias = tuple(column_sum(g, 2).astype(b.dtype) if settings.qkv_bias else jnp.zeros_like(b)
-                  for g, b in zip((dq, dk, dv), qkv_bias, strict=True))
-    return (dq, dk, dv, jnp.zeros_like(bias), np.zeros(salt.shape, jax.dtypes.float0),
-            dbias)
+    q, k, v, bias, salt, out, lse = residuals
+    dq, dk, dv = _backward(q, k, v, bias, salt, out, lse, do, settings)
+    return dq, dk, dv, jnp.zeros_like(bias), np.zeros(salt.shape, jax.dtypes.float0)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: float = 0.0,
-                    block_q: int = 64, block_k: int | None = None,
+                    block_q: int | None = None, block_k: int | None = None,
                     block_q_bwd: int | None = None, block_k_bwd: int = 64,
                     num_warps: int = 4, num_stages: int | None = None,
                     backward: str = "auto", interpret: bool | None = None,
-                    mask_hash: str = "rowcol", qkv_bias=None):
+                    mask_hash: str = "rowcol"):
     """Attention over [batch, seq, heads, head_dim] with right padding given as key lengths
     and, when ``dropout_rate > 0``, dropout on the probabilities driven by ``salt``
     (int32 [batch, heads], e.g. ``salt_from_rng``) through the counter hash ``mask_hash``
     (``rowcol`` or ``flat``, see ``dropout.py``). Returns the context, same shape as query.
 
-    ``qkv_bias``: optional (query, key, value) biases, each [heads, head_dim], added inside
-    the kernels as the blocks are loaded (the projections' bias adds, without their own
-    passes over memory); their gradients are the column sums of dQ, dK, dV.
-
     ``backward``: ``split`` (one kernel per key block for dK/dV, one per query block for dQ,
     any length), ``fused`` (one kernel per (example, head) holding every key: no recomputed
     probabilities; for short sequences) or ``auto`` (fused up to FUSED_BACKWARD_MAX_KV keys,
-    split beyond). Defaults (``None``) follow the backward, as the sweeps in
-    docs/performance.md found fastest: fused (short sequences, H200 sweep): forward 64
-    queries x 128 keys, backward 16 queries per step, 2 pipeline stages; split (H100 sweep
-    at length 512): 64 x 64 blocks everywhere and 3 pipeline stages.
+    split beyond). Defaults (``None``) follow the backward, as the H100 sweeps in
+    docs/performance.md found fastest: fused (length 128): forward 128 queries x 128 keys,
+    backward 16 queries per step; split (length 512): 64 x 64 blocks everywhere; both with 3
+    pipeline stages.
     """
     batch, q_len, heads, head_dim = query.shape
     kv_len = key.shape[1]
@@ -420,25 +390,19 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
     if backward == "auto":
         backward = "fused" if kv_len <= FUSED_BACKWARD_MAX_KV else "split"
     fused = backward == "fused"
+    if block_q is None:
+        block_q = 128 if fused else 64
     if block_q_bwd is None:
         block_q_bwd = 16 if fused else 64
     if block_k is None:
         block_k = 128 if fused else 64
     if num_stages is None:
-        num_stages = 2 if fused else 3
+        num_stages = 3
     blocks = [fit_block(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
                                        (block_q_bwd, q_len), (block_k_bwd, kv_len))]
-    if qkv_bias is not None:
-        qkv_bias = tuple(jnp.asarray(b, query.dtype) for b in qkv_bias)
-        if len(qkv_bias) != 3 or any(b.shape != (heads, head_dim) for b in qkv_bias):
-            raise ValueError(f"qkv_bias must be three [heads, head_dim] = [{heads}, {head_dim}] "
-                             f"arrays, got {[getattr(b, 'shape', b) for b in qkv_bias]}")
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *blocks,
-                             num_warps, num_stages, bool(interpret), backward, mask_hash,
-                             qkv_bias is not None)
-    if qkv_bias is None:
-        qkv_bias = (jnp.zeros((heads, head_dim), query.dtype),) * 3
-    return _flash(query, key, value, bias, salt.astype(jnp.int32), qkv_bias, settings)
+                             num_warps, num_stages, bool(interpret), backward, mask_hash)
+    return _flash(query, key, value, bias, salt.astype(jnp.int32), settings)
 
 
 def fit_block(block: int, length: int) -> int:
