@@ -4,7 +4,7 @@
 #   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
 #                                              loop | scaling | dropout | profile | qkv |
 #                                              profile-large | attention-tune | flash-tune |
-#                                              batch |
+#                                              batch | large128 |
 #                                              gelu | fused | tune | final | nodrop |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
@@ -35,7 +35,8 @@
 #                           flash kernel ($OUT/attention.jsonl)
 #   flash-tune     ~5 min   the flash kernel: block/stage sweep at 256x128x12x64, then base/128
 #                           with the best setting and with --keep-hash finalizer vs the default
-#   batch          ~5 min   the largest-batch lever: large/128 b512, large/512 b64, base/128 b512
+#   batch          ~3 min   the largest-batch lever: large/512 b64, base/128 b512
+#   large128       ~8 min   large/128 b256 bert-jax and transformers (final's last pair), b512
 #   layernorm      ~1 min   base/128 pretrain and classify with --layer-norm flax (two_stage
 #                           is the default)
 #   pending        ~9 min   unmeasured changes in one call (BUDGET_S=570): base/128 baseline vs
@@ -445,10 +446,15 @@ stage_flash_tune() {  # the flash kernel at Base/128 (--tune short, fused backwa
   return 0
 }
 
-stage_batch() {  # the largest-batch lever: twice the benchmark batch where it fits
-  pretrain 120 batch "$LARGE" "$S128" "$B512"
+stage_batch() {  # the largest-batch lever: twice the benchmark batch (large/128: stage large128)
   pretrain 120 batch "$LARGE" "$S512" $(( B32 * 2 ))
   pretrain 60 batch "$BASE" "$S128" "$B512"
+}
+
+stage_large128() {  # the Large/128 pair (final's last pair, which its budget skips) and b512
+  pretrain 150 core "$LARGE" "$S128" "$B256"
+  if torch_gpu; then peer 150 pretrain "$LARGE" "$S128" "$B256"; fi
+  pretrain 150 batch "$LARGE" "$S128" "$B512"
 }
 
 stage_scaling() {  # SCALING_COUNTS=1,2 limits the device counts (default: 1, 2, 4.. present);
@@ -494,6 +500,7 @@ run_stage() {
     attention-tune) stage_attention_tune ;;
     flash-tune) stage_flash_tune ;;
     batch) stage_batch ;;
+    large128) stage_large128 ;;
     qkv) stage_qkv ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -504,7 +511,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|large128|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
