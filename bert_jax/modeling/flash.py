@@ -354,7 +354,7 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: float = 0.0,
                     block_q: int | None = None, block_k: int | None = None,
                     block_q_bwd: int | None = None, block_k_bwd: int = 64,
-                    num_warps: int = 4, num_stages: int | None = None,
+                    num_warps: int = 4, num_stages: int = 3,
                     backward: str = "auto", interpret: bool | None = None,
                     mask_hash: str = "rowcol"):
     """Attention over [batch, seq, heads, head_dim] with right padding given as key lengths
@@ -396,8 +396,6 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
         block_q_bwd = 16 if fused else 64
     if block_k is None:
         block_k = 128 if fused else 64
-    if num_stages is None:
-        num_stages = 3
     blocks = [fit_block(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
                                        (block_q_bwd, q_len), (block_k_bwd, kv_len))]
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *blocks,
