@@ -118,6 +118,19 @@ def test_summarize_ratio_and_targets(tmp_path):
     assert "| 1.50 | met (≥1.5x, ≥55% MFU) |" in text
     assert "| scan | 5,700 | -5.0% |" in text
     assert "dropout_cudnn | failed: exit code 1" in text
+    # MFU against the top peak of the records (one card: 700 here, so the same)
+    assert "| bert-jax | pretrain | base | 128 | 256 | 392 | 56.0% (700) | 56.0% (700) |" in text
+    faster = dict(common, framework="transformers", seq_per_s=1.0, mfu=0.5,
+                  matmul_peak_tflops=800.0, tag="x")
+    text = summarize.render(summarize.load([str(path)]) + [faster])
+    assert "| bert-jax | pretrain | base | 128 | 256 | 392 | 56.0% (700) | 49.0% (800) |" in text
+    # a run skipped in one call and completed in a later one is not listed as failed
+    skipped = [{"tag": "core", "task": "pretrain", "model": "base", "seq_len": 128,
+                "batch_size": 256, "error": "skipped: stage budget"},
+               {"tag": "core", "task": "pretrain", "model": "large", "seq_len": 512,
+                "batch_size": 32, "error": "skipped: stage budget"}]
+    text = summarize.render(skipped + summarize.load([str(path)]))
+    assert "core base/128: skipped" not in text and "core large/512: skipped" in text
 
 
 def test_loop_helpers(tmp_path):
