@@ -56,21 +56,6 @@ def timed(fn, *args, repeats=5, inner=10):
     return median_time(run, repeats)[0] / inner
 
 
-def finalizer_flash(fn):
-    """``fn`` traced with the previous (9-operation) keep test in the flash kernel."""
-    from bench.levers import finalizer_keep_from_codes
-    from bert_jax.modeling import flash
-
-    def traced(*a):
-        current = flash.keep_from_codes
-        flash.keep_from_codes = finalizer_keep_from_codes
-        try:
-            return fn(*a)
-        finally:
-            flash.keep_from_codes = current
-    return traced
-
-
 def run_shape(shape: str, args) -> None:
     """Correctness check, the implementations and the kernel tunings at one shape; each
     record is appended to ``args.out`` as soon as it is measured."""
@@ -114,9 +99,6 @@ def run_shape(shape: str, args) -> None:
             q, k, v, lengths, salt=salt, dropout_rate=args.rate),
         "flash_dropout_flat_hash": lambda q, k, v: flash.flash_attention(
             q, k, v, lengths, salt=salt, dropout_rate=args.rate, mask_hash="flat"),
-        "flash_dropout_finalizer_keep": finalizer_flash(
-            lambda q, k, v: flash.flash_attention(q, k, v, lengths, salt=salt,
-                                                  dropout_rate=args.rate)),
         "flash_no_dropout": lambda q, k, v: flash.flash_attention(q, k, v, lengths),
         "fused_no_dropout": lambda q, k, v: fused_attention(q, k, v, lengths, "auto"),
     }

@@ -141,32 +141,6 @@ def use_fused_norm_blocks(spec: str) -> None:
     fused_norm.DEFAULT_BLOCKS = (rows, warps, parts[2:] != ["hold"])
 
 
-def finalizer_keep_from_codes(rows, cols, rate: float):
-    """The ``rowcol`` keep test before the sixth session: one MurmurHash3 finalizer round of
-    ``rows ^ cols`` without its last xor-shift, then a logical shift and an unsigned-range
-    compare (9 integer operations per element instead of 6)."""
-    from bert_jax.modeling.dropout import drop_threshold, srl
-
-    import jax.numpy as jnp
-
-    x = rows ^ cols
-    x = x ^ srl(x, 16)
-    x = x * jnp.int32(-2048144789)
-    x = x ^ srl(x, 13)
-    x = x * jnp.int32(-1028477387)
-    return srl(x, 1) >= drop_threshold(rate)
-
-
-def use_finalizer_keep() -> None:
-    """``--keep-hash finalizer``: the previous ``rowcol`` keep test everywhere it is used
-    (hidden dropout, the flash kernel, the fused LayerNorm; process-wide, before tracing).
-    The A/B of the six-operation keep test."""
-    from bert_jax.modeling import dropout, flash, fused_norm
-
-    for module in (dropout, flash, fused_norm):
-        module.keep_from_codes = finalizer_keep_from_codes
-
-
 def use_flash_settings(spec: str) -> None:
     """``--flash BACKWARD[:BQ:BK:BQB:BKB:WARPS:STAGES]``: the flash kernel's backward variant
     (``fused``, ``split``, ``atomic``, ``ds``; see ``flash.flash_attention``) and optionally
@@ -198,8 +172,7 @@ def model_dropout_impl(dropout_impl: str) -> str:
 
 def apply_process_levers(args) -> None:
     """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
-    dropout patch, ``--gelu erfc``, ``--fused-norm-blocks``, ``--flash`` and
-    ``--keep-hash``."""
+    dropout patch, ``--gelu erfc``, ``--fused-norm-blocks``, and ``--flash``."""
     apply_xla_flags(args.xla_flags)
     if args.dropout_impl == "cudnn":
         use_cudnn_dropout_attention()
@@ -209,8 +182,6 @@ def apply_process_levers(args) -> None:
         use_fused_norm_blocks(args.fused_norm_blocks)
     if getattr(args, "flash", ""):
         use_flash_settings(args.flash)
-    if getattr(args, "keep_hash", "short") == "finalizer":
-        use_finalizer_keep()
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

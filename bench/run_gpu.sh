@@ -34,7 +34,7 @@
 #   attention-tune ~3 min   bench_attention.py at 32x512x16x64: the "long" block sweep of the
 #                           flash kernel ($OUT/attention.jsonl)
 #   flash-tune     ~5 min   the flash kernel: block/stage sweep at 256x128x12x64, then base/128
-#                           with the best setting and with --keep-hash finalizer vs the default
+#                           with the best setting vs the default
 #   batch          ~3 min   the largest-batch lever: large/512 b64, base/128 b512
 #   large128       ~8 min   large/128 b256 bert-jax and transformers (final's last pair), b512
 #   layernorm      ~1 min   base/128 pretrain and classify with --layer-norm flax (two_stage
@@ -431,7 +431,7 @@ EOF
 }
 
 stage_flash_tune() {  # the flash kernel at Base/128 (--tune short, fused backward), then the
-  # step with the fastest setting against the default, and with the previous keep test
+  # step with the fastest setting against the default
   local short=256x128x12x64
   [ "$SMOKE" = 1 ] && short=2x64x2x16
   run_case 120 attention attention "$BASE" "$S128" "$B256" -- "${JAX_ENV[@]}" \
@@ -442,7 +442,6 @@ stage_flash_tune() {  # the flash kernel at Base/128 (--tune short, fused backwa
   echo "best flash settings: $short -> ${f128:-none}"
   pretrain 45 flash:default "$BASE" "$S128" "$B256"
   [ -n "$f128" ] && pretrain 45 flash:best "$BASE" "$S128" "$B256" --flash "$f128"
-  pretrain 45 flash:finalizer_keep "$BASE" "$S128" "$B256" --keep-hash finalizer
   return 0
 }
 

@@ -17,10 +17,10 @@ partitioner slices), so a sharded run drops exactly what a one-device run drops.
 
 * ``rowcol`` (default): an array is seen as rows (every axis but the last) x columns (the
   last axis). Each row gets a fully mixed 32-bit code from (salt, row) by two finalizer rounds
-  and each column a code from its index; an element's bits are ``row_code ^ column_code``
-  through one multiply, xor-shift, multiply round, compared (signed) against a shifted
-  threshold. Per element that is 2 multiplies, 2 xors, 1 shift and 1 compare (until the
-  sixth session: a finalizer round of 9 operations, same statistics); the row and column codes are computed once per row and column (the hidden
+  and each column a code from its index; an element's bits are one finalizer round of
+  ``row_code ^ column_code``, without the last xor-shift (it only touches the low 16 bits,
+  below the threshold's resolution). Per element that is 2 multiplies and 5 shift/xor
+  operations; the row and column codes are computed once per row and column (the hidden
   dropout materializes them, a few hundred KB; the flash kernel computes them per block).
 * ``flat``: two full finalizer rounds of (salt, flat element index) per element, about 20
   integer operations per element.
@@ -89,17 +89,13 @@ def column_code(cols):
 
 def keep_from_codes(rows, cols, rate: float):
     """``rowcol`` hash: bool, the broadcast shape of ``rows`` and ``cols`` (row and column
-    codes): True where the element is kept.
-
-    ``rows ^ cols`` is already uniform (both codes are fully mixed), so one multiply,
-    xor-shift, multiply round decorrelates elements; the keep test is a signed compare
-    against a shifted threshold (uniform int32 values are >= 2 * threshold - 2**31 with
-    probability 1 - rate), so no final shift. Six integer operations per element: inside the
-    attention kernel at head size 64 the hash, not the matmuls, bounds the ALU time."""
-    x = (rows ^ cols) * jnp.int32(-2048144789)  # 0x85ebca6b
-    x = x ^ srl(x, 15)
+    codes): True where the element is kept. One finalizer round without its last xor-shift."""
+    x = rows ^ cols
+    x = x ^ srl(x, 16)
+    x = x * jnp.int32(-2048144789)  # 0x85ebca6b
+    x = x ^ srl(x, 13)
     x = x * jnp.int32(-1028477387)  # 0xc2b2ae35
-    return x >= jnp.int32(2 * drop_threshold(rate) - 2 ** 31)
+    return srl(x, 1) >= drop_threshold(rate)
 
 
 def flat_index(shape) -> jax.Array:
