@@ -72,6 +72,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                     help="BACKWARD[:BQ:BK:BQB:BKB:WARPS:STAGES]: the flash kernel's backward "
                          "variant (fused|split) and blocks; default: "
                          "flash_attention's own")
+    ap.add_argument("--qkv-bias-grad", default="kernel", choices=["kernel", "xla"],
+                    help="query/key/value bias gradients: summed by the flash backward "
+                         "kernels (default) or by XLA column sums over dQ, dK, dV")
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])
@@ -315,7 +318,8 @@ def main(argv=None) -> dict:
         "attention": args.attention, "attention_dropout": args.attention_dropout,
         "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
         **model_choice_record(args), "gelu": args.gelu,
-        "fused_norm_blocks": args.fused_norm_blocks, "flash": args.flash, "scan": args.scan,
+        "fused_norm_blocks": args.fused_norm_blocks, "flash": args.flash,
+        "qkv_bias_grad": args.qkv_bias_grad, "scan": args.scan,
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,

@@ -172,7 +172,8 @@ def model_dropout_impl(dropout_impl: str) -> str:
 
 def apply_process_levers(args) -> None:
     """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
-    dropout patch, ``--gelu erfc``, ``--fused-norm-blocks``, and ``--flash``."""
+    dropout patch, ``--gelu erfc``, ``--fused-norm-blocks``, ``--flash`` and
+    ``--qkv-bias-grad xla``."""
     apply_xla_flags(args.xla_flags)
     if args.dropout_impl == "cudnn":
         use_cudnn_dropout_attention()
@@ -182,6 +183,10 @@ def apply_process_levers(args) -> None:
         use_fused_norm_blocks(args.fused_norm_blocks)
     if getattr(args, "flash", ""):
         use_flash_settings(args.flash)
+    if getattr(args, "qkv_bias_grad", "kernel") == "xla":
+        from bert_jax.modeling import encoder
+
+        encoder.FLASH_BIAS_GRADS = False
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

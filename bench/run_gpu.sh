@@ -4,7 +4,7 @@
 #   bash bench/run_gpu.sh STAGE        STAGE = env | core | peer | levers | levers-large |
 #                                              loop | scaling | dropout | profile | qkv |
 #                                              profile-large | attention-tune | flash-tune |
-#                                              batch | large128 |
+#                                              batch | large128 | biasgrad |
 #                                              gelu | fused | tune | final | nodrop |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
@@ -37,6 +37,8 @@
 #                           with the best setting vs the default
 #   batch          ~3 min   the largest-batch lever: large/512 b64, base/128 b512
 #   large128       ~8 min   large/128 b256 bert-jax and transformers (final's last pair), b512
+#   biasgrad       ~6 min   q/k/v bias gradients from the flash kernels (default) vs XLA's
+#                           column sums (--qkv-bias-grad xla): base/128, classify, large/512
 #   layernorm      ~1 min   base/128 pretrain and classify with --layer-norm flax (two_stage
 #                           is the default)
 #   pending        ~9 min   unmeasured changes in one call (BUDGET_S=570): base/128 baseline vs
@@ -445,6 +447,15 @@ stage_flash_tune() {  # the flash kernel at Base/128 (--tune short, fused backwa
   return 0
 }
 
+stage_biasgrad() {  # q/k/v bias gradients: the flash kernels' sums (default) vs XLA's
+  pretrain 45 biasgrad:kernel "$BASE" "$S128" "$B256"
+  pretrain 45 biasgrad:xla "$BASE" "$S128" "$B256" --qkv-bias-grad xla
+  classify 30 biasgrad:kernel
+  classify 30 biasgrad:xla --qkv-bias-grad xla
+  pretrain 100 biasgrad:kernel "$LARGE" "$S512" "$B32"
+  pretrain 75 biasgrad:xla "$LARGE" "$S512" "$B32" --qkv-bias-grad xla
+}
+
 stage_batch() {  # the largest-batch lever: twice the benchmark batch (large/128: stage large128)
   pretrain 120 batch "$LARGE" "$S512" $(( B32 * 2 ))
   pretrain 60 batch "$BASE" "$S128" "$B512"
@@ -499,6 +510,7 @@ run_stage() {
     attention-tune) stage_attention_tune ;;
     flash-tune) stage_flash_tune ;;
     batch) stage_batch ;;
+    biasgrad) stage_biasgrad ;;
     large128) stage_large128 ;;
     qkv) stage_qkv ;;
     final) stage_final ;;
@@ -510,7 +522,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|large128|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|large128|biasgrad|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

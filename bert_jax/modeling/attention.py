@@ -14,6 +14,8 @@ import warnings
 import jax
 import jax.numpy as jnp
 
+from bert_jax.modeling.ops import add_bias
+
 
 def resolve_implementation(name: str) -> str:
     """``auto`` -> cudnn on GPU, xla elsewhere."""
@@ -61,18 +63,18 @@ def fused_attention(query, key, value, kv_lengths, implementation: str):
         implementation=impl)
 
 
-def resolve_dropout_implementation(name: str, query, key) -> str:
+def resolve_dropout_implementation(name: str, q_len: int, kv_len: int, head_dim: int) -> str:
     """``auto`` -> the flash kernel on GPU when its shapes are supported, else explicit."""
     from bert_jax.modeling import flash
 
     if name != "auto":
         return name
-    ok = flash.supported(query.shape[1], key.shape[1], query.shape[-1])
+    ok = flash.supported(q_len, kv_len, head_dim)
     return "flash" if ok and jax.default_backend() == "gpu" else "explicit"
 
 
 def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rate: float,
-                      implementation: str = "auto", mask_hash: str = "rowcol"):
+                      implementation: str = "auto", mask_hash: str = "rowcol", qkv_bias=None):
     """Training-time attention with dropout on the probabilities. Returns the context.
 
     ``flash`` runs the Pallas kernel of ``bert_jax.modeling.flash`` (dropout in the kernel,
@@ -80,7 +82,12 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
     active mesh with ``shard_map`` because a Pallas call is not partitioned by XLA;
     ``explicit`` is the einsum path (a threefry Bernoulli mask).
     """
-    impl = resolve_dropout_implementation(implementation, query, key)
+    impl = resolve_dropout_implementation(implementation, query.shape[1], key.shape[1],
+                                          query.shape[-1])
+    if qkv_bias is not None and impl != "flash":
+        query, key, value = (add_bias(t, b) for t, b in zip((query, key, value), qkv_bias,
+                                                            strict=True))
+        qkv_bias = None
     if impl == "explicit":
         return explicit_attention(query, key, value, kv_lengths, dropout_rng=dropout_rng,
                                   dropout_rate=dropout_rate, deterministic=False)[0]
@@ -94,30 +101,32 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
                       stacklevel=2)
     salt = flash.salt_from_rng(dropout_rng, query.shape[0], query.shape[2])
 
-    def local(q, k, v, lengths, s):
+    def local(q, k, v, lengths, s, biases):
         return flash.flash_attention(q, k, v, lengths, salt=s, dropout_rate=dropout_rate,
-                                     mask_hash=mask_hash)
+                                     mask_hash=mask_hash, qkv_bias=biases)
 
-    return _over_mesh(local, query, key, value, kv_lengths, salt)
+    return _over_mesh(local, query, key, value, kv_lengths, salt, qkv_bias)
 
 
-def _over_mesh(fn, query, key, value, kv_lengths, salt):
+def _over_mesh(fn, query, key, value, kv_lengths, salt, qkv_bias=None):
     """Runs ``fn`` per shard: batch and heads split as the logical-axis rules say, sequence
-    and head_dim whole (attention needs every key of an example)."""
+    and head_dim whole (attention needs every key of an example); the [heads, head_dim]
+    biases split on heads (shard_map sums their per-shard gradients over the batch axes)."""
     from bert_jax import parallel
 
     mesh = parallel.entered_mesh()
     if mesh is None:
-        return fn(query, key, value, kv_lengths, salt)
+        return fn(query, key, value, kv_lengths, salt, qkv_bias)
     import flax.linen as nn
     from jax.sharding import PartitionSpec as P
 
     batch_axes, _, head_axes, _ = nn.logical_to_mesh_axes(("batch", "length", "heads", None))
     if (query.shape[0] % parallel.mesh_axes_size(mesh, batch_axes)
             or query.shape[2] % parallel.mesh_axes_size(mesh, head_axes)):
-        return fn(query, key, value, kv_lengths, salt)  # uneven split: let XLA gather
+        return fn(query, key, value, kv_lengths, salt, qkv_bias)  # uneven: let XLA gather
     qkv = P(batch_axes, None, head_axes, None)
+    bias_specs = None if qkv_bias is None else (P(head_axes, None),) * 3
     return parallel.shard_map_unchecked(
-        fn, mesh, in_specs=(qkv, qkv, qkv, P(batch_axes), P(batch_axes, head_axes)),
-        out_specs=qkv)(query, key, value, kv_lengths, salt)
+        fn, mesh, in_specs=(qkv, qkv, qkv, P(batch_axes), P(batch_axes, head_axes), bias_specs),
+        out_specs=qkv)(query, key, value, kv_lengths, salt, qkv_bias)
 

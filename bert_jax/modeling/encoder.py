@@ -16,7 +16,8 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
-from bert_jax.modeling.attention import dropout_attention, explicit_attention, fused_attention
+from bert_jax.modeling.attention import (dropout_attention, explicit_attention, fused_attention,
+                                         resolve_dropout_implementation)
 from bert_jax.modeling.dropout import Dropout, salt_from_rng
 from bert_jax.modeling.ops import TwoStageLayerNorm, add_bias, add_bias_activate
 from bert_jax.parallel import constrain
@@ -137,10 +138,12 @@ class Projection(nn.Module):
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
         if self.split_output is not None:
             axis = self.split_output
-            return tuple(
-                self._biased(x, jax.lax.index_in_dim(kernel, i, self.in_dims + axis, False),
-                             jax.lax.index_in_dim(bias, i, axis, False))
-                for i in range(self.features[axis]))
+            parts = [(jax.lax.index_in_dim(kernel, i, self.in_dims + axis, False),
+                      jax.lax.index_in_dim(bias, i, axis, False))
+                     for i in range(self.features[axis])]
+            if self.skip_bias_add:  # ((matmul output, bias) per slice)
+                return tuple((jax.lax.dot_general(x, k, self._dims(x)), b) for k, b in parts)
+            return tuple(self._biased(x, k, b) for k, b in parts)
         if len(self.features) > 1 and not self.skip_bias_add and self.activation is None:
             return self._biased(x, kernel, bias)
         y = jax.lax.dot_general(x, kernel, self._dims(x))
@@ -223,6 +226,12 @@ class BertEmbeddings(nn.Module):
         return x
 
 
+# The flash kernel's backward pass sums the query/key/value bias gradients as it writes dQ,
+# dK, dV (``BertSelfAttention``); False restores XLA's column sums over them, which read the
+# three gradients again (the benchmarks' ``--qkv-bias-grad xla`` A/B; same values).
+FLASH_BIAS_GRADS = True
+
+
 class BertSelfAttention(nn.Module):
     """Multi-head self-attention with a fused QKV projection and an output projection."""
 
@@ -238,7 +247,19 @@ class BertSelfAttention(nn.Module):
         n, d = cfg.num_attention_heads, cfg.head_dim
         # [batch, seq, 3, heads, head_dim]
         axes = ("embed", None, "heads", "kv")
-        if cfg.qkv_projection == "split":
+        dropout_active = not self.deterministic and cfg.attention_probs_dropout_prob > 0.0
+        # With the flash kernel the query/key/value biases go to flash_attention, whose
+        # backward kernels sum their gradients in passing (XLA's column sums re-read dQ, dK
+        # and dV: 0.7 ms of a Base/128 step on an H100).
+        qkv_bias = None
+        if (FLASH_BIAS_GRADS and dropout_active and not self.output_attentions
+                and cfg.qkv_projection == "split"
+                and resolve_dropout_implementation(cfg.dropout_attention_impl, x.shape[1],
+                                                   x.shape[1], d) == "flash"):
+            (query, bq), (key, bk), (value, bv) = Projection(
+                (3, n, d), 1, axes, cfg, split_output=0, skip_bias_add=True, name="qkv")(x)
+            qkv_bias = (bq, bk, bv)
+        elif cfg.qkv_projection == "split":
             # Three matmuls on slices of the [embed, 3, heads, head_dim] kernel: query, key
             # and value come out contiguous (no strided copies for the attention kernels) and
             # their gradients feed the weight gradients without a concatenation.
@@ -248,7 +269,6 @@ class BertSelfAttention(nn.Module):
             qkv = dense(cfg, (3, n, d), axes, "qkv")(x)
             query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         query, key, value = (constrain(t, HEAD_AXES) for t in (query, key, value))
-        dropout_active = not self.deterministic and cfg.attention_probs_dropout_prob > 0.0
         if self.output_attentions:
             rng = self.make_rng("dropout") if dropout_active else None
             context, probs = explicit_attention(
@@ -258,7 +278,8 @@ class BertSelfAttention(nn.Module):
             context, probs = dropout_attention(
                 query, key, value, kv_lengths, dropout_rng=self.make_rng("dropout"),
                 dropout_rate=cfg.attention_probs_dropout_prob,
-                implementation=cfg.dropout_attention_impl, mask_hash=cfg.dropout_hash), None
+                implementation=cfg.dropout_attention_impl, mask_hash=cfg.dropout_hash,
+                qkv_bias=qkv_bias), None
         else:
             context, probs = fused_attention(query, key, value, kv_lengths,
                                              cfg.attention_impl), None

@@ -58,6 +58,7 @@ class FlashSettings:
     interpret: bool
     backward: str = "split"  # fused | split (``flash_attention``), never auto
     mask_hash: str = "rowcol"
+    bias_grads: bool = False  # the backward kernels also write partial sums of dQ, dK, dV
 
 
 def supported(seq_len: int, kv_seq_len: int, head_dim: int) -> bool:
@@ -177,8 +178,10 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
     measured slower than the separate dQ kernel at length 512: docs/performance.md.)"""
     from jax.experimental import pallas as pl
 
-    dq_ref = out_refs[0] if len(out_refs) == 3 else None
-    dk_ref, dv_ref = out_refs[-2:]
+    fused = s.backward == "fused"
+    dq_ref = out_refs[0] if fused else None
+    dk_ref, dv_ref = out_refs[int(fused):int(fused) + 2]
+    sums = out_refs[int(fused) + 2:]  # ([sq], sk, sv) when s.bias_grads
     block_k, block_q = k_ref.shape[0], s.block_q_bwd
     q_len = q_ref.shape[0]
     kv_len = bias_ref.shape[0]
@@ -190,7 +193,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
     qk_scale = s.scale * LOG2E
 
     def body(i, carry):
-        dk, dv = carry
+        dk, dv, sq = carry
         queries = pl.ds(i * block_q, block_q)
         q, do = q_ref[queries, :], do_ref[queries, :]
         p = _probabilities(q, k, bias, lse_ref[queries], qk_scale)
@@ -201,17 +204,26 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
         ds = p * (dp - delta_ref[queries][:, None])
         dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
         if dq_ref is not None:
-            dq_ref[queries, :] = (_dot(ds.astype(k.dtype), k) * s.scale).astype(dq_ref.dtype)
-        return dk, dv
+            dq = _dot(ds.astype(k.dtype), k) * s.scale
+            dq_ref[queries, :] = dq.astype(dq_ref.dtype)
+            if s.bias_grads:
+                sq = sq + jnp.sum(dq, axis=0)
+        return dk, dv, sq
 
     zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, q_len // block_q, body, (zeros, zeros))
-    dk_ref[...] = (dk * s.scale).astype(dk_ref.dtype)
+    dk, dv, sq = lax.fori_loop(0, q_len // block_q, body,
+                               (zeros, zeros, jnp.zeros(k.shape[1:], jnp.float32)))
+    dk = dk * s.scale
+    dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
+    if s.bias_grads:
+        for ref, total in zip(sums, ((sq,) if fused else ()) + (
+                jnp.sum(dk, axis=0), jnp.sum(dv, axis=0)), strict=True):
+            ref[...] = total
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
-               s: FlashSettings):
+def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref, dq_ref,
+               *sum_ref, s: FlashSettings):
     from jax.experimental import pallas as pl
 
     block_q, block_k = q_ref.shape[0], s.block_k_bwd
@@ -232,8 +244,10 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_r
         ds = p * (dp - delta[:, None])
         return dq + _dot(ds.astype(k.dtype), k)
 
-    dq = lax.fori_loop(0, kv_len // block_k, body, jnp.zeros(q.shape, jnp.float32))
-    dq_ref[...] = (dq * s.scale).astype(dq_ref.dtype)
+    dq = lax.fori_loop(0, kv_len // block_k, body, jnp.zeros(q.shape, jnp.float32)) * s.scale
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    if s.bias_grads:
+        sum_ref[0][...] = jnp.sum(dq, axis=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,58 +308,82 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
     # delta = rowsum(dO * O): with dropout, rowsum(dP_dropped * Z * P) equals it too.
     delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), out.astype(jnp.float32))
 
+    def sums(n_tiles):  # per-(example, head, tile) partial sums of a gradient, [.., head_dim]
+        spec = pl.BlockSpec((None, None, None, head_dim), lambda b, h, i: (b, h, i, 0))
+        return spec, jax.ShapeDtypeStruct((batch, heads, n_tiles, head_dim), jnp.float32)
+
+    n_sums = int(s.bias_grads)
     if s.backward == "fused":
         q_full, kv_full, bias_spec, salt_spec, row_full = _specs(
             q_len, kv_len, head_dim, None, None)
-        return pl.pallas_call(
+        spec, shape = sums(1)
+        out = pl.pallas_call(
             functools.partial(_dkdv_kernel, s=s),
             grid=(batch, heads, 1),
             in_specs=[q_full, kv_full, kv_full, bias_spec, salt_spec, q_full, row_full,
                       row_full],
-            out_specs=[q_full, kv_full, kv_full],
-            out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
+            out_specs=[q_full, kv_full, kv_full] + [spec] * 3 * n_sums,
+            out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+            + [shape] * 3 * n_sums,
             interpret=s.interpret, name="bert_flash_backward", **_compiler_params(s),
         )(q, k, v, bias, salt, do, lse, delta)
+        return out[:3], out[3:]
 
     q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
         q_len, kv_len, head_dim, None, block_k)
-    dk, dv = pl.pallas_call(
+    spec, shape = sums(kv_len // block_k)
+    dk, dv, *kv_sums = pl.pallas_call(
         functools.partial(_dkdv_kernel, s=s),
         grid=(batch, heads, kv_len // block_k),
         in_specs=[q_spec, k_tile, k_tile, bias_spec, salt_spec, q_spec, row_full, row_full],
-        out_specs=[k_tile, k_tile],
+        out_specs=[k_tile, k_tile] + [spec] * 2 * n_sums,
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
-                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
+                   jax.ShapeDtypeStruct(v.shape, v.dtype)] + [shape] * 2 * n_sums,
         interpret=s.interpret, name="bert_flash_dkdv", **_compiler_params(s),
     )(q, k, v, bias, salt, do, lse, delta)
 
     q_tile, kv_full, bias_spec, salt_spec, row_tile = _specs(
         q_len, kv_len, head_dim, block_q, None)
-    dq = pl.pallas_call(
+    spec, shape = sums(q_len // block_q)
+    dq, *q_sums = pl.pallas_call(
         functools.partial(_dq_kernel, s=s),
         grid=(batch, heads, q_len // block_q),
         in_specs=[q_tile, kv_full, kv_full, bias_spec, salt_spec, q_tile, row_tile, row_tile],
-        out_specs=q_tile,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_specs=[q_tile] + [spec] * n_sums,
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)] + [shape] * n_sums,
         interpret=s.interpret, name="bert_flash_dq", **_compiler_params(s),
     )(q, k, v, bias, salt, do, lse, delta)
-    return dq, dk, dv
+    return (dq, dk, dv), (*q_sums, *kv_sums)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _flash(q, k, v, bias, salt, settings):
-    return _forward(q, k, v, bias, salt, settings)[0]
+def _with_biases(q, k, v, qkv_bias):
+    """Query, key and value plus their [heads, head_dim] biases (XLA's adds, as the
+    projections make them), or unchanged without biases."""
+    if qkv_bias is None:
+        return q, k, v
+    return tuple(x + b.astype(x.dtype) for x, b in zip((q, k, v), qkv_bias, strict=True))
 
 
-def _flash_fwd(q, k, v, bias, salt, settings):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _flash(q, k, v, bias, salt, qkv_bias, settings):
+    return _forward(*_with_biases(q, k, v, qkv_bias), bias, salt, settings)[0]
+
+
+def _flash_fwd(q, k, v, bias, salt, qkv_bias, settings):
+    q, k, v = _with_biases(q, k, v, qkv_bias)
     out, lse = _forward(q, k, v, bias, salt, settings)
-    return out, (q, k, v, bias, salt, out, lse)
+    return out, (q, k, v, bias, salt, qkv_bias, out, lse)
 
 
 def _flash_bwd(settings, residuals, do):
-    q, k, v, bias, salt, out, lse = residuals
-    dq, dk, dv = _backward(q, k, v, bias, salt, out, lse, do, settings)
-    return dq, dk, dv, jnp.zeros_like(bias), np.zeros(salt.shape, jax.dtypes.float0)
+    q, k, v, bias, salt, qkv_bias, out, lse = residuals
+    (dq, dk, dv), sums = _backward(q, k, v, bias, salt, out, lse, do, settings)
+    dbias = None
+    if qkv_bias is not None:  # the kernels' partial sums over (example, tile)
+        dbias = tuple(jnp.sum(p, axis=(0, 2)).astype(b.dtype)
+                      for p, b in zip(sums, qkv_bias, strict=True))
+    return (dq, dk, dv, jnp.zeros_like(bias), np.zeros(salt.shape, jax.dtypes.float0),
+            dbias)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -356,11 +394,16 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
                     block_q_bwd: int | None = None, block_k_bwd: int = 64,
                     num_warps: int = 4, num_stages: int = 3,
                     backward: str = "auto", interpret: bool | None = None,
-                    mask_hash: str = "rowcol"):
+                    mask_hash: str = "rowcol", qkv_bias=None):
     """Attention over [batch, seq, heads, head_dim] with right padding given as key lengths
     and, when ``dropout_rate > 0``, dropout on the probabilities driven by ``salt``
     (int32 [batch, heads], e.g. ``salt_from_rng``) through the counter hash ``mask_hash``
     (``rowcol`` or ``flat``, see ``dropout.py``). Returns the context, same shape as query.
+
+    ``qkv_bias``: optional (query, key, value) biases, each [heads, head_dim], for attention
+    over ``query + bq`` etc.: the projections' bias adds, done here so that the backward
+    kernels can sum the biases' gradients as they write dQ, dK and dV (no pass that reads
+    them again).
 
     ``backward``: ``split`` (one kernel per key block for dK/dV, one per query block for dQ,
     any length), ``fused`` (one kernel per (example, head) holding every key: no recomputed
@@ -398,9 +441,15 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
         block_k = 128 if fused else 64
     blocks = [fit_block(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
                                        (block_q_bwd, q_len), (block_k_bwd, kv_len))]
+    if qkv_bias is not None:
+        qkv_bias = tuple(jnp.asarray(b) for b in qkv_bias)
+        if len(qkv_bias) != 3 or any(b.shape != (heads, head_dim) for b in qkv_bias):
+            raise ValueError(f"qkv_bias must be three [heads, head_dim] = [{heads}, {head_dim}] "
+                             f"arrays, got {[getattr(b, 'shape', b) for b in qkv_bias]}")
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *blocks,
-                             num_warps, num_stages, bool(interpret), backward, mask_hash)
-    return _flash(query, key, value, bias, salt.astype(jnp.int32), settings)
+                             num_warps, num_stages, bool(interpret), backward, mask_hash,
+                             qkv_bias is not None)
+    return _flash(query, key, value, bias, salt.astype(jnp.int32), qkv_bias, settings)
 
 
 def fit_block(block: int, length: int) -> int:

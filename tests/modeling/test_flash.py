@@ -2,6 +2,7 @@
 forward and gradients against the jax.numpy reference with the same mask, the mask's
 statistics, and the model's training path through it, on one device and split over a mesh."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,6 +47,32 @@ def test_flash_matches_reference_forward_and_gradients(rate, blocks):
     g_ref = jax.grad(lambda *a: loss(flash.reference_attention, *a), argnums=(0, 1, 2))(q, k, v)
     for a, b in zip(g_ours, g_ref, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("blocks", range(len(BLOCKS)))
+def test_flash_with_projection_biases(blocks):
+    """qkv_bias: attention over query + bq etc.; values and gradients match the reference on
+    biased inputs for every tiling, the biases' gradients (the backward kernels' partial
+    sums) included."""
+    q, k, v, lengths, salt = _inputs(blocks + 20)
+    biases = tuple(jax.random.normal(jax.random.key(30 + i), (3, 16)) for i in range(3))
+    cot = jax.random.normal(jax.random.key(9), q.shape)
+
+    def ours(q, k, v, bq, bk, bv):
+        return jnp.sum(cot * flash.flash_attention(q, k, v, lengths, salt=salt, dropout_rate=0.1,
+                                                   qkv_bias=(bq, bk, bv), **BLOCKS[blocks]))
+
+    def ref(q, k, v, bq, bk, bv):
+        return jnp.sum(cot * flash.reference_attention(q + bq, k + bk, v + bv, lengths,
+                                                       salt=salt, dropout_rate=0.1))
+
+    args = (q, k, v, *biases)
+    np.testing.assert_allclose(ours(*args), ref(*args), rtol=1e-5)
+    for a, b in zip(jax.grad(ours, range(6))(*args), jax.grad(ref, range(6))(*args),
+                    strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="qkv_bias"):
+        flash.flash_attention(q, k, v, lengths, qkv_bias=biases[:2])
 
 
 def test_flash_bfloat16_close_to_float32():
@@ -114,8 +141,8 @@ def test_unsupported_shapes_and_missing_salt_are_refused():
     with pytest.raises(ValueError, match="salt"):
         flash.flash_attention(q, k, v, lengths, dropout_rate=0.1)
     # auto picks the explicit path off GPU and for unsupported shapes
-    assert resolve_dropout_implementation("auto", q, k) in ("explicit", "flash")
-    assert resolve_dropout_implementation("auto", q[:, :40], k[:, :40]) == "explicit"
+    assert resolve_dropout_implementation("auto", 64, 64, 16) in ("explicit", "flash")
+    assert resolve_dropout_implementation("auto", 40, 40, 16) == "explicit"
 
 
 def test_dropout_attention_split_over_mesh_equals_one_device():
@@ -135,6 +162,56 @@ def test_dropout_attention_split_over_mesh_equals_one_device():
     sharded = jax.jit(parallel.traced_in_mesh(lambda *a: run(*a), mesh,
                                               parallel.DEFAULT_RULES))(q, k, v, lengths)
     np.testing.assert_allclose(sharded, single, atol=1e-6)
+
+
+def test_flash_biases_split_over_mesh_equal_one_device():
+    """With the projection biases, shard_map splits them on heads and sums their per-shard
+    gradients over the batch axes: values and all gradients equal one device's."""
+    q, k, v, lengths, _ = _inputs(7, batch=4, heads=2)
+    biases = tuple(jax.random.normal(jax.random.key(40 + i), (2, 16)) for i in range(3))
+    cot = jax.random.normal(jax.random.key(8), q.shape)
+    rng = jax.random.key(3)
+
+    def loss(q, k, v, bq, bk, bv):
+        out = dropout_attention(q, k, v, lengths, dropout_rng=rng, dropout_rate=0.1,
+                                implementation="flash", qkv_bias=(bq, bk, bv))
+        return jnp.sum(out * cot)
+
+    args = (q, k, v, *biases)
+    with pytest.warns(UserWarning, match="interpret mode"):
+        single = jax.jit(jax.value_and_grad(loss, range(6)))(*args)
+    mesh = parallel.create_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    sharded = jax.jit(parallel.traced_in_mesh(jax.value_and_grad(
+        lambda *a: loss(*a), range(6)), mesh, parallel.DEFAULT_RULES))(*args)
+    np.testing.assert_allclose(sharded[0], single[0], rtol=1e-5)
+    for a, b in zip(sharded[1], single[1], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_model_bias_gradients_from_the_kernel_equal_xla_sums(monkeypatch):
+    """The encoder hands the query/key/value biases to flash_attention (encoder.
+    FLASH_BIAS_GRADS): same loss and gradients as XLA's bias adds and column sums."""
+    from bert_jax.modeling import encoder
+
+    cfg = get_preset("tiny", vocab_size=300, dropout_attention_impl="flash")
+    ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
+    mask = jnp.stack([jnp.ones(32, jnp.int32), (jnp.arange(32) < 20).astype(jnp.int32)])
+    params = BertModel(cfg).init(jax.random.key(1), ids, mask)
+    probe = jax.random.normal(jax.random.key(3), (2, 32, cfg.hidden_size))
+
+    def loss(p):
+        out = BertModel(cfg).apply(p, ids, mask, deterministic=False,
+                                   rngs={"dropout": jax.random.key(2)})
+        return jnp.mean(out["sequence_output"] * probe)
+
+    in_kernel = jax.value_and_grad(loss)(params)
+    monkeypatch.setattr(encoder, "FLASH_BIAS_GRADS", False)
+    with_xla = jax.value_and_grad(loss)(params)
+    np.testing.assert_allclose(in_kernel[0], with_xla[0], rtol=1e-6)
+    bias_grad = in_kernel[1]["params"]["encoder"]["layer_0"]["attention"]["qkv"]["bias"]
+    assert float(jnp.abs(nn.unbox(bias_grad)).max()) > 0  # the biases are trained through the kernel's sums
+    for a, b in zip(jax.tree.leaves(in_kernel[1]), jax.tree.leaves(with_xla[1]), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
 def test_model_trains_through_flash():
@@ -188,15 +265,17 @@ def test_flash_under_scan_and_remat(remat):
 
 
 @pytest.mark.parametrize("backward", ["fused", "split"])
-def test_triton_lowering_for_the_gpu(backward):
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_triton_lowering_for_the_gpu(backward, with_bias):
     """Both backward variants lower to Triton for CUDA from this CPU machine (bfloat16,
-    BERT-Large's heads at length 256, default blocks): forward plus one (fused) or two
-    (split) backward kernels."""
+    BERT-Large's heads at length 256, default blocks, with and without the bias-gradient
+    sums): forward plus one (fused) or two (split) backward kernels."""
     sd = jax.ShapeDtypeStruct
 
     def loss(q, k, v, lengths, salt):
+        biases = (jnp.ones((16, 64), jnp.bfloat16),) * 3 if with_bias else None
         out = flash.flash_attention(q, k, v, lengths, salt=salt, dropout_rate=0.1,
-                                    backward=backward, interpret=False)
+                                    backward=backward, interpret=False, qkv_bias=biases)
         return jnp.sum(out.astype(jnp.float32))
 
     qkv = sd((2, 256, 16, 64), jnp.bfloat16)
