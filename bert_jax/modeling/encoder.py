@@ -16,8 +16,12 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
-from bert_jax.modeling.attention import (dropout_attention, explicit_attention, fused_attention,
-                                         resolve_dropout_implementation)
+from bert_jax.modeling.attention import (
+    dropout_attention,
+    explicit_attention,
+    fused_attention,
+    resolve_dropout_implementation,
+)
 from bert_jax.modeling.dropout import Dropout, salt_from_rng
 from bert_jax.modeling.ops import TwoStageLayerNorm, add_bias, add_bias_activate
 from bert_jax.parallel import constrain

@@ -209,7 +209,7 @@ def test_model_bias_gradients_from_the_kernel_equal_xla_sums(monkeypatch):
     with_xla = jax.value_and_grad(loss)(params)
     np.testing.assert_allclose(in_kernel[0], with_xla[0], rtol=1e-6)
     bias_grad = in_kernel[1]["params"]["encoder"]["layer_0"]["attention"]["qkv"]["bias"]
-    assert float(jnp.abs(nn.unbox(bias_grad)).max()) > 0  # the biases are trained through the kernel's sums
+    assert float(jnp.abs(nn.unbox(bias_grad)).max()) > 0  # trained through the kernel's sums
     for a, b in zip(jax.tree.leaves(in_kernel[1]), jax.tree.leaves(with_xla[1]), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
 
