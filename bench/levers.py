@@ -143,7 +143,7 @@ def use_fused_norm_blocks(spec: str) -> None:
 
 def use_flash_settings(spec: str) -> None:
     """``--flash BACKWARD[:BQ:BK:BQB:BKB:WARPS:STAGES]``: the flash kernel's backward variant
-    (``fused``, ``split``, ``atomic``, ``ds``; see ``flash.flash_attention``) and optionally
+    (``fused`` or ``split``; see ``flash.flash_attention``) and optionally
     its blocks, warps and pipeline stages, for every call in the process (call before the
     model is traced)."""
     import functools

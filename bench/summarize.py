@@ -34,6 +34,12 @@ def _key(r: dict) -> tuple:
     return (r.get("task"), r.get("model"), r.get("seq_len"), r.get("batch_size"))
 
 
+def _run_kind(r: dict) -> tuple:
+    """(tag, workload): peer runs carry no tag (their error records carry ``peer``)."""
+    tag = "peer" if r.get("framework") == "transformers" else r.get("tag")
+    return (tag, *_key(r))
+
+
 def _fmt(value, spec: str = ",.0f") -> str:
     return "—" if value is None else format(value, spec)
 
@@ -178,11 +184,9 @@ def render(records: list[dict]) -> str:
     if any(r.get("task") == "scaling_summary" for r in records):
         out += ["", "## Scaling", ""] + scaling_tables(records)
     # a failed or skipped run that another record of the same kind completed is not listed
-    done = {(r.get("tag"), r.get("framework"), *_key(r)) for r in records if "seq_per_s" in r}
-    done |= {("peer", None, *k[2:]) for k in done if k[1] == "transformers"}
-    done |= {(k[0], None, *k[2:]) for k in done}
+    done = {_run_kind(r) for r in records if "seq_per_s" in r}
     failed = [r for r in records if "error" in r and not str(r.get("tag", "")).startswith(
-        ("lever:", "scaling_")) and (r.get("tag"), r.get("framework"), *_key(r)) not in done]
+        ("lever:", "scaling_")) and _run_kind(r) not in done]
     if failed:
         out += ["", "## Failed runs", ""] + [f"- {r.get('tag') or r.get('task')} "
                                               f"{r.get('model')}/{r.get('seq_len')}: "

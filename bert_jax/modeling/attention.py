@@ -63,13 +63,13 @@ def fused_attention(query, key, value, kv_lengths, implementation: str):
         implementation=impl)
 
 
-def resolve_dropout_implementation(name: str, q_len: int, kv_len: int, head_dim: int) -> str:
+def resolve_dropout_implementation(name: str, query, key) -> str:
     """``auto`` -> the flash kernel on GPU when its shapes are supported, else explicit."""
     from bert_jax.modeling import flash
 
     if name != "auto":
         return name
-    ok = flash.supported(q_len, kv_len, head_dim)
+    ok = flash.supported(query.shape[1], key.shape[1], query.shape[-1])
     return "flash" if ok and jax.default_backend() == "gpu" else "explicit"
 
 
@@ -82,9 +82,8 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
     active mesh with ``shard_map`` because a Pallas call is not partitioned by XLA;
     ``explicit`` is the einsum path (a threefry Bernoulli mask).
     """
-    impl = resolve_dropout_implementation(implementation, query.shape[1], key.shape[1],
-                                          query.shape[-1])
-    if qkv_bias is not None and impl != "flash":
+    impl = resolve_dropout_implementation(implementation, query, key)
+    if qkv_bias is not None and impl != "flash":  # only the kernel takes them unadded
         query, key, value = (add_bias(t, b) for t, b in zip((query, key, value), qkv_bias,
                                                             strict=True))
         qkv_bias = None

@@ -16,12 +16,7 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
-from bert_jax.modeling.attention import (
-    dropout_attention,
-    explicit_attention,
-    fused_attention,
-    resolve_dropout_implementation,
-)
+from bert_jax.modeling.attention import dropout_attention, explicit_attention, fused_attention
 from bert_jax.modeling.dropout import Dropout, salt_from_rng
 from bert_jax.modeling.ops import TwoStageLayerNorm, add_bias, add_bias_activate
 from bert_jax.parallel import constrain
@@ -252,23 +247,22 @@ class BertSelfAttention(nn.Module):
         # [batch, seq, 3, heads, head_dim]
         axes = ("embed", None, "heads", "kv")
         dropout_active = not self.deterministic and cfg.attention_probs_dropout_prob > 0.0
-        # With the flash kernel the query/key/value biases go to flash_attention, whose
-        # backward kernels sum their gradients in passing (XLA's column sums re-read dQ, dK
-        # and dV: 0.7 ms of a Base/128 step on an H100).
+        # Training attention takes the query/key/value biases unadded: the flash kernel's
+        # backward sums their gradients in passing (XLA's column sums re-read dQ, dK and dV:
+        # 0.7 ms of a Base/128 step on an H100); the other paths add them (dropout_attention).
+        bias_to_attention = (FLASH_BIAS_GRADS and dropout_active and not self.output_attentions
+                             and cfg.qkv_projection == "split")
         qkv_bias = None
-        if (FLASH_BIAS_GRADS and dropout_active and not self.output_attentions
-                and cfg.qkv_projection == "split"
-                and resolve_dropout_implementation(cfg.dropout_attention_impl, x.shape[1],
-                                                   x.shape[1], d) == "flash"):
-            (query, bq), (key, bk), (value, bv) = Projection(
-                (3, n, d), 1, axes, cfg, split_output=0, skip_bias_add=True, name="qkv")(x)
-            qkv_bias = (bq, bk, bv)
-        elif cfg.qkv_projection == "split":
+        if cfg.qkv_projection == "split":
             # Three matmuls on slices of the [embed, 3, heads, head_dim] kernel: query, key
             # and value come out contiguous (no strided copies for the attention kernels) and
             # their gradients feed the weight gradients without a concatenation.
-            query, key, value = Projection((3, n, d), 1, axes, cfg, split_output=0,
-                                           name="qkv")(x)
+            projected = Projection((3, n, d), 1, axes, cfg, split_output=0,
+                                   skip_bias_add=bias_to_attention, name="qkv")(x)
+            if bias_to_attention:
+                (query, key, value), qkv_bias = zip(*projected, strict=True)
+            else:
+                query, key, value = projected
         else:
             qkv = dense(cfg, (3, n, d), axes, "qkv")(x)
             query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
