@@ -35,6 +35,9 @@
 #                           flash kernel ($OUT/attention.jsonl)
 #   flash-tune     ~5 min   the flash kernel: block/stage sweep at 256x128x12x64, then base/128
 #                           with the best setting vs the default
+#   remaining      ~6 min   base/128: --no-donate and --attention xla (no dropout) against the
+#                           baseline and cuDNN without dropout; bench/probe_bias_epilogue.py
+#                           ($OUT/probe.jsonl, probe-hlo.tgz); a profile of the default step
 #   batch          ~3 min   the largest-batch lever: large/512 b64, base/128 b512
 #   large128       ~8 min   large/128 b256 bert-jax and transformers (final's last pair), b512
 #   biasgrad       ~6 min   q/k/v bias gradients from the flash kernels (default) vs XLA's
@@ -456,6 +459,19 @@ stage_biasgrad() {  # q/k/v bias gradients: the flash kernels' sums (default) vs
   pretrain 75 biasgrad:xla "$LARGE" "$S512" "$B32" --qkv-bias-grad xla
 }
 
+stage_remaining() {  # the two levers never run (base/128), a probe of the q/k/v bias epilogue,
+  # and a profile of the current default step
+  run_case 60 probe bias_epilogue "$BASE" "$S128" 0 -- "${JAX_ENV[@]}" \
+    "$PY" bench/probe_bias_epilogue.py --out "$OUT/probe.jsonl" --hlo-dir "$OUT/probe-hlo"
+  (cd "$OUT" && tar czf probe-hlo.tgz probe-hlo && rm -rf probe-hlo) 2>/dev/null
+  pretrain 45 lever:baseline "$BASE" "$S128" "$B256"
+  pretrain 60 lever:no_donate "$BASE" "$S128" "$B256" --no-donate
+  pretrain 60 lever:attention_dropout_0 "$BASE" "$S128" "$B256" --attention-dropout 0
+  pretrain 60 lever:xla_attention_no_dropout "$BASE" "$S128" "$B256" --attention-dropout 0 \
+    --attention xla
+  profile pretrain "$B256" "profile-pretrain-$BASE-$S128"
+}
+
 stage_batch() {  # the largest-batch lever: twice the benchmark batch (large/128: stage large128)
   pretrain 120 batch "$LARGE" "$S512" $(( B32 * 2 ))
   pretrain 60 batch "$BASE" "$S128" "$B512"
@@ -510,6 +526,7 @@ run_stage() {
     attention-tune) stage_attention_tune ;;
     flash-tune) stage_flash_tune ;;
     batch) stage_batch ;;
+    remaining) stage_remaining ;;
     biasgrad) stage_biasgrad ;;
     large128) stage_large128 ;;
     qkv) stage_qkv ;;
@@ -522,7 +539,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|large128|biasgrad|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
