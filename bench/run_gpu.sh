@@ -61,6 +61,8 @@
 #                           then base/128, classify and large/512 with the fastest setting
 #                           against the default, and a profile of it
 #   gelu           ~3 min   base/128 pretrain and classify: gelu_erf (default) vs --gelu erfc
+#   packed         ~8 min   bench/check_flash_gpu.py (packed vs separate kernels, $OUT/checks.jsonl),
+#                           then --qkv packed vs split: base/128, classify, large/512; a profile
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -375,6 +377,21 @@ stage_qkv() {  # the query/key/value projection: split (default) vs fused
   classify 40 qkv:fused --qkv fused
 }
 
+stage_packed() {  # qkv_projection packed (one matmul read in place by the flash kernel, the
+  # gradient written packed) vs split, after a check of the compiled kernels against each other
+  local shapes=base-128,large-512
+  [ "$SMOKE" = 1 ] && shapes=tiny
+  run_case 60 check flash_kernels "$BASE" "$S128" 0 -- "${JAX_ENV[@]}" \
+    "$PY" bench/check_flash_gpu.py --shapes "$shapes" --out "$OUT/checks.jsonl"
+  pretrain 45 qkv:split "$BASE" "$S128" "$B256" --qkv split
+  pretrain 45 qkv:packed "$BASE" "$S128" "$B256" --qkv packed
+  classify 30 qkv:split --qkv split
+  classify 30 qkv:packed --qkv packed
+  pretrain 100 qkv:split "$LARGE" "$S512" "$B32" --qkv split
+  pretrain 100 qkv:packed "$LARGE" "$S512" "$B32" --qkv packed
+  profile pretrain "$B256" "profile-pretrain-$BASE-$S128-packed" --qkv packed
+}
+
 stage_layernorm() {  # LayerNorm backward: two_stage (default) vs flax autodiff
   pretrain 60 layernorm:flax "$BASE" "$S128" "$B256" --layer-norm flax
   classify 40 layernorm:flax --layer-norm flax
@@ -530,6 +547,7 @@ run_stage() {
     biasgrad) stage_biasgrad ;;
     large128) stage_large128 ;;
     qkv) stage_qkv ;;
+    packed) stage_packed ;;
     final) stage_final ;;
     tune) stage_tune ;;
     fused) stage_fused ;;
@@ -539,7 +557,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

@@ -165,6 +165,21 @@ def scaling_tables(records: list[dict]) -> list[str]:
     return lines
 
 
+def other_table(records: list[dict]) -> list[str]:
+    """Every completed run the tables above leave out (the A/B stages' tagged runs: tag
+    ``name:variant``), in record order."""
+    rows = [r for r in records if "seq_per_s" in r and r.get("framework") == "bert-jax"
+            and r.get("tag") != "core" and not str(r.get("tag", "")).startswith(
+                ("lever:", "scaling")) and r.get("task") != "pretrain_loop"]
+    lines = ["| tag | task | model | seq | batch | seq/s | MFU | peak GiB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.get('tag')} | {r.get('task')} | {r.get('model')} | "
+                     f"{r.get('seq_len')} | {r.get('batch_size')} | {r['seq_per_s']:,.0f} | "
+                     f"{_pct(r.get('mfu'))} | {_fmt(r.get('peak_memory_gib'), '.1f')} |")
+    return lines if rows else []
+
+
 def render(records: list[dict]) -> str:
     devices = sorted({r["device"] for r in records if r.get("device")})
     peaks = [r["matmul_peak_tflops"] for r in records if r.get("matmul_peak_tflops")]
@@ -179,6 +194,9 @@ def render(records: list[dict]) -> str:
                 "measured", ""] + common
     if any(str(r.get("tag", "")).startswith("lever:") for r in records):
         out += ["", "## Levers", ""] + lever_table(records)
+    others = other_table(records)
+    if others:
+        out += ["", "## Other runs (A/B stages)", ""] + others
     if any(r.get("task") == "pretrain_loop" for r in records):
         out += ["", "## Loop vs step", ""] + loop_table(records)
     if any(r.get("task") == "scaling_summary" for r in records):

@@ -23,8 +23,10 @@ HIDDEN_DROPOUT_IMPLS = ("hash", "prng")
 # flat element index); bert_jax/modeling/dropout.py.
 DROPOUT_HASHES = ("rowcol", "flat")
 # The query/key/value projection: one matmul into [.., 3, heads, head_dim] then slices
-# (fused), or one matmul per slice of the same kernel (split). Parameters are the same.
-QKV_PROJECTIONS = ("split", "fused")
+# (fused), one matmul per slice of the same kernel (split), or (packed) one matmul whose
+# output the flash kernel reads in place and whose gradient it writes packed (training with
+# attention dropout on the flash kernel; elsewhere as split). Parameters are the same.
+QKV_PROJECTIONS = ("split", "fused", "packed")
 # LayerNorm: two_stage (custom backward with two-stage column sums for the scale/bias
 # gradients; bert_jax/modeling/ops.py), Flax's nn.LayerNorm (autodiff backward), or fused:
 # each layer's bias + hidden dropout + residual add + LayerNorm as one Pallas kernel per
@@ -82,7 +84,7 @@ class BertConfig:
     dropout_attention_impl: str = "auto"
     hidden_dropout_impl: str = "hash"  # hash | prng (see HIDDEN_DROPOUT_IMPLS)
     dropout_hash: str = "rowcol"  # rowcol | flat (see DROPOUT_HASHES)
-    qkv_projection: str = "split"  # split | fused (see QKV_PROJECTIONS)
+    qkv_projection: str = "split"  # split | fused | packed (see QKV_PROJECTIONS)
     layer_norm_impl: str = "auto"  # auto | two_stage | flax | fused (see LAYER_NORM_IMPLS)
     residual_dtype: str = "compute"  # compute | float32 (see RESIDUAL_DTYPES)
     scan_layers: bool = False

@@ -107,25 +107,84 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
     return _over_mesh(local, query, key, value, kv_lengths, salt, qkv_bias)
 
 
+def dropout_attention_packed(qkv, kv_lengths, *, dropout_rng, dropout_rate: float,
+                             implementation: str = "auto", mask_hash: str = "rowcol",
+                             qkv_bias=None):
+    """``dropout_attention`` over query, key and value packed as one [batch, seq, 3, heads,
+    head_dim] array (one projection matmul's output) with an optional [3, heads, head_dim]
+    bias. The flash kernel reads the slots in place and returns the gradient packed
+    (``flash.flash_attention_packed``); the other implementations get the slices."""
+    query, key = qkv[:, :, 0], qkv[:, :, 1]
+    impl = resolve_dropout_implementation(implementation, query, key)
+    if impl != "flash":
+        biases = None if qkv_bias is None else tuple(qkv_bias)
+        return dropout_attention(query, key, qkv[:, :, 2], kv_lengths, dropout_rng=dropout_rng,
+                                 dropout_rate=dropout_rate, implementation=impl,
+                                 mask_hash=mask_hash, qkv_bias=biases)
+    from bert_jax.modeling import flash
+
+    if jax.default_backend() != "gpu":
+        warnings.warn("dropout_attention_impl='flash' off GPU runs the Pallas kernel in "
+                      "interpret mode (for tests; slow): use 'auto' or 'explicit' here",
+                      stacklevel=2)
+    salt = flash.salt_from_rng(dropout_rng, qkv.shape[0], qkv.shape[3])
+
+    def local(packed, lengths, s, bias):
+        return flash.flash_attention_packed(packed, lengths, salt=s, dropout_rate=dropout_rate,
+                                            mask_hash=mask_hash, qkv_bias=bias)
+
+    return _over_mesh_packed(local, qkv, kv_lengths, salt, qkv_bias)
+
+
+def _mesh_axes(batch: int, heads: int):
+    """(mesh, batch mesh axes, head mesh axes) when inside a mesh that splits batch and heads
+    evenly, else None (one device, or uneven: XLA gathers)."""
+    from bert_jax import parallel
+
+    mesh = parallel.entered_mesh()
+    if mesh is None:
+        return None
+    import flax.linen as nn
+
+    batch_axes, _, head_axes, _ = nn.logical_to_mesh_axes(("batch", "length", "heads", None))
+    if (batch % parallel.mesh_axes_size(mesh, batch_axes)
+            or heads % parallel.mesh_axes_size(mesh, head_axes)):
+        return None
+    return mesh, batch_axes, head_axes
+
+
 def _over_mesh(fn, query, key, value, kv_lengths, salt, qkv_bias=None):
     """Runs ``fn`` per shard: batch and heads split as the logical-axis rules say, sequence
     and head_dim whole (attention needs every key of an example); the [heads, head_dim]
     biases split on heads (shard_map sums their per-shard gradients over the batch axes)."""
     from bert_jax import parallel
 
-    mesh = parallel.entered_mesh()
-    if mesh is None:
+    axes = _mesh_axes(query.shape[0], query.shape[2])
+    if axes is None:
         return fn(query, key, value, kv_lengths, salt, qkv_bias)
-    import flax.linen as nn
     from jax.sharding import PartitionSpec as P
 
-    batch_axes, _, head_axes, _ = nn.logical_to_mesh_axes(("batch", "length", "heads", None))
-    if (query.shape[0] % parallel.mesh_axes_size(mesh, batch_axes)
-            or query.shape[2] % parallel.mesh_axes_size(mesh, head_axes)):
-        return fn(query, key, value, kv_lengths, salt, qkv_bias)  # uneven: let XLA gather
+    mesh, batch_axes, head_axes = axes
     qkv = P(batch_axes, None, head_axes, None)
     bias_specs = None if qkv_bias is None else (P(head_axes, None),) * 3
     return parallel.shard_map_unchecked(
         fn, mesh, in_specs=(qkv, qkv, qkv, P(batch_axes), P(batch_axes, head_axes), bias_specs),
         out_specs=qkv)(query, key, value, kv_lengths, salt, qkv_bias)
 
+
+def _over_mesh_packed(fn, qkv, kv_lengths, salt, qkv_bias):
+    """``_over_mesh`` for the packed [batch, seq, 3, heads, head_dim] array and its
+    [3, heads, head_dim] bias."""
+    from bert_jax import parallel
+
+    axes = _mesh_axes(qkv.shape[0], qkv.shape[3])
+    if axes is None:
+        return fn(qkv, kv_lengths, salt, qkv_bias)
+    from jax.sharding import PartitionSpec as P
+
+    mesh, batch_axes, head_axes = axes
+    bias_spec = None if qkv_bias is None else P(None, head_axes, None)
+    return parallel.shard_map_unchecked(
+        fn, mesh, in_specs=(P(batch_axes, None, None, head_axes, None), P(batch_axes),
+                            P(batch_axes, head_axes), bias_spec),
+        out_specs=P(batch_axes, None, head_axes, None))(qkv, kv_lengths, salt, qkv_bias)

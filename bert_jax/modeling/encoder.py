@@ -16,7 +16,13 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
-from bert_jax.modeling.attention import dropout_attention, explicit_attention, fused_attention
+from bert_jax.modeling.attention import (
+    dropout_attention,
+    dropout_attention_packed,
+    explicit_attention,
+    fused_attention,
+    resolve_dropout_implementation,
+)
 from bert_jax.modeling.dropout import Dropout, salt_from_rng
 from bert_jax.modeling.ops import TwoStageLayerNorm, add_bias, add_bias_activate
 from bert_jax.parallel import constrain
@@ -27,6 +33,7 @@ ACTIVATION_AXES = ("batch", "length", "activation_embed")
 # left free, XLA's sharding propagation follows the fsdp-sharded kernels instead, gathers
 # the activations of the whole batch and all-reduces the matmul outputs.
 HEAD_AXES = ("batch", "length", "heads", "kv")  # query, key, value, context
+PACKED_AXES = ("batch", "length", None, "heads", "kv")  # [b, s, 3, heads, head_dim]
 MLP_AXES = ("batch", "length", "mlp")
 
 REMAT_POLICIES = {
@@ -251,9 +258,23 @@ class BertSelfAttention(nn.Module):
         # backward sums their gradients in passing (XLA's column sums re-read dQ, dK and dV:
         # 0.7 ms of a Base/128 step on an H100); the other paths add them (dropout_attention).
         bias_to_attention = (FLASH_BIAS_GRADS and dropout_active and not self.output_attentions
-                             and cfg.qkv_projection == "split")
+                             and cfg.qkv_projection in ("split", "packed"))
         qkv_bias = None
-        if cfg.qkv_projection == "split":
+        if self._packed(x):
+            # One matmul into [batch, seq, 3, heads, head_dim], read in place by the flash
+            # kernel, whose gradient comes back packed: one input-gradient and one
+            # weight-gradient matmul in the backward pass.
+            qkv = Projection((3, n, d), 1, axes, cfg, skip_bias_add=True, name="qkv")(x)
+            packed, bias = qkv
+            if not bias_to_attention:
+                packed, bias = packed + bias.astype(packed.dtype), None
+            context = dropout_attention_packed(
+                constrain(packed, PACKED_AXES), kv_lengths, dropout_rng=self.make_rng("dropout"),
+                dropout_rate=cfg.attention_probs_dropout_prob,
+                implementation=cfg.dropout_attention_impl, mask_hash=cfg.dropout_hash,
+                qkv_bias=bias)
+            return self._output(context, None)
+        if cfg.qkv_projection in ("split", "packed"):
             # Three matmuls on slices of the [embed, 3, heads, head_dim] kernel: query, key
             # and value come out contiguous (no strided copies for the attention kernels) and
             # their gradients feed the weight gradients without a concatenation.
@@ -281,6 +302,22 @@ class BertSelfAttention(nn.Module):
         else:
             context, probs = fused_attention(query, key, value, kv_lengths,
                                              cfg.attention_impl), None
+        return self._output(context, probs)
+
+    def _packed(self, x) -> bool:
+        """Whether this call takes the packed projection: ``qkv_projection=packed`` where the
+        flash kernel runs (training with attention dropout, no attention maps); elsewhere
+        packed computes as split."""
+        cfg = self.config
+        if (cfg.qkv_projection != "packed" or self.deterministic or self.output_attentions
+                or cfg.attention_probs_dropout_prob <= 0.0):
+            return False
+        like = jax.ShapeDtypeStruct((*x.shape[:2], cfg.num_attention_heads, cfg.head_dim),
+                                    cfg.dtype)
+        return resolve_dropout_implementation(cfg.dropout_attention_impl, like, like) == "flash"
+
+    def _output(self, context, probs):
+        cfg = self.config
         context = constrain(context, HEAD_AXES)
         out = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1),
                     skip_bias_add=self.return_bias)(context)

@@ -13,7 +13,10 @@ dropout PRNG key, so masks differ between layers, steps, examples and heads, and
 reproducible from its seed. ``dropout_keep_mask`` computes the same mask with jax.numpy for
 tests and for the explicit reference path.
 
-Layout: query/key/value [batch, seq, heads, head_dim] (the model's own, no transposes); padding
+Layout: query/key/value [batch, seq, heads, head_dim] (the model's own, no transposes), or
+packed as one [batch, seq, 3, heads, head_dim] array (``flash_attention_packed``: the output of
+one query/key/value matmul, read in place; the gradient comes back packed too, so that the
+backward pass needs one input-gradient and one weight-gradient matmul); padding
 is an additive key bias [batch, kv_seq] (0 for real keys, a large negative number for
 padding). Forward: one program per (example, head, block of queries) runs the online softmax
 over blocks of keys. Backward, recomputing probabilities from the saved log-sum-exp: up to
@@ -59,6 +62,7 @@ class FlashSettings:
     backward: str = "split"  # fused | split (``flash_attention``), never auto
     mask_hash: str = "rowcol"
     bias_grads: bool = False  # the backward kernels also write partial sums of dQ, dK, dV
+    packed: bool = False  # q/k/v are slots 0/1/2 of one [b, s, 3, heads, d] array (and dQKV)
 
 
 def supported(seq_len: int, kv_seq_len: int, head_dim: int) -> bool:
@@ -168,6 +172,21 @@ def _dropped(p, dp, rows, cols, salt, kv_len, s: FlashSettings):
     return jnp.where(keep, p * inv, 0.0), jnp.where(keep, dp * inv, 0.0)
 
 
+def _store(ref, s: FlashSettings, slot: int, local, start: int | jax.Array, size: int, value,
+           example_head):
+    """Writes a [size, head_dim] gradient tile: at rows ``local`` of its own block ref, or
+    (packed) into slot ``slot`` of the whole [batch, seq, 3, heads, head_dim] gradient at
+    sequence rows start .. start + size of ``example_head`` (the program's ids, read at the
+    kernel's top level: interpret mode has no program_id inside loops)."""
+    from jax.experimental import pallas as pl
+
+    if s.packed:
+        example, head = example_head
+        ref[example, pl.ds(start, size), slot, head, :] = value.astype(ref.dtype)
+    else:
+        ref[local, :] = value.astype(ref.dtype)
+
+
 def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref,
                  *out_refs, s: FlashSettings):
     """dK and dV of one block of keys, looping over blocks of queries. With three output refs
@@ -179,13 +198,19 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
     from jax.experimental import pallas as pl
 
     fused = s.backward == "fused"
-    dq_ref = out_refs[0] if fused else None
-    dk_ref, dv_ref = out_refs[int(fused):int(fused) + 2]
-    sums = out_refs[int(fused) + 2:]  # ([sq], sk, sv) when s.bias_grads
+    if s.packed:  # one whole-array output holds dQ (fused), dK and dV
+        dq_ref = out_refs[0] if fused else None
+        dk_ref = dv_ref = out_refs[0]
+        sums = out_refs[1:]
+    else:
+        dq_ref = out_refs[0] if fused else None
+        dk_ref, dv_ref = out_refs[int(fused):int(fused) + 2]
+        sums = out_refs[int(fused) + 2:]  # ([sq], sk, sv) when s.bias_grads
     block_k, block_q = k_ref.shape[0], s.block_q_bwd
     q_len = q_ref.shape[0]
     kv_len = bias_ref.shape[0]
     start_k = pl.program_id(2) * block_k
+    ids = pl.program_id(0), pl.program_id(1)
     k, v = k_ref[...], v_ref[...]
     bias = bias_ref[pl.ds(start_k, block_k)]
     salt = salt_ref[...]
@@ -205,7 +230,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
         dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
         if dq_ref is not None:
             dq = _dot(ds.astype(k.dtype), k) * s.scale
-            dq_ref[queries, :] = dq.astype(dq_ref.dtype)
+            _store(dq_ref, s, 0, queries, i * block_q, block_q, dq, ids)
             if s.bias_grads:
                 sq = sq + jnp.sum(dq, axis=0)
         return dk, dv, sq
@@ -214,16 +239,19 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
     dk, dv, sq = lax.fori_loop(0, q_len // block_q, body,
                                (zeros, zeros, jnp.zeros(k.shape[1:], jnp.float32)))
     dk = dk * s.scale
-    dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    _store(dk_ref, s, 1, slice(None), start_k, block_k, dk, ids)
+    _store(dv_ref, s, 2, slice(None), start_k, block_k, dv, ids)
     if s.bias_grads:
         for ref, total in zip(sums, ((sq,) if fused else ()) + (
                 jnp.sum(dk, axis=0), jnp.sum(dv, axis=0)), strict=True):
             ref[...] = total
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref, dq_ref,
-               *sum_ref, s: FlashSettings):
+def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref, *refs,
+               s: FlashSettings):
+    """dQ of one block of queries, looping over blocks of keys. Packed, the first of ``refs``
+    is the dK/dV kernel's whole-array output, aliased to this kernel's output (slot 0 is
+    written here)."""
     from jax.experimental import pallas as pl
 
     block_q, block_k = q_ref.shape[0], s.block_k_bwd
@@ -245,7 +273,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_r
         return dq + _dot(ds.astype(k.dtype), k)
 
     dq = lax.fori_loop(0, kv_len // block_k, body, jnp.zeros(q.shape, jnp.float32)) * s.scale
-    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dq_ref, *sum_ref = refs[int(s.packed):]
+    _store(dq_ref, s, 0, slice(None), pl.program_id(2) * block_q, block_q, dq,
+           (pl.program_id(0), pl.program_id(1)))
     if s.bias_grads:
         sum_ref[0][...] = jnp.sum(dq, axis=0)
 
@@ -262,51 +292,91 @@ def _compiler_params(s: FlashSettings):
                                                     num_stages=s.num_stages)}
 
 
-def _specs(q_len, kv_len, head_dim, q_block, k_block):
-    """BlockSpecs (q-like, k-like, bias, salt, per-query rows) for a (batch, heads, tile)
-    grid: the last grid axis tiles queries when ``q_block`` is set, keys when ``k_block`` is
-    set; the other side is whole."""
+def _tile_spec(length: int, block: int | None, head_dim: int, slot: int | None = None):
+    """BlockSpec of one [block, head_dim] tile per (example, head, i) of a [batch, seq, heads,
+    head_dim] array (tile i when ``block`` is set, else the whole sequence), or of slot
+    ``slot`` of a packed [batch, seq, 3, heads, head_dim] array."""
+    from jax.experimental import pallas as pl
+
+    size = block or length
+    if slot is None:
+        return pl.BlockSpec((None, size, None, head_dim),
+                            lambda b, h, i: (b, i if block else 0, h, 0))
+    return pl.BlockSpec((None, size, None, None, head_dim),
+                        lambda b, h, i: (b, i if block else 0, slot, h, 0))
+
+
+def _specs(q_len, kv_len, head_dim, q_block, k_block, packed: bool = False):
+    """BlockSpecs (query, key and value sources; q-like and k-like [b, s, h, d] tiles; bias;
+    salt; per-query rows) for a (batch, heads, tile) grid: the last grid axis tiles queries
+    when ``q_block`` is set, keys when ``k_block`` is set; the other side is whole. Packed,
+    the sources are the slots of one [b, s, 3, h, d] array."""
     from jax.experimental import pallas as pl
 
     qb = q_block or q_len
-    kb = k_block or kv_len
-    q_index = (lambda b, h, i: (b, i, h, 0)) if q_block else (lambda b, h, i: (b, 0, h, 0))
-    k_index = (lambda b, h, i: (b, i, h, 0)) if k_block else (lambda b, h, i: (b, 0, h, 0))
+    q_spec = _tile_spec(q_len, q_block, head_dim)
+    k_spec = _tile_spec(kv_len, k_block, head_dim)
+    sources = (q_spec, k_spec, k_spec)
+    if packed:
+        sources = (_tile_spec(q_len, q_block, head_dim, 0),
+                   _tile_spec(kv_len, k_block, head_dim, 1),
+                   _tile_spec(kv_len, k_block, head_dim, 2))
     row_index = (lambda b, h, i: (b, h, i)) if q_block else (lambda b, h, i: (b, h, 0))
-    q_spec = pl.BlockSpec((None, qb, None, head_dim), q_index)
-    k_spec = pl.BlockSpec((None, kb, None, head_dim), k_index)
     bias_spec = pl.BlockSpec((None, kv_len), lambda b, h, i: (b, 0))
     salt_spec = pl.BlockSpec((None, None), lambda b, h, i: (b, h))
     row_spec = pl.BlockSpec((None, None, qb), row_index)
-    return q_spec, k_spec, bias_spec, salt_spec, row_spec
+    return sources, q_spec, k_spec, bias_spec, salt_spec, row_spec
 
 
-def _forward(q, k, v, bias, salt, s: FlashSettings):
+def _whole_spec():
+    """The whole array as one ref (no block), indexed by the kernel (packed gradients)."""
     from jax.experimental import pallas as pl
 
-    batch, q_len, heads, head_dim = q.shape
-    kv_len = k.shape[1]
-    q_spec, kv_spec, bias_spec, salt_spec, row_spec = _specs(
-        q_len, kv_len, head_dim, s.block_q, None)
+    return pl.BlockSpec(memory_space=pl.ANY)
+
+
+def _sources(srcs, s: FlashSettings):
+    """The kernels' query, key and value operands: the packed array once per slot."""
+    return srcs * 3 if s.packed else srcs
+
+
+def _shape(srcs, s: FlashSettings):
+    """(batch, q_len, kv_len, heads, head_dim) of the query/key/value sources."""
+    if s.packed:
+        batch, q_len, _, heads, head_dim = srcs[0].shape
+        return batch, q_len, q_len, heads, head_dim
+    batch, q_len, heads, head_dim = srcs[0].shape
+    return batch, q_len, srcs[1].shape[1], heads, head_dim
+
+
+def _forward(srcs, bias, salt, s: FlashSettings):
+    """(context [b, s, h, d], log-sum-exp [b, h, s]) from the (query, key, value) sources."""
+    from jax.experimental import pallas as pl
+
+    batch, q_len, kv_len, heads, head_dim = _shape(srcs, s)
+    sources, q_spec, _, bias_spec, salt_spec, row_spec = _specs(
+        q_len, kv_len, head_dim, s.block_q, None, s.packed)
+    dtype = srcs[0].dtype
     return pl.pallas_call(
         functools.partial(_forward_kernel, s=s),
         grid=(batch, heads, q_len // s.block_q),
-        in_specs=[q_spec, kv_spec, kv_spec, bias_spec, salt_spec],
+        in_specs=[*sources, bias_spec, salt_spec],
         out_specs=[q_spec, row_spec],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_shape=[jax.ShapeDtypeStruct((batch, q_len, heads, head_dim), dtype),
                    jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)],
         interpret=s.interpret, name="bert_flash_forward", **_compiler_params(s),
-    )(q, k, v, bias, salt)
+    )(*_sources(srcs, s), bias, salt)
 
 
-def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
+def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
+    """((dQ, dK, dV), bias-gradient partial sums); packed: ((dQKV,), sums)."""
     from jax.experimental import pallas as pl
 
-    batch, q_len, heads, head_dim = q.shape
-    kv_len = k.shape[1]
+    batch, q_len, kv_len, heads, head_dim = _shape(srcs, s)
     block_q, block_k = s.block_q_bwd, s.block_k_bwd
     # delta = rowsum(dO * O): with dropout, rowsum(dP_dropped * Z * P) equals it too.
     delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), out.astype(jnp.float32))
+    grads = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in srcs[:1 if s.packed else 3]]
 
     def sums(n_tiles):  # per-(example, head, tile) partial sums of a gradient, [.., head_dim]
         spec = pl.BlockSpec((None, None, None, head_dim), lambda b, h, i: (b, h, i, 0))
@@ -314,75 +384,89 @@ def _backward(q, k, v, bias, salt, out, lse, do, s: FlashSettings):
 
     n_sums = int(s.bias_grads)
     if s.backward == "fused":
-        q_full, kv_full, bias_spec, salt_spec, row_full = _specs(
-            q_len, kv_len, head_dim, None, None)
+        sources, q_full, k_full, bias_spec, salt_spec, row_full = _specs(
+            q_len, kv_len, head_dim, None, None, s.packed)
         spec, shape = sums(1)
         out = pl.pallas_call(
             functools.partial(_dkdv_kernel, s=s),
             grid=(batch, heads, 1),
-            in_specs=[q_full, kv_full, kv_full, bias_spec, salt_spec, q_full, row_full,
-                      row_full],
-            out_specs=[q_full, kv_full, kv_full] + [spec] * 3 * n_sums,
-            out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
-            + [shape] * 3 * n_sums,
+            in_specs=[*sources, bias_spec, salt_spec, q_full, row_full, row_full],
+            out_specs=([_whole_spec()] if s.packed else [q_full, k_full, k_full])
+            + [spec] * 3 * n_sums,
+            out_shape=grads + [shape] * 3 * n_sums,
             interpret=s.interpret, name="bert_flash_backward", **_compiler_params(s),
-        )(q, k, v, bias, salt, do, lse, delta)
-        return out[:3], out[3:]
+        )(*_sources(srcs, s), bias, salt, do, lse, delta)
+        return out[:len(grads)], out[len(grads):]
 
-    q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
-        q_len, kv_len, head_dim, None, block_k)
+    sources, q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
+        q_len, kv_len, head_dim, None, block_k, s.packed)
     spec, shape = sums(kv_len // block_k)
-    dk, dv, *kv_sums = pl.pallas_call(
+    dkdv = pl.pallas_call(
         functools.partial(_dkdv_kernel, s=s),
         grid=(batch, heads, kv_len // block_k),
-        in_specs=[q_spec, k_tile, k_tile, bias_spec, salt_spec, q_spec, row_full, row_full],
-        out_specs=[k_tile, k_tile] + [spec] * 2 * n_sums,
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
-                   jax.ShapeDtypeStruct(v.shape, v.dtype)] + [shape] * 2 * n_sums,
+        in_specs=[*sources, bias_spec, salt_spec, q_spec, row_full, row_full],
+        out_specs=([_whole_spec()] if s.packed else [k_tile, k_tile]) + [spec] * 2 * n_sums,
+        out_shape=grads[-1:] * (1 if s.packed else 2) + [shape] * 2 * n_sums,
         interpret=s.interpret, name="bert_flash_dkdv", **_compiler_params(s),
-    )(q, k, v, bias, salt, do, lse, delta)
+    )(*_sources(srcs, s), bias, salt, do, lse, delta)
+    kv_grads, kv_sums = dkdv[:1 if s.packed else 2], dkdv[1 if s.packed else 2:]
 
-    q_tile, kv_full, bias_spec, salt_spec, row_tile = _specs(
-        q_len, kv_len, head_dim, block_q, None)
+    sources, q_tile, _, bias_spec, salt_spec, row_tile = _specs(
+        q_len, kv_len, head_dim, block_q, None, s.packed)
     spec, shape = sums(q_len // block_q)
+    args = [*_sources(srcs, s), bias, salt, do, lse, delta]
+    extra = {}
+    if s.packed:  # dQ goes into slot 0 of the dK/dV kernel's output, in place
+        args.append(kv_grads[0])
+        extra["input_output_aliases"] = {len(args) - 1: 0}
     dq, *q_sums = pl.pallas_call(
         functools.partial(_dq_kernel, s=s),
         grid=(batch, heads, q_len // block_q),
-        in_specs=[q_tile, kv_full, kv_full, bias_spec, salt_spec, q_tile, row_tile, row_tile],
-        out_specs=[q_tile] + [spec] * n_sums,
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)] + [shape] * n_sums,
-        interpret=s.interpret, name="bert_flash_dq", **_compiler_params(s),
-    )(q, k, v, bias, salt, do, lse, delta)
-    return (dq, dk, dv), (*q_sums, *kv_sums)
+        in_specs=[*sources, bias_spec, salt_spec, q_tile, row_tile, row_tile]
+        + [_whole_spec()] * int(s.packed),
+        out_specs=[_whole_spec() if s.packed else q_tile] + [spec] * n_sums,
+        out_shape=grads[:1] + [shape] * n_sums,
+        interpret=s.interpret, name="bert_flash_dq", **extra, **_compiler_params(s),
+    )(*args)
+    return ((dq,) if s.packed else (dq, *kv_grads)), (*q_sums, *kv_sums)
 
 
-def _with_biases(q, k, v, qkv_bias):
-    """Query, key and value plus their [heads, head_dim] biases (XLA's adds, as the
-    projections make them), or unchanged without biases."""
+def _with_biases(srcs, qkv_bias, packed: bool):
+    """The query/key/value sources plus their biases (XLA's adds, as the projections make
+    them), or unchanged without biases. Packed, the [3, heads, head_dim] bias is added as a
+    vector over the flattened [.., 3 * heads * head_dim] output (the shape of the projection's
+    matmul, whose epilogue can take it)."""
     if qkv_bias is None:
-        return q, k, v
-    return tuple(x + b.astype(x.dtype) for x, b in zip((q, k, v), qkv_bias, strict=True))
+        return srcs
+    if packed:
+        (qkv,) = srcs
+        flat = qkv.reshape(*qkv.shape[:2], -1) + qkv_bias.reshape(-1).astype(qkv.dtype)
+        return (flat.reshape(qkv.shape),)
+    return tuple(x + b.astype(x.dtype) for x, b in zip(srcs, qkv_bias, strict=True))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _flash(q, k, v, bias, salt, qkv_bias, settings):
-    return _forward(*_with_biases(q, k, v, qkv_bias), bias, salt, settings)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(srcs, bias, salt, qkv_bias, settings):
+    return _forward(_with_biases(srcs, qkv_bias, settings.packed), bias, salt, settings)[0]
 
 
-def _flash_fwd(q, k, v, bias, salt, qkv_bias, settings):
-    q, k, v = _with_biases(q, k, v, qkv_bias)
-    out, lse = _forward(q, k, v, bias, salt, settings)
-    return out, (q, k, v, bias, salt, qkv_bias, out, lse)
+def _flash_fwd(srcs, bias, salt, qkv_bias, settings):
+    srcs = _with_biases(srcs, qkv_bias, settings.packed)
+    out, lse = _forward(srcs, bias, salt, settings)
+    return out, (srcs, bias, salt, qkv_bias, out, lse)
 
 
 def _flash_bwd(settings, residuals, do):
-    q, k, v, bias, salt, qkv_bias, out, lse = residuals
-    (dq, dk, dv), sums = _backward(q, k, v, bias, salt, out, lse, do, settings)
+    srcs, bias, salt, qkv_bias, out, lse = residuals
+    grads, sums = _backward(srcs, bias, salt, out, lse, do, settings)
     dbias = None
-    if qkv_bias is not None:  # the kernels' partial sums over (example, tile)
-        dbias = tuple(jnp.sum(p, axis=(0, 2)).astype(b.dtype)
-                      for p, b in zip(sums, qkv_bias, strict=True))
-    return (dq, dk, dv, jnp.zeros_like(bias), np.zeros(salt.shape, jax.dtypes.float0),
+    if qkv_bias is not None:  # the kernels' partial sums over (example, tile), q/k/v order
+        totals = [jnp.sum(p, axis=(0, 2)) for p in sums]
+        if settings.packed:
+            dbias = jnp.stack(totals).astype(qkv_bias.dtype)
+        else:
+            dbias = tuple(t.astype(b.dtype) for t, b in zip(totals, qkv_bias, strict=True))
+    return (tuple(grads), jnp.zeros_like(bias), np.zeros(salt.shape, jax.dtypes.float0),
             dbias)
 
 
@@ -414,7 +498,50 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
     pipeline stages.
     """
     batch, q_len, heads, head_dim = query.shape
-    kv_len = key.shape[1]
+    if qkv_bias is not None:
+        qkv_bias = tuple(jnp.asarray(b) for b in qkv_bias)
+        if len(qkv_bias) != 3 or any(b.shape != (heads, head_dim) for b in qkv_bias):
+            raise ValueError(f"qkv_bias must be three [heads, head_dim] = [{heads}, {head_dim}] "
+                             f"arrays, got {[getattr(b, 'shape', b) for b in qkv_bias]}")
+    settings, bias, salt = _prepare(
+        batch, q_len, key.shape[1], heads, head_dim, kv_lengths, salt, dropout_rate,
+        (block_q, block_k, block_q_bwd, block_k_bwd), num_warps, num_stages, backward,
+        interpret, mask_hash, qkv_bias is not None, packed=False)
+    return _flash((query, key, value), bias, salt, qkv_bias, settings)
+
+
+def flash_attention_packed(qkv, kv_lengths, *, salt=None, dropout_rate: float = 0.0,
+                           block_q: int | None = None, block_k: int | None = None,
+                           block_q_bwd: int | None = None, block_k_bwd: int = 64,
+                           num_warps: int = 4, num_stages: int = 3, backward: str = "auto",
+                           interpret: bool | None = None, mask_hash: str = "rowcol",
+                           qkv_bias=None):
+    """``flash_attention`` over query, key and value packed as one [batch, seq, 3, heads,
+    head_dim] array (slots 0, 1, 2), as one matmul with the [embed, 3, heads, head_dim] kernel
+    makes them: the kernels read the slots in place (no slice copies) and the gradient comes
+    back as one packed array, so that autodiff needs a single input-gradient matmul and a
+    single weight-gradient matmul (no sum of three input gradients, no concatenation).
+    ``qkv_bias``: optional [3, heads, head_dim] bias, added here (its gradient summed by the
+    backward kernels). Same values and gradients as ``flash_attention`` on the slots."""
+    if qkv.ndim != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"packed qkv must be [batch, seq, 3, heads, head_dim], got "
+                         f"{qkv.shape}")
+    batch, q_len, _, heads, head_dim = qkv.shape
+    if qkv_bias is not None:
+        qkv_bias = jnp.asarray(qkv_bias)
+        if qkv_bias.shape != (3, heads, head_dim):
+            raise ValueError(f"packed qkv_bias must be [3, heads, head_dim] = [3, {heads}, "
+                             f"{head_dim}], got {qkv_bias.shape}")
+    settings, bias, salt = _prepare(
+        batch, q_len, q_len, heads, head_dim, kv_lengths, salt, dropout_rate,
+        (block_q, block_k, block_q_bwd, block_k_bwd), num_warps, num_stages, backward,
+        interpret, mask_hash, qkv_bias is not None, packed=True)
+    return _flash((qkv,), bias, salt, qkv_bias, settings)
+
+
+def _prepare(batch, q_len, kv_len, heads, head_dim, kv_lengths, salt, dropout_rate, blocks,
+             num_warps, num_stages, backward, interpret, mask_hash, bias_grads, packed):
+    """Checks the arguments; returns (FlashSettings, padding bias [batch, kv_len], salt)."""
     if not supported(q_len, kv_len, head_dim):
         raise ValueError(f"flash attention needs lengths divisible by 16 and a power-of-two "
                          f"head_dim >= 16; got q {q_len}, kv {kv_len}, head_dim {head_dim}")
@@ -433,23 +560,19 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
     if backward == "auto":
         backward = "fused" if kv_len <= FUSED_BACKWARD_MAX_KV else "split"
     fused = backward == "fused"
+    block_q, block_k, block_q_bwd, block_k_bwd = blocks
     if block_q is None:
         block_q = 128 if fused else 64
     if block_q_bwd is None:
         block_q_bwd = 16 if fused else 64
     if block_k is None:
         block_k = 128 if fused else 64
-    blocks = [fit_block(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
+    fitted = [fit_block(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
                                        (block_q_bwd, q_len), (block_k_bwd, kv_len))]
-    if qkv_bias is not None:
-        qkv_bias = tuple(jnp.asarray(b) for b in qkv_bias)
-        if len(qkv_bias) != 3 or any(b.shape != (heads, head_dim) for b in qkv_bias):
-            raise ValueError(f"qkv_bias must be three [heads, head_dim] = [{heads}, {head_dim}] "
-                             f"arrays, got {[getattr(b, 'shape', b) for b in qkv_bias]}")
-    settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *blocks,
+    settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *fitted,
                              num_warps, num_stages, bool(interpret), backward, mask_hash,
-                             qkv_bias is not None)
-    return _flash(query, key, value, bias, salt.astype(jnp.int32), qkv_bias, settings)
+                             bias_grads, packed)
+    return settings, bias, salt.astype(jnp.int32)
 
 
 def fit_block(block: int, length: int) -> int:

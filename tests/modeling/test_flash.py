@@ -11,7 +11,11 @@ import pytest
 from bert_jax import parallel
 from bert_jax.config import get_preset
 from bert_jax.modeling import BertModel, flash
-from bert_jax.modeling.attention import dropout_attention, resolve_dropout_implementation
+from bert_jax.modeling.attention import (
+    dropout_attention,
+    dropout_attention_packed,
+    resolve_dropout_implementation,
+)
 
 
 def _inputs(seed, batch=2, seq=64, heads=3, dim=16, dtype=jnp.float32):
@@ -73,6 +77,42 @@ def test_flash_with_projection_biases(blocks):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="qkv_bias"):
         flash.flash_attention(q, k, v, lengths, qkv_bias=biases[:2])
+
+
+@pytest.mark.parametrize("blocks", range(len(BLOCKS)))
+def test_packed_equals_separate_query_key_value(blocks):
+    """flash_attention_packed reads q/k/v as slots of one [b, s, 3, h, d] array and writes
+    the gradient packed (whole-array stores; the split backward's dQ kernel writes slot 0 of
+    the dK/dV kernel's output in place): values and every gradient, bias included, equal the
+    separate-array kernels' for every tiling."""
+    q, k, v, lengths, salt = _inputs(blocks + 40)
+    bias = jax.random.normal(jax.random.key(50), (3, 3, 16))
+    cot = jax.random.normal(jax.random.key(9), q.shape)
+
+    def packed(qkv, b):
+        return jnp.sum(cot * flash.flash_attention_packed(
+            qkv, lengths, salt=salt, dropout_rate=0.1, qkv_bias=b, **BLOCKS[blocks]))
+
+    def separate(qkv, b):
+        return jnp.sum(cot * flash.flash_attention(
+            qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], lengths, salt=salt, dropout_rate=0.1,
+            qkv_bias=tuple(b), **BLOCKS[blocks]))
+
+    qkv = jnp.stack([q, k, v], axis=2)
+    np.testing.assert_allclose(packed(qkv, bias), separate(qkv, bias), rtol=1e-6)
+    for a, b in zip(jax.grad(packed, (0, 1))(qkv, bias), jax.grad(separate, (0, 1))(qkv, bias),
+                    strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+    # Without a bias, and against the jax.numpy reference.
+    out = flash.flash_attention_packed(qkv, lengths, salt=salt, dropout_rate=0.1,
+                                       **BLOCKS[blocks])
+    ref = flash.reference_attention(q, k, v, lengths, salt=salt, dropout_rate=0.1)
+    np.testing.assert_allclose(out, ref, atol=2e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"\[batch, seq, 3, heads, head_dim\]"):
+        flash.flash_attention_packed(q, lengths)
+    with pytest.raises(ValueError, match="packed qkv_bias"):
+        flash.flash_attention_packed(qkv, lengths, qkv_bias=bias[:2])
 
 
 def test_flash_bfloat16_close_to_float32():
@@ -188,6 +228,68 @@ def test_flash_biases_split_over_mesh_equal_one_device():
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_packed_split_over_mesh_equals_one_device():
+    """dropout_attention_packed under shard_map (batch over data x fsdp, heads over tensor,
+    the packed axis whole): value and gradients, the [3, heads, head_dim] bias's included,
+    equal one device's."""
+    q, k, v, lengths, _ = _inputs(8, batch=4, heads=2)
+    qkv = jnp.stack([q, k, v], axis=2)
+    bias = jax.random.normal(jax.random.key(41), (3, 2, 16))
+    cot = jax.random.normal(jax.random.key(8), q.shape)
+    rng = jax.random.key(3)
+
+    def loss(qkv, b):
+        out = dropout_attention_packed(qkv, lengths, dropout_rng=rng, dropout_rate=0.1,
+                                       implementation="flash", qkv_bias=b)
+        return jnp.sum(out * cot)
+
+    with pytest.warns(UserWarning, match="interpret mode"):
+        single = jax.jit(jax.value_and_grad(loss, (0, 1)))(qkv, bias)
+    mesh = parallel.create_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    sharded = jax.jit(parallel.traced_in_mesh(jax.value_and_grad(
+        lambda *a: loss(*a), (0, 1)), mesh, parallel.DEFAULT_RULES))(qkv, bias)
+    np.testing.assert_allclose(sharded[0], single[0], rtol=1e-5)
+    for a, b in zip(sharded[1], single[1], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    # The explicit implementation takes the slices (and adds the bias) instead.
+    explicit = dropout_attention_packed(qkv, lengths, dropout_rng=rng, dropout_rate=0.0,
+                                        implementation="explicit", qkv_bias=bias)
+    ref = flash.reference_attention(q + bias[0], k + bias[1], v + bias[2], lengths)
+    np.testing.assert_allclose(explicit, ref, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias_grads", [True, False])
+def test_model_packed_projection_equals_split(monkeypatch, bias_grads):
+    """qkv_projection=packed (one matmul, the kernel reading the slots in place, the
+    gradient packed) trains to the same loss and gradients as split; evaluation, which has no
+    dropout and so no flash kernel, computes as split."""
+    from bert_jax.modeling import encoder
+
+    monkeypatch.setattr(encoder, "FLASH_BIAS_GRADS", bias_grads)
+    cfg = get_preset("tiny", vocab_size=300, dropout_attention_impl="flash")
+    ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
+    mask = jnp.stack([jnp.ones(32, jnp.int32), (jnp.arange(32) < 20).astype(jnp.int32)])
+    params = BertModel(cfg).init(jax.random.key(1), ids, mask)
+    probe = jax.random.normal(jax.random.key(3), (2, 32, cfg.hidden_size))
+
+    def loss(p, projection):
+        out = BertModel(cfg.replace(qkv_projection=projection)).apply(
+            p, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(2)})
+        return jnp.mean(out["sequence_output"] * probe)
+
+    packed = jax.value_and_grad(loss)(params, "packed")
+    split = jax.value_and_grad(loss)(params, "split")
+    np.testing.assert_allclose(packed[0], split[0], rtol=1e-6)
+    bias_grad = packed[1]["params"]["encoder"]["layer_0"]["attention"]["qkv"]["bias"]
+    assert float(jnp.abs(nn.unbox(bias_grad)).max()) > 0
+    for a, b in zip(jax.tree.leaves(packed[1]), jax.tree.leaves(split[1]), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+    evaluated = [BertModel(cfg.replace(qkv_projection=p)).apply(params, ids, mask)
+                 for p in ("packed", "split")]
+    np.testing.assert_array_equal(evaluated[0]["sequence_output"],
+                                  evaluated[1]["sequence_output"])
+
+
 def test_model_bias_gradients_from_the_kernel_equal_xla_sums(monkeypatch):
     """The encoder hands the query/key/value biases to flash_attention (encoder.
     FLASH_BIAS_GRADS): same loss and gradients as XLA's bias adds and column sums."""
@@ -266,16 +368,23 @@ def test_flash_under_scan_and_remat(remat):
 
 @pytest.mark.parametrize("backward", ["fused", "split"])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_triton_lowering_for_the_gpu(backward, with_bias):
+@pytest.mark.parametrize("packed", [False, True])
+def test_triton_lowering_for_the_gpu(backward, with_bias, packed):
     """Both backward variants lower to Triton for CUDA from this CPU machine (bfloat16,
     BERT-Large's heads at length 256, default blocks, with and without the bias-gradient
-    sums): forward plus one (fused) or two (split) backward kernels."""
+    sums, separate or packed q/k/v): forward plus one (fused) or two (split) backward
+    kernels."""
     sd = jax.ShapeDtypeStruct
 
     def loss(q, k, v, lengths, salt):
         biases = (jnp.ones((16, 64), jnp.bfloat16),) * 3 if with_bias else None
-        out = flash.flash_attention(q, k, v, lengths, salt=salt, dropout_rate=0.1,
-                                    backward=backward, interpret=False, qkv_bias=biases)
+        kw = dict(salt=salt, dropout_rate=0.1, backward=backward, interpret=False)
+        if packed:
+            out = flash.flash_attention_packed(
+                jnp.stack([q, k, v], axis=2), lengths,
+                qkv_bias=None if biases is None else jnp.stack(biases), **kw)
+        else:
+            out = flash.flash_attention(q, k, v, lengths, qkv_bias=biases, **kw)
         return jnp.sum(out.astype(jnp.float32))
 
     qkv = sd((2, 256, 16, 64), jnp.bfloat16)
