@@ -84,7 +84,7 @@ class BertConfig:
     dropout_attention_impl: str = "auto"
     hidden_dropout_impl: str = "hash"  # hash | prng (see HIDDEN_DROPOUT_IMPLS)
     dropout_hash: str = "rowcol"  # rowcol | flat (see DROPOUT_HASHES)
-    qkv_projection: str = "split"  # split | fused | packed (see QKV_PROJECTIONS)
+    qkv_projection: str = "packed"  # packed | split | fused (see QKV_PROJECTIONS)
     layer_norm_impl: str = "auto"  # auto | two_stage | flax | fused (see LAYER_NORM_IMPLS)
     residual_dtype: str = "compute"  # compute | float32 (see RESIDUAL_DTYPES)
     scan_layers: bool = False

@@ -53,11 +53,15 @@ def test_flash_matches_reference_forward_and_gradients(rate, blocks):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("in_kernel", [True, False])
 @pytest.mark.parametrize("blocks", range(len(BLOCKS)))
-def test_flash_with_projection_biases(blocks):
+def test_flash_with_projection_biases(blocks, in_kernel, monkeypatch):
     """qkv_bias: attention over query + bq etc.; values and gradients match the reference on
     biased inputs for every tiling, the biases' gradients (the backward kernels' partial
-    sums) included."""
+    sums) included, whether the kernels apply the biases (FLASH_BIAS_IN_KERNEL: the query
+    bias through the score bias, the key bias dropped, the value bias through the kept
+    probability mass) or XLA adds them first."""
+    monkeypatch.setattr(flash, "FLASH_BIAS_IN_KERNEL", in_kernel)
     q, k, v, lengths, salt = _inputs(blocks + 20)
     biases = tuple(jax.random.normal(jax.random.key(30 + i), (3, 16)) for i in range(3))
     cot = jax.random.normal(jax.random.key(9), q.shape)
@@ -113,6 +117,25 @@ def test_packed_equals_separate_query_key_value(blocks):
         flash.flash_attention_packed(q, lengths)
     with pytest.raises(ValueError, match="packed qkv_bias"):
         flash.flash_attention_packed(qkv, lengths, qkv_bias=bias[:2])
+
+
+def test_fused_backward_delta_in_kernel_equals_xla_pass(monkeypatch):
+    """The fused backward's rowsum(dO * O), computed per query block from O in the kernel
+    (default) or read from XLA's pass (FUSED_DELTA_IN_KERNEL = False): same gradients."""
+    q, k, v, lengths, salt = _inputs(60)
+    cot = jax.random.normal(jax.random.key(9), q.shape)
+
+    def grads():
+        def loss(q, k, v):
+            return jnp.sum(cot * flash.flash_attention(q, k, v, lengths, salt=salt,
+                                                       dropout_rate=0.1, block_q_bwd=16,
+                                                       backward="fused"))
+        return jax.grad(loss, (0, 1, 2))(q, k, v)
+
+    in_kernel = grads()
+    monkeypatch.setattr(flash, "FUSED_DELTA_IN_KERNEL", False)
+    for a, b in zip(in_kernel, grads(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
 def test_flash_bfloat16_close_to_float32():
