@@ -63,9 +63,8 @@
 #   gelu           ~3 min   base/128 pretrain and classify: gelu_erf (default) vs --gelu erfc
 #   packed         ~8 min   bench/check_flash_gpu.py (packed vs separate kernels, $OUT/checks.jsonl),
 #                           then --qkv packed vs split: base/128, classify, large/512; a profile
-#   kbias          ~9 min   the flash kernels applying the q/k/v biases and computing the fused
-#                           backward's rowsum(dO * O) (defaults) vs --qkv-bias-add xla and
-#                           --flash-delta xla: base/128, classify, large/512; a profile
+#   delta          ~3 min   the fused flash backward's rowsum(dO * O) from O in the kernel
+#                           (default) vs --flash-delta xla: base/128 and classify
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -395,20 +394,12 @@ stage_packed() {  # qkv_projection packed (one matmul read in place by the flash
   profile pretrain "$B256" "profile-pretrain-$BASE-$S128-packed" --qkv packed
 }
 
-stage_kbias() {  # the q/k/v biases applied by the flash kernels and the fused backward's
-  # rowsum(dO * O) from O (both default) vs XLA passes; a check of the compiled kernels first
-  local shapes=base-128,large-512
-  [ "$SMOKE" = 1 ] && shapes=tiny
-  run_case 60 check flash_kernels "$BASE" "$S128" 0 -- "${JAX_ENV[@]}" \
-    "$PY" bench/check_flash_gpu.py --shapes "$shapes" --out "$OUT/checks.jsonl"
-  pretrain 45 kbias:default "$BASE" "$S128" "$B256"
-  pretrain 45 kbias:bias_add_xla "$BASE" "$S128" "$B256" --qkv-bias-add xla
-  pretrain 45 kbias:delta_xla "$BASE" "$S128" "$B256" --flash-delta xla
-  classify 30 kbias:default
-  classify 30 kbias:bias_add_xla --qkv-bias-add xla
-  pretrain 100 kbias:default "$LARGE" "$S512" "$B32"
-  pretrain 100 kbias:bias_add_xla "$LARGE" "$S512" "$B32" --qkv-bias-add xla
-  profile pretrain "$B256" "profile-pretrain-$BASE-$S128"
+stage_delta() {  # the fused flash backward's rowsum(dO * O): from O in the kernel (default) vs
+  # XLA's pass (--flash-delta xla), base/128 and classify
+  pretrain 45 delta:kernel "$BASE" "$S128" "$B256"
+  pretrain 45 delta:xla "$BASE" "$S128" "$B256" --flash-delta xla
+  classify 30 delta:kernel
+  classify 30 delta:xla --flash-delta xla
 }
 
 stage_layernorm() {  # LayerNorm backward: two_stage (default) vs flax autodiff
@@ -567,7 +558,7 @@ run_stage() {
     large128) stage_large128 ;;
     qkv) stage_qkv ;;
     packed) stage_packed ;;
-    kbias) stage_kbias ;;
+    delta) stage_delta ;;
     final) stage_final ;;
     tune) stage_tune ;;
     fused) stage_fused ;;
@@ -577,7 +568,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|kbias|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|delta|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

@@ -47,9 +47,6 @@ MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 
 # The fused backward computes rowsum(dO * O) per query block from O (True), instead of
 # reading it from a separate XLA pass over dO and O (False: the benchmarks' --flash-delta xla).
 FUSED_DELTA_IN_KERNEL = True
-# The query/key/value biases applied by the kernels (True) instead of XLA adds before them
-# (False: the benchmarks' --qkv-bias-add xla). See ``_score_bias``.
-FLASH_BIAS_IN_KERNEL = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +67,6 @@ class FlashSettings:
     bias_grads: bool = False  # the backward kernels also write partial sums of dQ, dK, dV
     packed: bool = False  # q/k/v are slots 0/1/2 of one [b, s, 3, heads, d] array (and dQKV)
     delta_in_kernel: bool = False  # fused backward: rowsum(dO * O) from O in the kernel
-    kernel_bias: bool = False  # q/k/v biases applied in the kernels (``_score_bias``)
 
 
 def supported(seq_len: int, kv_seq_len: int, head_dim: int) -> bool:
@@ -129,7 +125,7 @@ def _iota(n: int, offset):
     return offset + lax.broadcasted_iota(jnp.int32, (n,), 0)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, bq_ref, bv_ref, o_ref, lse_ref, *,
+def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, o_ref, lse_ref, *,
                     s: FlashSettings):
     from jax.experimental import pallas as pl
 
@@ -141,7 +137,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, bq_ref, bv_ref, o_r
     qk_scale = s.scale * LOG2E
 
     def body(j, carry):
-        m, denom, acc, kept = carry
+        m, denom, acc = carry
         keys = pl.ds(j * block_k, block_k)
         k, v = k_ref[keys, :], v_ref[keys, :]
         scores = _scores(q, k, bias_ref[keys], qk_scale)
@@ -153,16 +149,11 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, bq_ref, bv_ref, o_r
             cols = _mask_cols(_iota(block_k, j * block_k), s.mask_hash)
             p = jnp.where(_keep(rows, cols, salt, kv_len, s.dropout_rate, s.mask_hash), p, 0.0)
         acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
-        if s.kernel_bias:  # the kept probability mass, which multiplies the value bias
-            kept = kept * alpha + jnp.sum(p, axis=1)
-        return m_new, denom, acc, kept
+        return m_new, denom, acc
 
-    zeros = jnp.zeros((block_q,), jnp.float32)
-    init = (jnp.full((block_q,), -jnp.inf, jnp.float32), zeros, jnp.zeros(q.shape, jnp.float32),
-            zeros)
-    m, denom, acc, kept = lax.fori_loop(0, kv_len // block_k, body, init)
-    if s.kernel_bias:  # sum_j P~_ij (v_j + bv) = (P~ V)_i + (sum_j P~_ij) bv
-        acc = acc + kept[:, None] * bv_ref[...].astype(jnp.float32)[None, :]
+    init = (jnp.full((block_q,), -jnp.inf, jnp.float32), jnp.zeros((block_q,), jnp.float32),
+            jnp.zeros(q.shape, jnp.float32))
+    m, denom, acc = lax.fori_loop(0, kv_len // block_k, body, init)
     inv = 1.0 / (denom * (1.0 - s.dropout_rate))
     o_ref[...] = (acc * inv[:, None]).astype(o_ref.dtype)
     lse_ref[...] = m + jnp.log2(denom)
@@ -200,8 +191,8 @@ def _store(ref, s: FlashSettings, slot: int, local, start: int | jax.Array, size
         ref[local, :] = value.astype(ref.dtype)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, bq_ref, bv_ref, do_ref, lse_ref,
-                 delta_ref, *out_refs, s: FlashSettings):
+def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref,
+                 *out_refs, s: FlashSettings):
     """(``delta_ref``: rowsum(dO * O) per query, or with ``delta_in_kernel`` the output O
     itself, whose row sums with dO each query block computes as it goes: no separate pass.)"""
     """dK and dV of one block of keys, looping over blocks of queries. With three output refs
@@ -227,15 +218,13 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, bq_ref, bv_ref, do_ref
     start_k = pl.program_id(2) * block_k
     ids = pl.program_id(0), pl.program_id(1)
     k, v = k_ref[...], v_ref[...]
-    if s.kernel_bias:  # this block's values, biased once (the queries' bias is in ``bias``)
-        v = v + bv_ref[...].astype(v.dtype)[None, :]
     bias = bias_ref[pl.ds(start_k, block_k)]
     salt = salt_ref[...]
     cols = _mask_cols(_iota(block_k, start_k), s.mask_hash)
     qk_scale = s.scale * LOG2E
 
     def body(i, carry):
-        dk, dv, sq, col = carry
+        dk, dv, sq = carry
         queries = pl.ds(i * block_q, block_q)
         q, do = q_ref[queries, :], do_ref[queries, :]
         p = _probabilities(q, k, bias, lse_ref[queries], qk_scale)
@@ -250,21 +239,16 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, bq_ref, bv_ref, do_ref
             delta = delta_ref[queries]
         ds = p * (dp - delta[:, None])
         dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
-        if s.kernel_bias:  # dK = dS^T (Q + bq) = dS^T Q + colsum(dS) bq
-            col = col + jnp.sum(ds, axis=0)
         if dq_ref is not None:
             dq = _dot(ds.astype(k.dtype), k) * s.scale
             _store(dq_ref, s, 0, queries, i * block_q, block_q, dq, ids)
             if s.bias_grads:
                 sq = sq + jnp.sum(dq, axis=0)
-        return dk, dv, sq, col
+        return dk, dv, sq
 
     zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv, sq, col = lax.fori_loop(
-        0, q_len // block_q, body, (zeros, zeros, jnp.zeros(k.shape[1:], jnp.float32),
-                                    jnp.zeros((block_k,), jnp.float32)))
-    if s.kernel_bias:
-        dk = dk + col[:, None] * bq_ref[...].astype(jnp.float32)[None, :]
+    dk, dv, sq = lax.fori_loop(0, q_len // block_q, body,
+                               (zeros, zeros, jnp.zeros(k.shape[1:], jnp.float32)))
     dk = dk * s.scale
     _store(dk_ref, s, 1, slice(None), start_k, block_k, dk, ids)
     _store(dv_ref, s, 2, slice(None), start_k, block_k, dv, ids)
@@ -274,8 +258,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, bq_ref, bv_ref, do_ref
             ref[...] = total
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, bq_ref, bv_ref, do_ref, lse_ref,
-               delta_ref, *refs, s: FlashSettings):
+def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref, *refs,
+               s: FlashSettings):
     """dQ of one block of queries, looping over blocks of keys. Packed, the first of ``refs``
     is the dK/dV kernel's whole-array output, aliased to this kernel's output (slot 0 is
     written here)."""
@@ -285,9 +269,6 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, bq_ref, bv_ref, do_ref, 
     kv_len = k_ref.shape[0]
     q, do = q_ref[...], do_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
-    if s.kernel_bias:  # dO_i . bv: the value bias's share of every dP_ij of the row
-        do_bv = jnp.sum(do.astype(jnp.float32) * bv_ref[...].astype(jnp.float32)[None, :],
-                        axis=1)
     salt = salt_ref[...]
     rows = _mask_rows(_iota(block_q, pl.program_id(2) * block_q), salt, s.mask_hash)
     qk_scale = s.scale * LOG2E
@@ -297,8 +278,6 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, bq_ref, bv_ref, do_ref, 
         k, v = k_ref[keys, :], v_ref[keys, :]
         p = _probabilities(q, k, bias_ref[keys], lse, qk_scale)
         dp = _dot(do, v, trans_b=True)
-        if s.kernel_bias:
-            dp = dp + do_bv[:, None]
         cols = _mask_cols(_iota(block_k, j * block_k), s.mask_hash)
         _, dp = _dropped(p, dp, rows, cols, salt, kv_len, s)
         ds = p * (dp - delta[:, None])
@@ -354,13 +333,10 @@ def _specs(q_len, kv_len, head_dim, q_block, k_block, packed: bool = False):
                    _tile_spec(kv_len, k_block, head_dim, 1),
                    _tile_spec(kv_len, k_block, head_dim, 2))
     row_index = (lambda b, h, i: (b, h, i)) if q_block else (lambda b, h, i: (b, h, 0))
-    # the score bias [b, h, kv_len], the salt, then the q and v biases [h, d]
-    bias_spec = [pl.BlockSpec((None, None, kv_len), lambda b, h, i: (b, h, 0)),
-                 pl.BlockSpec((None, None), lambda b, h, i: (b, h)),
-                 pl.BlockSpec((None, head_dim), lambda b, h, i: (h, 0)),
-                 pl.BlockSpec((None, head_dim), lambda b, h, i: (h, 0))]
+    bias_spec = pl.BlockSpec((None, kv_len), lambda b, h, i: (b, 0))
+    salt_spec = pl.BlockSpec((None, None), lambda b, h, i: (b, h))
     row_spec = pl.BlockSpec((None, None, qb), row_index)
-    return sources, q_spec, k_spec, bias_spec, row_spec
+    return sources, q_spec, k_spec, bias_spec, salt_spec, row_spec
 
 
 def _whole_spec():
@@ -384,26 +360,26 @@ def _shape(srcs, s: FlashSettings):
     return batch, q_len, srcs[1].shape[1], heads, head_dim
 
 
-def _forward(srcs, extras, s: FlashSettings):
+def _forward(srcs, bias, salt, s: FlashSettings):
     """(context [b, s, h, d], log-sum-exp [b, h, s]) from the (query, key, value) sources."""
     from jax.experimental import pallas as pl
 
     batch, q_len, kv_len, heads, head_dim = _shape(srcs, s)
-    sources, q_spec, _, extra_specs, row_spec = _specs(
+    sources, q_spec, _, bias_spec, salt_spec, row_spec = _specs(
         q_len, kv_len, head_dim, s.block_q, None, s.packed)
     dtype = srcs[0].dtype
     return pl.pallas_call(
         functools.partial(_forward_kernel, s=s),
         grid=(batch, heads, q_len // s.block_q),
-        in_specs=[*sources, *extra_specs],
+        in_specs=[*sources, bias_spec, salt_spec],
         out_specs=[q_spec, row_spec],
         out_shape=[jax.ShapeDtypeStruct((batch, q_len, heads, head_dim), dtype),
                    jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)],
         interpret=s.interpret, name="bert_flash_forward", **_compiler_params(s),
-    )(*_sources(srcs, s), *extras)
+    )(*_sources(srcs, s), bias, salt)
 
 
-def _backward(srcs, extras, out, lse, do, s: FlashSettings):
+def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
     """((dQ, dK, dV), bias-gradient partial sums); packed: ((dQKV,), sums)."""
     from jax.experimental import pallas as pl
 
@@ -420,38 +396,38 @@ def _backward(srcs, extras, out, lse, do, s: FlashSettings):
 
     n_sums = int(s.bias_grads)
     if s.backward == "fused":
-        sources, q_full, k_full, extra_specs, row_full = _specs(
+        sources, q_full, k_full, bias_spec, salt_spec, row_full = _specs(
             q_len, kv_len, head_dim, None, None, s.packed)
         spec, shape = sums(1)
         out = pl.pallas_call(
             functools.partial(_dkdv_kernel, s=s),
             grid=(batch, heads, 1),
-            in_specs=[*sources, *extra_specs, q_full, row_full,
+            in_specs=[*sources, bias_spec, salt_spec, q_full, row_full,
                       q_full if s.delta_in_kernel else row_full],
             out_specs=([_whole_spec()] if s.packed else [q_full, k_full, k_full])
             + [spec] * 3 * n_sums,
             out_shape=grads + [shape] * 3 * n_sums,
             interpret=s.interpret, name="bert_flash_backward", **_compiler_params(s),
-        )(*_sources(srcs, s), *extras, do, lse, out if s.delta_in_kernel else deltas())
+        )(*_sources(srcs, s), bias, salt, do, lse, out if s.delta_in_kernel else deltas())
         return out[:len(grads)], out[len(grads):]
 
-    sources, q_spec, k_tile, extra_specs, row_full = _specs(
+    sources, q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
         q_len, kv_len, head_dim, None, block_k, s.packed)
     spec, shape = sums(kv_len // block_k)
     dkdv = pl.pallas_call(
         functools.partial(_dkdv_kernel, s=s),
         grid=(batch, heads, kv_len // block_k),
-        in_specs=[*sources, *extra_specs, q_spec, row_full, row_full],
+        in_specs=[*sources, bias_spec, salt_spec, q_spec, row_full, row_full],
         out_specs=([_whole_spec()] if s.packed else [k_tile, k_tile]) + [spec] * 2 * n_sums,
         out_shape=grads[-1:] * (1 if s.packed else 2) + [shape] * 2 * n_sums,
         interpret=s.interpret, name="bert_flash_dkdv", **_compiler_params(s),
-    )(*_sources(srcs, s), *extras, do, lse, delta := deltas())
+    )(*_sources(srcs, s), bias, salt, do, lse, delta := deltas())
     kv_grads, kv_sums = dkdv[:1 if s.packed else 2], dkdv[1 if s.packed else 2:]
 
-    sources, q_tile, _, extra_specs, row_tile = _specs(
+    sources, q_tile, _, bias_spec, salt_spec, row_tile = _specs(
         q_len, kv_len, head_dim, block_q, None, s.packed)
     spec, shape = sums(q_len // block_q)
-    args = [*_sources(srcs, s), *extras, do, lse, delta]
+    args = [*_sources(srcs, s), bias, salt, do, lse, delta]
     extra = {}
     if s.packed:  # dQ goes into slot 0 of the dK/dV kernel's output, in place
         args.append(kv_grads[0])
@@ -459,7 +435,7 @@ def _backward(srcs, extras, out, lse, do, s: FlashSettings):
     dq, *q_sums = pl.pallas_call(
         functools.partial(_dq_kernel, s=s),
         grid=(batch, heads, q_len // block_q),
-        in_specs=[*sources, *extra_specs, q_tile, row_tile, row_tile]
+        in_specs=[*sources, bias_spec, salt_spec, q_tile, row_tile, row_tile]
         + [_whole_spec()] * int(s.packed),
         out_specs=[_whole_spec() if s.packed else q_tile] + [spec] * n_sums,
         out_shape=grads[:1] + [shape] * n_sums,
@@ -472,7 +448,7 @@ def _with_biases(srcs, qkv_bias, packed: bool):
     """The query/key/value sources plus their biases (XLA's adds, as the projections make
     them), or unchanged without biases. Packed, the [3, heads, head_dim] bias is added as a
     vector over the flattened [.., 3 * heads * head_dim] output (the shape of the projection's
-    matmul)."""
+    matmul, whose epilogue can take it)."""
     if qkv_bias is None:
         return srcs
     if packed:
@@ -482,45 +458,20 @@ def _with_biases(srcs, qkv_bias, packed: bool):
     return tuple(x + b.astype(x.dtype) for x, b in zip(srcs, qkv_bias, strict=True))
 
 
-def _kernel_inputs(srcs, pad, salt, qkv_bias, s: FlashSettings):
-    """(query/key/value sources, the kernels' other inputs: score bias [b, h, kv_len] in
-    log2 units, salt, query bias and value bias [h, d]).
-
-    With ``kernel_bias`` the sources stay unbiased, and no pass over them adds the biases:
-    - the query bias enters the scores as (q + bq).k = q.k + bq.k, and bq.k_j, one number
-      per key, joins the padding in the score bias (one XLA reduction over K);
-    - the key bias adds q_i.bk to every score of row i, which the softmax cancels: it
-      changes nothing and its gradient (the sum of dK) is zero up to rounding;
-    - the value bias adds (sum_j P~_ij) bv to output row i (P~: the dropped probabilities,
-      whose rows need not sum to 1): the forward kernel sums the kept mass as it goes.
-    Otherwise (and without biases) the sources are biased by XLA and the score bias is the
-    padding alone."""
-    batch, q_len, kv_len, heads, head_dim = _shape(srcs, s)
-    score_bias = jnp.broadcast_to(pad[:, None, :], (batch, heads, kv_len))
-    zeros = jnp.zeros((heads, head_dim), jnp.float32)
-    if not s.kernel_bias:
-        return _with_biases(srcs, qkv_bias, s.packed), (score_bias, salt, zeros, zeros)
-    bq, _, bv = qkv_bias
-    key = srcs[0][:, :, 1] if s.packed else srcs[1]
-    qk = jnp.einsum("bkhd,hd->bhk", key, bq.astype(key.dtype),
-                    preferred_element_type=jnp.float32)
-    return srcs, (score_bias + qk * (s.scale * LOG2E), salt, bq, bv)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(srcs, pad, salt, qkv_bias, settings):
-    return _forward(*_kernel_inputs(srcs, pad, salt, qkv_bias, settings), settings)[0]
+def _flash(srcs, bias, salt, qkv_bias, settings):
+    return _forward(_with_biases(srcs, qkv_bias, settings.packed), bias, salt, settings)[0]
 
 
-def _flash_fwd(srcs, pad, salt, qkv_bias, settings):
-    srcs, extras = _kernel_inputs(srcs, pad, salt, qkv_bias, settings)
-    out, lse = _forward(srcs, extras, settings)
-    return out, (srcs, extras, pad, qkv_bias, out, lse)
+def _flash_fwd(srcs, bias, salt, qkv_bias, settings):
+    srcs = _with_biases(srcs, qkv_bias, settings.packed)
+    out, lse = _forward(srcs, bias, salt, settings)
+    return out, (srcs, bias, salt, qkv_bias, out, lse)
 
 
 def _flash_bwd(settings, residuals, do):
-    srcs, extras, pad, qkv_bias, out, lse = residuals
-    grads, sums = _backward(srcs, extras, out, lse, do, settings)
+    srcs, bias, salt, qkv_bias, out, lse = residuals
+    grads, sums = _backward(srcs, bias, salt, out, lse, do, settings)
     dbias = None
     if qkv_bias is not None:  # the kernels' partial sums over (example, tile), q/k/v order
         totals = [jnp.sum(p, axis=(0, 2)) for p in sums]
@@ -528,8 +479,7 @@ def _flash_bwd(settings, residuals, do):
             dbias = jnp.stack(totals).astype(qkv_bias.dtype)
         else:
             dbias = tuple(t.astype(b.dtype) for t, b in zip(totals, qkv_bias, strict=True))
-    salt = extras[1]
-    return (tuple(grads), jnp.zeros_like(pad), np.zeros(salt.shape, jax.dtypes.float0),
+    return (tuple(grads), jnp.zeros_like(bias), np.zeros(salt.shape, jax.dtypes.float0),
             dbias)
 
 
@@ -634,8 +584,7 @@ def _prepare(batch, q_len, kv_len, heads, head_dim, kv_lengths, salt, dropout_ra
                                        (block_q_bwd, q_len), (block_k_bwd, kv_len))]
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *fitted,
                              num_warps, num_stages, bool(interpret), backward, mask_hash,
-                             bias_grads, packed, FUSED_DELTA_IN_KERNEL and fused,
-                             FLASH_BIAS_IN_KERNEL and bias_grads)
+                             bias_grads, packed, FUSED_DELTA_IN_KERNEL and fused)
     return settings, bias, salt.astype(jnp.int32)
 
 

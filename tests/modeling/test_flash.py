@@ -53,15 +53,11 @@ def test_flash_matches_reference_forward_and_gradients(rate, blocks):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("in_kernel", [True, False])
 @pytest.mark.parametrize("blocks", range(len(BLOCKS)))
-def test_flash_with_projection_biases(blocks, in_kernel, monkeypatch):
+def test_flash_with_projection_biases(blocks):
     """qkv_bias: attention over query + bq etc.; values and gradients match the reference on
     biased inputs for every tiling, the biases' gradients (the backward kernels' partial
-    sums) included, whether the kernels apply the biases (FLASH_BIAS_IN_KERNEL: the query
-    bias through the score bias, the key bias dropped, the value bias through the kept
-    probability mass) or XLA adds them first."""
-    monkeypatch.setattr(flash, "FLASH_BIAS_IN_KERNEL", in_kernel)
+    sums) included."""
     q, k, v, lengths, salt = _inputs(blocks + 20)
     biases = tuple(jax.random.normal(jax.random.key(30 + i), (3, 16)) for i in range(3))
     cot = jax.random.normal(jax.random.key(9), q.shape)
