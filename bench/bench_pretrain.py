@@ -75,6 +75,10 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--qkv-bias-grad", default="kernel", choices=["kernel", "xla"],
                     help="query/key/value bias gradients: summed by the flash backward "
                          "kernels (default) or by XLA column sums over dQ, dK, dV")
+    ap.add_argument("--residual-grad", default="default", choices=["default", "kernel", "xla"],
+                    help="the two gradients of each fused LayerNorm output (matmul and "
+                         "residual): summed by the backward kernel or by XLA first "
+                         "(default: encoder.FUSED_NORM_TWIN)")
     ap.add_argument("--flash-delta", default="kernel", choices=["kernel", "xla"],
                     help="the fused flash backward's rowsum(dO * O): computed in the kernel "
                          "from O (default) or read from a separate XLA pass")
@@ -323,7 +327,7 @@ def main(argv=None) -> dict:
         **model_choice_record(args), "gelu": args.gelu,
         "fused_norm_blocks": args.fused_norm_blocks, "flash": args.flash,
         "qkv_bias_grad": args.qkv_bias_grad, "flash_delta": args.flash_delta,
-        "scan": args.scan,
+        "residual_grad": args.residual_grad, "scan": args.scan,
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,

@@ -9,6 +9,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -167,9 +168,10 @@ def fake_worker(tmp_path):
     executable(home / "bert-jax-venv/bin/bert-jax", f"""#!{shutil.which('python3')}
 import json, os, signal, sys, time
 json.dump(sys.argv[1:], open(os.environ["HOME"] + "/argv.json", "w"))
+if os.environ.get("FAKE_WAIT"):  # the handler first: "training step" means it is installed
+    signal.signal(signal.SIGTERM, lambda *a: (print("saved checkpoint", flush=True), sys.exit(0)))
 print("training step 1", flush=True)
 if os.environ.get("FAKE_WAIT"):
-    signal.signal(signal.SIGTERM, lambda *a: (print("saved checkpoint", flush=True), sys.exit(0)))
     time.sleep(60)
 sys.exit(int(os.environ.get("FAKE_RC", "0")))
 """)
@@ -213,6 +215,11 @@ def test_worker_stop_sends_sigterm_so_the_trainer_checkpoints(fake_worker):
     assert started.returncode == 0, started.stderr  # detached: returns while training runs
     runs = Path(fake_worker["HOME"]) / "bert-jax-runs"
     assert (runs / "current.pid").exists()
+    log = runs / "r9/w0.log"
+    deadline = time.monotonic() + 20  # a trainer stopped before its handler exists just dies
+    while "training step 1" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, "the fake trainer never started"
+        time.sleep(0.05)
     stopped = subprocess.run(["bash", str(helper), "stop", "--timeout", "20"], capture_output=True,
                              text=True, env=env, timeout=30)
     assert stopped.returncode == 0, stopped.stderr
