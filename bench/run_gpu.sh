@@ -65,8 +65,6 @@
 #                           then --qkv packed vs split: base/128, classify, large/512; a profile
 #   twin           ~7 min   each fused LayerNorm output's two gradients summed by its kernel
 #                           vs by XLA (--residual-grad kernel|xla): base/128, classify, large/512
-#   delta          ~3 min   the fused flash backward's rowsum(dO * O) from O in the kernel
-#                           (default) vs --flash-delta xla: base/128 and classify
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -396,14 +394,6 @@ stage_packed() {  # qkv_projection packed (one matmul read in place by the flash
   profile pretrain "$B256" "profile-pretrain-$BASE-$S128-packed" --qkv packed
 }
 
-stage_delta() {  # the fused flash backward's rowsum(dO * O): from O in the kernel (default) vs
-  # XLA's pass (--flash-delta xla), base/128 and classify
-  pretrain 45 delta:kernel "$BASE" "$S128" "$B256"
-  pretrain 45 delta:xla "$BASE" "$S128" "$B256" --flash-delta xla
-  classify 30 delta:kernel
-  classify 30 delta:xla --flash-delta xla
-}
-
 stage_twin() {  # each fused LayerNorm output's two gradients summed by its backward kernel
   # (--residual-grad kernel) vs by XLA first (xla): base/128, classify, large/512; a profile
   pretrain 45 twin:kernel "$BASE" "$S128" "$B256" --residual-grad kernel
@@ -571,7 +561,6 @@ run_stage() {
     large128) stage_large128 ;;
     qkv) stage_qkv ;;
     packed) stage_packed ;;
-    delta) stage_delta ;;
     twin) stage_twin ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -582,7 +571,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|delta|twin|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|twin|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

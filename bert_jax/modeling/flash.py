@@ -44,9 +44,6 @@ LOG2E = math.log2(math.e)
 FUSED_BACKWARD_MAX_KV = 128  # ``backward="auto"``: one-pass backward up to this many keys
 BACKWARDS = ("auto", "fused", "split")
 MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 gives 0)
-# The fused backward computes rowsum(dO * O) per query block from O (True), instead of
-# reading it from a separate XLA pass over dO and O (False: the benchmarks' --flash-delta xla).
-FUSED_DELTA_IN_KERNEL = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +63,6 @@ class FlashSettings:
     mask_hash: str = "rowcol"
     bias_grads: bool = False  # the backward kernels also write partial sums of dQ, dK, dV
     packed: bool = False  # q/k/v are slots 0/1/2 of one [b, s, 3, heads, d] array (and dQKV)
-    delta_in_kernel: bool = False  # fused backward: rowsum(dO * O) from O in the kernel
 
 
 def supported(seq_len: int, kv_seq_len: int, head_dim: int) -> bool:
@@ -193,14 +189,13 @@ def _store(ref, s: FlashSettings, slot: int, local, start: int | jax.Array, size
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref,
                  *out_refs, s: FlashSettings):
-    """(``delta_ref``: rowsum(dO * O) per query, or with ``delta_in_kernel`` the output O
-    itself, whose row sums with dO each query block computes as it goes: no separate pass.)"""
     """dK and dV of one block of keys, looping over blocks of queries. With three output refs
     (dq, dk, dv) the block holds every key (the fused backward for short sequences) and each
     query block's dQ is complete after its step, so it is written there: probabilities and
     the mask are computed once instead of again in the dQ kernel. (One kernel per key block
     that also adds its share of dQ with float32 atomics, or writes dS for an XLA matmul, was
-    measured slower than the separate dQ kernel at length 512: docs/performance.md.)"""
+    measured slower than the separate dQ kernel at length 512; rowsum(dO * O) computed here
+    from O instead of XLA's pass measured the same: docs/performance.md.)"""
     from jax.experimental import pallas as pl
 
     fused = s.backward == "fused"
@@ -232,12 +227,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
         rows = _mask_rows(_iota(block_q, i * block_q), salt, s.mask_hash)
         p_kept, dp = _dropped(p, dp, rows, cols, salt, kv_len, s)
         dv = dv + _dot(p_kept.astype(do.dtype), do, trans_a=True)
-        if s.delta_in_kernel:
-            delta = jnp.sum(do.astype(jnp.float32) * delta_ref[queries, :].astype(jnp.float32),
-                            axis=1)
-        else:
-            delta = delta_ref[queries]
-        ds = p * (dp - delta[:, None])
+        ds = p * (dp - delta_ref[queries][:, None])
         dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
         if dq_ref is not None:
             dq = _dot(ds.astype(k.dtype), k) * s.scale
@@ -385,9 +375,8 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
 
     batch, q_len, kv_len, heads, head_dim = _shape(srcs, s)
     block_q, block_k = s.block_q_bwd, s.block_k_bwd
-
-    def deltas():  # rowsum(dO * O): with dropout, rowsum(dP_dropped * Z * P) equals it too
-        return jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), out.astype(jnp.float32))
+    # delta = rowsum(dO * O): with dropout, rowsum(dP_dropped * Z * P) equals it too.
+    delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), out.astype(jnp.float32))
     grads = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in srcs[:1 if s.packed else 3]]
 
     def sums(n_tiles):  # per-(example, head, tile) partial sums of a gradient, [.., head_dim]
@@ -402,13 +391,12 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
         out = pl.pallas_call(
             functools.partial(_dkdv_kernel, s=s),
             grid=(batch, heads, 1),
-            in_specs=[*sources, bias_spec, salt_spec, q_full, row_full,
-                      q_full if s.delta_in_kernel else row_full],
+            in_specs=[*sources, bias_spec, salt_spec, q_full, row_full, row_full],
             out_specs=([_whole_spec()] if s.packed else [q_full, k_full, k_full])
             + [spec] * 3 * n_sums,
             out_shape=grads + [shape] * 3 * n_sums,
             interpret=s.interpret, name="bert_flash_backward", **_compiler_params(s),
-        )(*_sources(srcs, s), bias, salt, do, lse, out if s.delta_in_kernel else deltas())
+        )(*_sources(srcs, s), bias, salt, do, lse, delta)
         return out[:len(grads)], out[len(grads):]
 
     sources, q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
@@ -421,7 +409,7 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
         out_specs=([_whole_spec()] if s.packed else [k_tile, k_tile]) + [spec] * 2 * n_sums,
         out_shape=grads[-1:] * (1 if s.packed else 2) + [shape] * 2 * n_sums,
         interpret=s.interpret, name="bert_flash_dkdv", **_compiler_params(s),
-    )(*_sources(srcs, s), bias, salt, do, lse, delta := deltas())
+    )(*_sources(srcs, s), bias, salt, do, lse, delta)
     kv_grads, kv_sums = dkdv[:1 if s.packed else 2], dkdv[1 if s.packed else 2:]
 
     sources, q_tile, _, bias_spec, salt_spec, row_tile = _specs(
@@ -584,7 +572,7 @@ def _prepare(batch, q_len, kv_len, heads, head_dim, kv_lengths, salt, dropout_ra
                                        (block_q_bwd, q_len), (block_k_bwd, kv_len))]
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *fitted,
                              num_warps, num_stages, bool(interpret), backward, mask_hash,
-                             bias_grads, packed, FUSED_DELTA_IN_KERNEL and fused)
+                             bias_grads, packed)
     return settings, bias, salt.astype(jnp.int32)
 
 

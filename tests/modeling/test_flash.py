@@ -115,25 +115,6 @@ def test_packed_equals_separate_query_key_value(blocks):
         flash.flash_attention_packed(qkv, lengths, qkv_bias=bias[:2])
 
 
-def test_fused_backward_delta_in_kernel_equals_xla_pass(monkeypatch):
-    """The fused backward's rowsum(dO * O), computed per query block from O in the kernel
-    (default) or read from XLA's pass (FUSED_DELTA_IN_KERNEL = False): same gradients."""
-    q, k, v, lengths, salt = _inputs(60)
-    cot = jax.random.normal(jax.random.key(9), q.shape)
-
-    def grads():
-        def loss(q, k, v):
-            return jnp.sum(cot * flash.flash_attention(q, k, v, lengths, salt=salt,
-                                                       dropout_rate=0.1, block_q_bwd=16,
-                                                       backward="fused"))
-        return jax.grad(loss, (0, 1, 2))(q, k, v)
-
-    in_kernel = grads()
-    monkeypatch.setattr(flash, "FUSED_DELTA_IN_KERNEL", False)
-    for a, b in zip(in_kernel, grads(), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
-
-
 def test_flash_bfloat16_close_to_float32():
     q, k, v, lengths, salt = _inputs(4)
     bf = [x.astype(jnp.bfloat16) for x in (q, k, v)]
