@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
         "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
         **model_choice_record(args), "gelu": args.gelu,
         "fused_norm_blocks": args.fused_norm_blocks, "flash": args.flash,
-        "qkv_bias_grad": args.qkv_bias_grad, "residual_grad": args.residual_grad,
+        "qkv_bias_grad": args.qkv_bias_grad,
         "scan": args.scan, "remat": args.remat, "vocab_pad": args.vocab_pad,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "mesh": args.mesh,
         "tag": args.tag, "compile_and_first_step_s": first,

@@ -75,10 +75,6 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--qkv-bias-grad", default="kernel", choices=["kernel", "xla"],
                     help="query/key/value bias gradients: summed by the flash backward "
                          "kernels (default) or by XLA column sums over dQ, dK, dV")
-    ap.add_argument("--residual-grad", default="default", choices=["default", "kernel", "xla"],
-                    help="the two gradients of each fused LayerNorm output (matmul and "
-                         "residual): summed by the backward kernel or by XLA first "
-                         "(default: encoder.FUSED_NORM_TWIN)")
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])
@@ -323,7 +319,7 @@ def main(argv=None) -> dict:
         "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
         **model_choice_record(args), "gelu": args.gelu,
         "fused_norm_blocks": args.fused_norm_blocks, "flash": args.flash,
-        "qkv_bias_grad": args.qkv_bias_grad, "residual_grad": args.residual_grad, "scan": args.scan,
+        "qkv_bias_grad": args.qkv_bias_grad, "scan": args.scan,
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,

@@ -173,7 +173,7 @@ def model_dropout_impl(dropout_impl: str) -> str:
 def apply_process_levers(args) -> None:
     """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
     dropout patch, ``--gelu erfc``, ``--fused-norm-blocks``, ``--flash`` and
-    ``--qkv-bias-grad xla`` and ``--residual-grad``."""
+    ``--qkv-bias-grad xla``."""
     apply_xla_flags(args.xla_flags)
     if args.dropout_impl == "cudnn":
         use_cudnn_dropout_attention()
@@ -187,10 +187,6 @@ def apply_process_levers(args) -> None:
         from bert_jax.modeling import encoder
 
         encoder.FLASH_BIAS_GRADS = False
-    if getattr(args, "residual_grad", "default") != "default":
-        from bert_jax.modeling import encoder
-
-        encoder.FUSED_NORM_TWIN = args.residual_grad == "kernel"
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

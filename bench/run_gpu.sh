@@ -63,8 +63,6 @@
 #   gelu           ~3 min   base/128 pretrain and classify: gelu_erf (default) vs --gelu erfc
 #   packed         ~8 min   bench/check_flash_gpu.py (packed vs separate kernels, $OUT/checks.jsonl),
 #                           then --qkv packed vs split: base/128, classify, large/512; a profile
-#   twin           ~7 min   each fused LayerNorm output's two gradients summed by its kernel
-#                           vs by XLA (--residual-grad kernel|xla): base/128, classify, large/512
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -394,17 +392,6 @@ stage_packed() {  # qkv_projection packed (one matmul read in place by the flash
   profile pretrain "$B256" "profile-pretrain-$BASE-$S128-packed" --qkv packed
 }
 
-stage_twin() {  # each fused LayerNorm output's two gradients summed by its backward kernel
-  # (--residual-grad kernel) vs by XLA first (xla): base/128, classify, large/512; a profile
-  pretrain 45 twin:kernel "$BASE" "$S128" "$B256" --residual-grad kernel
-  pretrain 45 twin:xla "$BASE" "$S128" "$B256" --residual-grad xla
-  classify 30 twin:kernel --residual-grad kernel
-  classify 30 twin:xla --residual-grad xla
-  pretrain 100 twin:kernel "$LARGE" "$S512" "$B32" --residual-grad kernel
-  pretrain 100 twin:xla "$LARGE" "$S512" "$B32" --residual-grad xla
-  profile pretrain "$B256" "profile-pretrain-$BASE-$S128-twin" --residual-grad kernel
-}
-
 stage_layernorm() {  # LayerNorm backward: two_stage (default) vs flax autodiff
   pretrain 60 layernorm:flax "$BASE" "$S128" "$B256" --layer-norm flax
   classify 40 layernorm:flax --layer-norm flax
@@ -561,7 +548,6 @@ run_stage() {
     large128) stage_large128 ;;
     qkv) stage_qkv ;;
     packed) stage_packed ;;
-    twin) stage_twin ;;
     final) stage_final ;;
     tune) stage_tune ;;
     fused) stage_fused ;;
@@ -571,7 +557,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|twin|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

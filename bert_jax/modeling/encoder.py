@@ -95,9 +95,7 @@ class FusedResidualNorm(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, residual, y, b, deterministic: bool, twin: bool = False):
-        """The normalized output, or with ``twin`` the pair (output, output) whose two
-        gradients the backward kernel sums (``fused_norm.residual_dropout_layer_norm``)."""
+    def __call__(self, residual, y, b, deterministic: bool):
         from bert_jax.modeling.fused_norm import residual_dropout_layer_norm
 
         cfg = self.config
@@ -108,30 +106,7 @@ class FusedResidualNorm(nn.Module):
         salt = salt_from_rng(self.make_rng("dropout")) if rate > 0.0 else None
         dtype = "float32" if cfg.residual_dtype == "float32" else cfg.dtype
         return residual_dropout_layer_norm(residual, y, b, scale, bias, salt=salt, rate=rate,
-                                           epsilon=cfg.layer_norm_eps, out_dtype=dtype,
-                                           twin=twin)
-
-
-# Each fused LayerNorm output feeds a matmul and the next sublayer's residual. With True the
-# kernel returns it twice, one copy per use, and its backward sums the two gradients as it
-# loads them; False lets autodiff sum them in a separate pass first (the benchmarks'
-# ``--residual-grad xla``). The layers then pass (matmul input, residual) pairs along.
-FUSED_NORM_TWIN = False
-
-
-def twin_outputs(config: BertConfig) -> bool:
-    """Whether the layers pass (matmul input, residual) pairs (``FUSED_NORM_TWIN``)."""
-    return FUSED_NORM_TWIN and use_fused_norm(config)
-
-
-def _pair(x):
-    """(matmul input, residual) from a pair or a single array."""
-    return x if isinstance(x, tuple) else (x, x)
-
-
-def _one(x):
-    """The residual copy of a pair (what the encoder reports), or the array itself."""
-    return x[1] if isinstance(x, tuple) else x
+                                           epsilon=cfg.layer_norm_eps, out_dtype=dtype)
 
 
 def hidden_dropout(config: BertConfig) -> Dropout:
@@ -360,22 +335,16 @@ class BertLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, kv_lengths):
-        """``x``: [batch, seq, hidden], or a (matmul input, residual) pair of the same values
-        (``twin_outputs``), which the layer then also returns."""
         cfg = self.config
         fused = use_fused_norm(cfg)  # bias + dropout + residual + LayerNorm in one kernel
-        twin = twin_outputs(cfg)
         drop = None if fused else hidden_dropout(cfg)
-        x, residual = _pair(x)
         attn, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
                                         return_bias=fused, name="attention")(x, kv_lengths)
         if fused:
-            x = FusedResidualNorm(cfg, name="attention_norm")(residual, *attn,
-                                                              self.deterministic, twin)
+            x = FusedResidualNorm(cfg, name="attention_norm")(x, *attn, self.deterministic)
         else:
             x = layer_norm(cfg, "attention_norm")(
-                residual + drop(attn, deterministic=self.deterministic))
-        x, residual = _pair(x)
+                x + drop(attn, deterministic=self.deterministic))
         h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
                   activation=cfg.hidden_act)(x)
         h = constrain(h, MLP_AXES)
@@ -383,15 +352,13 @@ class BertLayer(nn.Module):
             h, b = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out",
                          skip_bias_add=True)(h)
             x = FusedResidualNorm(cfg, name="output_norm")(
-                residual, constrain(h, ACTIVATION_AXES), b, self.deterministic, twin)
+                x, constrain(h, ACTIVATION_AXES), b, self.deterministic)
         else:
             h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out")(h)
             h = constrain(h, ACTIVATION_AXES)
-            x = layer_norm(cfg, "output_norm")(
-                residual + drop(h, deterministic=self.deterministic))
-        if isinstance(x, tuple):
-            return tuple(constrain(t, ACTIVATION_AXES) for t in x), probs
-        return constrain(x, ACTIVATION_AXES), probs
+            x = layer_norm(cfg, "output_norm")(x + drop(h, deterministic=self.deterministic))
+        x = constrain(x, ACTIVATION_AXES)
+        return x, probs
 
 
 class _ScanLayer(BertLayer):
@@ -400,7 +367,7 @@ class _ScanLayer(BertLayer):
     @nn.compact
     def __call__(self, x, kv_lengths):
         x, probs = super().__call__(x, kv_lengths)
-        return x, (_one(x), probs)
+        return x, (x, probs)
 
 
 class BertEncoder(nn.Module):
@@ -425,8 +392,6 @@ class BertEncoder(nn.Module):
             layer_cls = _ScanLayer
         kwargs = dict(config=cfg, deterministic=self.deterministic,
                       output_attentions=self.output_attentions)
-        if twin_outputs(cfg):  # the layers take and return (matmul input, residual) pairs
-            x = (x, x)
         if cfg.scan_layers:
             scanned = nn.scan(
                 layer_cls,
@@ -445,10 +410,10 @@ class BertEncoder(nn.Module):
             for i in range(cfg.num_hidden_layers):
                 layer = shared if shared is not None else layer_cls(**kwargs, name=f"layer_{i}")
                 x, probs = layer(x, kv_lengths)
-                hidden_states.append(_one(x))
+                hidden_states.append(x)
                 attentions.append(probs)
         return {
-            "sequence_output": _one(x),
+            "sequence_output": x,
             "hidden_states": tuple(hidden_states) if self.output_hidden_states else None,
             "attentions": tuple(attentions) if self.output_attentions else None,
         }

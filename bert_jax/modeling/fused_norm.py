@@ -48,8 +48,6 @@ class NormSettings:
     # Backward: recompute each chunk's x, xhat and gradient terms in the second pass (reloads
     # that hit the cache) instead of holding the whole rows in registers.
     recompute: bool = True
-    # Backward: the output gradient arrives as two arrays (``twin``) that the kernel sums.
-    twin: bool = False
 
 
 # Kernel settings (block_rows, num_warps, recompute) from ``bench/bench_norm.py`` on an H100
@@ -115,15 +113,11 @@ def _forward_kernel(r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, beta_ref
     rstd_ref[...] = rstd
 
 
-def _backward_kernel(*refs, s: NormSettings, hidden: int):
-    """Refs: the output gradient (two arrays, summed here, with ``s.twin``), residual, y,
-    row codes, column codes, b, gamma, mean, 1/std; outputs dresidual, dy and the partial sums
-    of dgamma, dbeta and db."""
+def _backward_kernel(g_ref, r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, mean_ref,
+                     rstd_ref, dr_ref, dy_ref, dgamma_ref, dbeta_ref, db_ref, *,
+                     s: NormSettings, hidden: int):
     from jax.experimental import pallas as pl
 
-    g_refs, refs = refs[:1 + s.twin], refs[1 + s.twin:]
-    (r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, mean_ref, rstd_ref, dr_ref, dy_ref,
-     dgamma_ref, dbeta_ref, db_ref) = refs
     rows = rows_ref[...]
     mean, rstd = mean_ref[...][:, None], rstd_ref[...][:, None]
     slices = [pl.ds(c * s.chunk, s.chunk) for c in range(hidden // s.chunk)]
@@ -131,9 +125,7 @@ def _backward_kernel(*refs, s: NormSettings, hidden: int):
     def terms(sl):
         x, keep = _pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, sl, s)
         xhat = (x - mean) * rstd
-        g = g_refs[0][:, sl].astype(jnp.float32)
-        if s.twin:
-            g = g + g_refs[1][:, sl].astype(jnp.float32)
+        g = g_ref[:, sl].astype(jnp.float32)
         return g, xhat, g * gamma_ref[sl].astype(jnp.float32)[None, :], keep
 
     held, sum_gx, sum_gx_xhat = [], 0.0, 0.0
@@ -185,7 +177,6 @@ def _forward_call(r, y, rows, cols, b, gamma, beta, s: NormSettings, out_dtype):
 
 
 def _backward_call(g, r, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
-    """``g``: the output gradient, a tuple of one array (or two, with ``s.twin``)."""
     from jax.experimental import pallas as pl
 
     n, hidden = r.shape
@@ -198,12 +189,12 @@ def _backward_call(g, r, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
     return pl.pallas_call(
         functools.partial(_backward_kernel, s=s, hidden=hidden),
         grid=(n // block,),
-        in_specs=[tile] * len(g) + [tile, tile, per_row, vec, vec, vec, per_row, per_row],
+        in_specs=[tile, tile, tile, per_row, vec, vec, vec, per_row, per_row],
         out_specs=[tile, tile, partial, partial, partial],
         out_shape=[jax.ShapeDtypeStruct((n, hidden), r.dtype),
                    jax.ShapeDtypeStruct((n, hidden), y.dtype), sums, sums, sums],
         interpret=s.interpret, name="bert_norm_backward", **_compiler_params(s),
-    )(*g, r, y, rows, cols, b, gamma, mean, rstd)
+    )(g, r, y, rows, cols, b, gamma, mean, rstd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,18 +266,14 @@ def _fused_forward(residual, y, rows, cols, b, gamma, beta, s: NormSettings, out
     return _per_shard(local, (residual, y, rows), (cols, b, gamma, beta), (3, 2, 2))
 
 
-def _fused_backward(gs, residual, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
-    """``gs``: the output gradient as a tuple of one or (``s.twin``) two arrays."""
-    n = len(gs)
-
-    def local(*args):
-        g, (r, y, rows, mean, rstd, cols, b, gamma) = args[:n], args[n:]
-        dr, dy, pg, pb, pbias = _backward_call(tuple(_flat(x) for x in g), _flat(r), _flat(y),
-                                               rows.reshape(-1), cols, b, gamma,
-                                               mean.reshape(-1), rstd.reshape(-1), s)
+def _fused_backward(g, residual, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
+    def local(g, r, y, rows, mean, rstd, cols, b, gamma):
+        dr, dy, pg, pb, pbias = _backward_call(_flat(g), _flat(r), _flat(y), rows.reshape(-1),
+                                               cols, b, gamma, mean.reshape(-1),
+                                               rstd.reshape(-1), s)
         return dr.reshape(r.shape), dy.reshape(y.shape), pg, pb, pbias
 
-    return _per_shard(local, (*gs, residual, y, rows, mean, rstd), (cols, b, gamma),
+    return _per_shard(local, (g, residual, y, rows, mean, rstd), (cols, b, gamma),
                       (3, 3, 2, 2, 2))
 
 
@@ -300,58 +287,29 @@ def _fused_fwd(residual, y, rows, cols, b, gamma, beta, s, out_dtype):
     return out, (residual, y, rows, cols, b, gamma, beta, mean, rstd)
 
 
-def _gradients(s, saved, gs):
+def _fused_bwd(s, out_dtype, saved, g):
+    del out_dtype
     residual, y, rows, cols, b, gamma, beta, mean, rstd = saved
-    dr, dy, pg, pb, pbias = _fused_backward(gs, residual, y, rows, cols, b, gamma, mean, rstd,
-                                            dataclasses.replace(s, twin=len(gs) == 2))
+    dr, dy, pg, pb, pbias = _fused_backward(g, residual, y, rows, cols, b, gamma, mean, rstd, s)
     zero_codes = (np.zeros(rows.shape, jax.dtypes.float0), np.zeros(cols.shape,
                                                                    jax.dtypes.float0))
     return (dr, dy, *zero_codes, jnp.sum(pbias, axis=0).astype(b.dtype),
             jnp.sum(pg, axis=0).astype(gamma.dtype), jnp.sum(pb, axis=0).astype(beta.dtype))
 
 
-def _fused_bwd(s, out_dtype, saved, g):
-    del out_dtype
-    return _gradients(s, saved, (g,))
-
-
 _fused.defvjp(_fused_fwd, _fused_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
-def _fused_twin(residual, y, rows, cols, b, gamma, beta, s: NormSettings, out_dtype):
-    out = _fused_forward(residual, y, rows, cols, b, gamma, beta, s, out_dtype)[0]
-    return out, out
-
-
-def _fused_twin_fwd(residual, y, rows, cols, b, gamma, beta, s, out_dtype):
-    out, saved = _fused_fwd(residual, y, rows, cols, b, gamma, beta, s, out_dtype)
-    return (out, out), saved
-
-
-def _fused_twin_bwd(s, out_dtype, saved, gs):
-    del out_dtype
-    return _gradients(s, saved, tuple(gs))
-
-
-_fused_twin.defvjp(_fused_twin_fwd, _fused_twin_bwd)
 
 
 def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate: float = 0.0,
                                 epsilon: float = 1e-12, out_dtype=None,
                                 block_rows: int | None = None, num_warps: int | None = None,
-                                recompute: bool | None = None, interpret: bool | None = None,
-                                twin: bool = False):
+                                recompute: bool | None = None, interpret: bool | None = None):
     """``LayerNorm(residual + dropout(y + b)) * gamma + beta`` over the last axis, in one
     kernel each way. ``residual`` and ``y`` are [batch, seq, hidden]; ``b``, ``gamma``,
     ``beta`` [hidden]; ``salt`` an int32 scalar (``dropout.salt_from_rng``) when ``rate > 0``:
     the mask is ``hash_dropout``'s ``rowcol`` mask of a [batch, seq, hidden] array for that
     salt. Returns [batch, seq, hidden] in ``out_dtype`` (default ``residual.dtype``).
-    ``block_rows``, ``num_warps``, ``recompute`` default to :func:`blocks_for` (rows).
-
-    ``twin``: return the output twice, ``(out, out)``, for a caller that uses it twice (a
-    matmul and the next residual): autodiff would sum the two gradients in a separate pass
-    before the backward kernel; here the kernel reads both and sums them as it loads."""
+    ``block_rows``, ``num_warps``, ``recompute`` default to :func:`blocks_for` (rows)."""
     if residual.ndim != 3 or residual.shape != y.shape:
         raise ValueError(f"residual and y must be the same [batch, seq, hidden] shape; got "
                          f"{residual.shape} and {y.shape}")
@@ -379,8 +337,8 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
     salt = jnp.zeros((), jnp.int32) if salt is None else salt
     rows, cols = rowcol_codes(residual.shape, salt)  # hash_dropout's codes of this shape
     rows = rows[..., 0]
-    return (_fused_twin if twin else _fused)(residual, y, rows, cols, b, gamma, beta, s,
-                                             jnp.dtype(out_dtype or residual.dtype))
+    return _fused(residual, y, rows, cols, b, gamma, beta, s,
+                  jnp.dtype(out_dtype or residual.dtype))
 
 
 def reference(residual, y, b, gamma, beta, *, salt=None, rate: float = 0.0,

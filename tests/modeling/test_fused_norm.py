@@ -49,71 +49,6 @@ def test_values_and_gradients_match_jax(rate, recompute):
         assert float(jnp.abs(g - w).max()) <= 1e-5 * max(scale, 1.0), name
 
 
-@pytest.mark.parametrize("recompute", [True, False])
-def test_twin_output_gradients_are_summed_by_the_kernel(recompute):
-    """twin=True returns the output twice; the backward kernel sums the two gradients as it
-    loads them: the same values and gradients as one output used twice (autodiff's sum)."""
-    r, y, b, gamma, beta, salt = _inputs(seed=3)
-    p1, p2 = (jax.random.normal(jax.random.key(i), r.shape) for i in (10, 11))
-    kw = dict(salt=salt, rate=0.1, recompute=recompute)
-
-    def twin(*args):
-        a, c = fused_norm.residual_dropout_layer_norm(*args, twin=True, **kw)
-        return jnp.sum(a * p1) + jnp.sum(jnp.tanh(c) * p2)
-
-    def once(*args):
-        out = fused_norm.residual_dropout_layer_norm(*args, **kw)
-        return jnp.sum(out * p1) + jnp.sum(jnp.tanh(out) * p2)
-
-    args = (r, y, b, gamma, beta)
-    got, want = (jax.value_and_grad(fn, range(5))(*args) for fn in (twin, once))
-    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
-    for g, w in zip(got[1], want[1], strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-    # One copy unused: its gradient is zero, the other's alone arrives.
-    one = jax.grad(lambda *a: jnp.sum(fused_norm.residual_dropout_layer_norm(
-        *a, twin=True, **kw)[1] * p2), range(5))(*args)
-    ref = jax.grad(lambda *a: jnp.sum(fused_norm.residual_dropout_layer_norm(*a, **kw) * p2),
-                   range(5))(*args)
-    for g, w in zip(one, ref, strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-
-
-def test_model_twin_outputs_equal_single(monkeypatch):
-    """layer_norm_impl=fused with the layers passing (matmul input, residual) pairs
-    (encoder.FUSED_NORM_TWIN) trains to the same loss and gradients as single outputs, also
-    under scan and remat, and reports single hidden states."""
-    from flax import linen as nn
-
-    from bert_jax import modeling
-    from bert_jax.modeling import encoder
-
-    ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
-    mask = jnp.stack([jnp.ones(16, jnp.int32), (jnp.arange(16) < 11).astype(jnp.int32)])
-    for overrides in ({}, {"scan_layers": True, "remat_policy": "dots"}):
-        cfg = get_preset("tiny", vocab_size=128, layer_norm_impl="fused", **overrides)
-        params = modeling.BertModel(cfg).init(jax.random.key(1), ids, mask)
-        probe = jax.random.normal(jax.random.key(3), (2, 16, cfg.hidden_size))
-
-        def loss(p, cfg=cfg, probe=probe):
-            out = modeling.BertModel(cfg).apply(p, ids, mask, deterministic=False,
-                                                output_hidden_states=True,
-                                                rngs={"dropout": jax.random.key(2)})
-            assert all(not isinstance(h, tuple) for h in out["hidden_states"])
-            return jnp.mean(out["sequence_output"] * probe) + jnp.mean(
-                out["hidden_states"][1] ** 2)
-
-        monkeypatch.setattr(encoder, "FUSED_NORM_TWIN", True)
-        assert encoder.twin_outputs(cfg)
-        twin = jax.value_and_grad(loss)(params)
-        monkeypatch.setattr(encoder, "FUSED_NORM_TWIN", False)
-        single = jax.value_and_grad(loss)(params)
-        np.testing.assert_allclose(twin[0], single[0], rtol=1e-6)
-        for a, b in zip(jax.tree.leaves(nn.unbox(twin[1])), jax.tree.leaves(nn.unbox(single[1])),
-                        strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-
-
 def test_mask_is_hash_dropouts():
     """Same salt, same dropped elements as hash_dropout (rowcol) on the [batch, seq, hidden]
     array; a different salt drops different ones."""
@@ -213,19 +148,14 @@ def test_train_step_with_fused_layer_norm_learns():
 
 
 @pytest.mark.parametrize("hidden", [384, 768, 1024])
-@pytest.mark.parametrize("twin", [False, True])
-def test_triton_lowering_for_the_gpu(hidden, twin):
+def test_triton_lowering_for_the_gpu(hidden):
     """The kernels lower to Triton for CUDA from this CPU machine (power-of-two chunks of the
-    hidden units: 3 x 128, 3 x 256, 4 x 256), forward and backward, with the output's
-    gradient as one array or (twin) two."""
+    hidden units: 3 x 128, 3 x 256, 4 x 256), forward and backward."""
     sd = jax.ShapeDtypeStruct
 
     def loss(r, y, b, gamma, beta, salt):
         out = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=0.1,
-                                                     interpret=False, twin=twin)
-        if twin:
-            return jnp.sum(out[0].astype(jnp.float32)) + jnp.sum(jnp.square(
-                out[1].astype(jnp.float32)))
+                                                     interpret=False)
         return jnp.sum(out.astype(jnp.float32))
 
     grad = jax.jit(jax.grad(loss, range(5)))
