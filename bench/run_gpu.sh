@@ -63,6 +63,7 @@
 #   gelu           ~3 min   base/128 pretrain and classify: gelu_erf (default) vs --gelu erfc
 #   packed         ~8 min   bench/check_flash_gpu.py (packed vs separate kernels, $OUT/checks.jsonl),
 #                           then --qkv packed vs split: base/128, classify, large/512; a profile
+#   verify         ~3 min   check_flash_gpu.py, then base/128 pretraining and classify (defaults)
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -392,6 +393,16 @@ stage_packed() {  # qkv_projection packed (one matmul read in place by the flash
   profile pretrain "$B256" "profile-pretrain-$BASE-$S128-packed" --qkv packed
 }
 
+stage_verify() {  # the final code in one short call: the compiled flash kernels checked against
+  # each other and the reference, then base/128 pretraining and classify at the defaults
+  local shapes=base-128,large-512
+  [ "$SMOKE" = 1 ] && shapes=tiny
+  run_case 60 check flash_kernels "$BASE" "$S128" 0 -- "${JAX_ENV[@]}" \
+    "$PY" bench/check_flash_gpu.py --shapes "$shapes" --out "$OUT/checks.jsonl"
+  pretrain 60 verify "$BASE" "$S128" "$B256"
+  classify 50 verify
+}
+
 stage_layernorm() {  # LayerNorm backward: two_stage (default) vs flax autodiff
   pretrain 60 layernorm:flax "$BASE" "$S128" "$B256" --layer-norm flax
   classify 40 layernorm:flax --layer-norm flax
@@ -548,6 +559,7 @@ run_stage() {
     large128) stage_large128 ;;
     qkv) stage_qkv ;;
     packed) stage_packed ;;
+    verify) stage_verify ;;
     final) stage_final ;;
     tune) stage_tune ;;
     fused) stage_fused ;;
@@ -557,7 +569,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
