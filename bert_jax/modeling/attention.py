@@ -94,11 +94,7 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
         raise ValueError(f"unknown dropout attention implementation {impl!r}")
     from bert_jax.modeling import flash
 
-    if jax.default_backend() != "gpu":
-        warnings.warn("dropout_attention_impl='flash' off GPU runs the Pallas kernel in "
-                      "interpret mode (for tests; slow): use 'auto' or 'explicit' here",
-                      stacklevel=2)
-    salt = flash.salt_from_rng(dropout_rng, query.shape[0], query.shape[2])
+    salt = _flash_salt(dropout_rng, query.shape[0], query.shape[2])
 
     def local(q, k, v, lengths, s, biases):
         return flash.flash_attention(q, k, v, lengths, salt=s, dropout_rate=dropout_rate,
@@ -123,17 +119,24 @@ def dropout_attention_packed(qkv, kv_lengths, *, dropout_rng, dropout_rate: floa
                                  mask_hash=mask_hash, qkv_bias=biases)
     from bert_jax.modeling import flash
 
-    if jax.default_backend() != "gpu":
-        warnings.warn("dropout_attention_impl='flash' off GPU runs the Pallas kernel in "
-                      "interpret mode (for tests; slow): use 'auto' or 'explicit' here",
-                      stacklevel=2)
-    salt = flash.salt_from_rng(dropout_rng, qkv.shape[0], qkv.shape[3])
+    salt = _flash_salt(dropout_rng, qkv.shape[0], qkv.shape[3])
 
     def local(packed, lengths, s, bias):
         return flash.flash_attention_packed(packed, lengths, salt=s, dropout_rate=dropout_rate,
                                             mask_hash=mask_hash, qkv_bias=bias)
 
     return _over_mesh_packed(local, qkv, kv_lengths, salt, qkv_bias)
+
+
+def _flash_salt(dropout_rng, batch: int, heads: int):
+    """The flash kernel's [batch, heads] salts (a warning off GPU, where it is interpreted)."""
+    from bert_jax.modeling import flash
+
+    if jax.default_backend() != "gpu":
+        warnings.warn("dropout_attention_impl='flash' off GPU runs the Pallas kernel in "
+                      "interpret mode (for tests; slow): use 'auto' or 'explicit' here",
+                      stacklevel=3)
+    return flash.salt_from_rng(dropout_rng, batch, heads)
 
 
 def _mesh_axes(batch: int, heads: int):

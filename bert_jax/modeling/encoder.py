@@ -166,9 +166,9 @@ class Projection(nn.Module):
     def _biased(self, x, kernel, bias):
         """``x @ kernel + bias`` for a kernel with several output axes, computed against the
         kernel flattened to one output axis and reshaped after the bias: the bias add is then
-        a vector bias on the matmul's output, which XLA folds into the cuBLAS epilogue (on the
-        [.., heads, head_dim] shape it ran as a separate pass over the output: 1.3 ms of
-        query/key/value bias adds per Base/128 step on an H100)."""
+        a vector bias on the matmul's 2-D output, the form XLA can fold into a cuBLAS
+        epilogue (it does for the float32 MLM decoder; for bfloat16 outputs the add stays one
+        pass, ``bench/probe_bias_epilogue.py``)."""
         out_shape = kernel.shape[self.in_dims:]
         flat = kernel.reshape(*kernel.shape[:self.in_dims], -1)
         y = add_bias(jax.lax.dot_general(x, flat, self._dims(x)), bias.reshape(-1))

@@ -435,8 +435,8 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
 def _with_biases(srcs, qkv_bias, packed: bool):
     """The query/key/value sources plus their biases (XLA's adds, as the projections make
     them), or unchanged without biases. Packed, the [3, heads, head_dim] bias is added as a
-    vector over the flattened [.., 3 * heads * head_dim] output (the shape of the projection's
-    matmul, whose epilogue can take it)."""
+    vector over the flattened [.., 3 * heads * head_dim] output, the shape of the projection's
+    matmul (XLA still runs it as one pass: docs/performance.md, seventh session)."""
     if qkv_bias is None:
         return srcs
     if packed:

@@ -2,6 +2,8 @@
 forward and gradients against the jax.numpy reference with the same mask, the mask's
 statistics, and the model's training path through it, on one device and split over a mesh."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -258,6 +260,24 @@ def test_packed_split_over_mesh_equals_one_device():
     np.testing.assert_allclose(explicit, ref, atol=2e-6, rtol=1e-5)
 
 
+def _tiny_training_loss(cfg, mask=None):
+    """(params, loss(params, **config overrides)): a tiny BertModel trained with dropout on
+    one fixed batch, two examples of 32 tokens (the second padded after 20 unless ``mask``
+    is given), its sequence output against a fixed probe."""
+    ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
+    if mask is None:
+        mask = jnp.stack([jnp.ones(32, jnp.int32), (jnp.arange(32) < 20).astype(jnp.int32)])
+    params = BertModel(cfg).init(jax.random.key(1), ids, mask)
+    probe = jax.random.normal(jax.random.key(3), (2, 32, cfg.hidden_size))
+
+    def loss(p, **overrides):
+        out = BertModel(cfg.replace(**overrides)).apply(
+            p, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(2)})
+        return jnp.mean(out["sequence_output"] * probe)
+
+    return params, loss
+
+
 @pytest.mark.parametrize("bias_grads", [True, False])
 def test_model_packed_projection_equals_split(monkeypatch, bias_grads):
     """qkv_projection=packed (one matmul, the kernel reading the slots in place, the
@@ -267,24 +287,16 @@ def test_model_packed_projection_equals_split(monkeypatch, bias_grads):
 
     monkeypatch.setattr(encoder, "FLASH_BIAS_GRADS", bias_grads)
     cfg = get_preset("tiny", vocab_size=300, dropout_attention_impl="flash")
-    ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
-    mask = jnp.stack([jnp.ones(32, jnp.int32), (jnp.arange(32) < 20).astype(jnp.int32)])
-    params = BertModel(cfg).init(jax.random.key(1), ids, mask)
-    probe = jax.random.normal(jax.random.key(3), (2, 32, cfg.hidden_size))
-
-    def loss(p, projection):
-        out = BertModel(cfg.replace(qkv_projection=projection)).apply(
-            p, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(2)})
-        return jnp.mean(out["sequence_output"] * probe)
-
-    packed = jax.value_and_grad(loss)(params, "packed")
-    split = jax.value_and_grad(loss)(params, "split")
+    params, loss = _tiny_training_loss(cfg)
+    packed = jax.value_and_grad(functools.partial(loss, qkv_projection="packed"))(params)
+    split = jax.value_and_grad(functools.partial(loss, qkv_projection="split"))(params)
     np.testing.assert_allclose(packed[0], split[0], rtol=1e-6)
     bias_grad = packed[1]["params"]["encoder"]["layer_0"]["attention"]["qkv"]["bias"]
     assert float(jnp.abs(nn.unbox(bias_grad)).max()) > 0
     for a, b in zip(jax.tree.leaves(packed[1]), jax.tree.leaves(split[1]), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
-    evaluated = [BertModel(cfg.replace(qkv_projection=p)).apply(params, ids, mask)
+    ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
+    evaluated = [BertModel(cfg.replace(qkv_projection=p)).apply(params, ids, jnp.ones_like(ids))
                  for p in ("packed", "split")]
     np.testing.assert_array_equal(evaluated[0]["sequence_output"],
                                   evaluated[1]["sequence_output"])
@@ -296,16 +308,7 @@ def test_model_bias_gradients_from_the_kernel_equal_xla_sums(monkeypatch):
     from bert_jax.modeling import encoder
 
     cfg = get_preset("tiny", vocab_size=300, dropout_attention_impl="flash")
-    ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
-    mask = jnp.stack([jnp.ones(32, jnp.int32), (jnp.arange(32) < 20).astype(jnp.int32)])
-    params = BertModel(cfg).init(jax.random.key(1), ids, mask)
-    probe = jax.random.normal(jax.random.key(3), (2, 32, cfg.hidden_size))
-
-    def loss(p):
-        out = BertModel(cfg).apply(p, ids, mask, deterministic=False,
-                                   rngs={"dropout": jax.random.key(2)})
-        return jnp.mean(out["sequence_output"] * probe)
-
+    params, loss = _tiny_training_loss(cfg)
     in_kernel = jax.value_and_grad(loss)(params)
     monkeypatch.setattr(encoder, "FLASH_BIAS_GRADS", False)
     with_xla = jax.value_and_grad(loss)(params)
@@ -349,18 +352,9 @@ def test_flash_under_scan_and_remat(remat):
     """The kernel's custom VJP composes with the scanned layer stack and rematerialization:
     remat recomputes the forward (same salts from the same keys), so gradients are equal."""
     cfg = get_preset("tiny", vocab_size=300, scan_layers=True, dropout_attention_impl="flash")
-    ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
-    mask = jnp.ones((2, 32), jnp.int32)
-    params = BertModel(cfg).init(jax.random.key(1), ids, mask)
-    probe = jax.random.normal(jax.random.key(3), (2, 32, cfg.hidden_size))
-
-    def loss(p, policy):
-        out = BertModel(cfg.replace(remat_policy=policy)).apply(
-            p, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(2)})
-        return jnp.mean(out["sequence_output"] * probe)
-
-    grads = jax.jit(jax.grad(loss), static_argnums=1)(params, remat)
-    reference = jax.jit(jax.grad(loss), static_argnums=1)(params, "none")
+    params, loss = _tiny_training_loss(cfg, mask=jnp.ones((2, 32), jnp.int32))
+    grads = jax.jit(jax.grad(functools.partial(loss, remat_policy=remat)))(params)
+    reference = jax.jit(jax.grad(functools.partial(loss, remat_policy="none")))(params)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(reference), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
         assert bool(jnp.all(jnp.isfinite(a)))
