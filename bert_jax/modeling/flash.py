@@ -199,12 +199,11 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
     from jax.experimental import pallas as pl
 
     fused = s.backward == "fused"
+    dq_ref = out_refs[0] if fused else None
     if s.packed:  # one whole-array output holds dQ (fused), dK and dV
-        dq_ref = out_refs[0] if fused else None
         dk_ref = dv_ref = out_refs[0]
         sums = out_refs[1:]
     else:
-        dq_ref = out_refs[0] if fused else None
         dk_ref, dv_ref = out_refs[int(fused):int(fused) + 2]
         sums = out_refs[int(fused) + 2:]  # ([sq], sk, sv) when s.bias_grads
     block_k, block_q = k_ref.shape[0], s.block_q_bwd
