@@ -260,19 +260,20 @@ class BertSelfAttention(nn.Module):
         bias_to_attention = (FLASH_BIAS_GRADS and dropout_active and not self.output_attentions
                              and cfg.qkv_projection in ("split", "packed"))
         qkv_bias = None
-        if self._packed(x):
+        if (cfg.qkv_projection == "packed" and dropout_active and not self.output_attentions
+                and self._flash_runs(x)):
             # One matmul into [batch, seq, 3, heads, head_dim], read in place by the flash
             # kernel, whose gradient comes back packed: one input-gradient and one
-            # weight-gradient matmul in the backward pass.
-            qkv = Projection((3, n, d), 1, axes, cfg, skip_bias_add=True, name="qkv")(x)
-            packed, bias = qkv
+            # weight-gradient matmul in the backward pass. (Elsewhere packed computes as
+            # split, below.)
+            packed, bias = Projection((3, n, d), 1, axes, cfg, skip_bias_add=True,
+                                      name="qkv")(x)
             if not bias_to_attention:
                 packed, bias = packed + bias.astype(packed.dtype), None
             context = dropout_attention_packed(
                 constrain(packed, PACKED_AXES), kv_lengths, dropout_rng=self.make_rng("dropout"),
-                dropout_rate=cfg.attention_probs_dropout_prob,
-                implementation=cfg.dropout_attention_impl, mask_hash=cfg.dropout_hash,
-                qkv_bias=bias)
+                dropout_rate=cfg.attention_probs_dropout_prob, implementation="flash",
+                mask_hash=cfg.dropout_hash, qkv_bias=bias)
             return self._output(context, None)
         if cfg.qkv_projection in ("split", "packed"):
             # Three matmuls on slices of the [embed, 3, heads, head_dim] kernel: query, key
@@ -304,14 +305,9 @@ class BertSelfAttention(nn.Module):
                                              cfg.attention_impl), None
         return self._output(context, probs)
 
-    def _packed(self, x) -> bool:
-        """Whether this call takes the packed projection: ``qkv_projection=packed`` where the
-        flash kernel runs (training with attention dropout, no attention maps); elsewhere
-        packed computes as split."""
+    def _flash_runs(self, x) -> bool:
+        """Whether dropout attention over ``x``'s shape resolves to the flash kernel."""
         cfg = self.config
-        if (cfg.qkv_projection != "packed" or self.deterministic or self.output_attentions
-                or cfg.attention_probs_dropout_prob <= 0.0):
-            return False
         like = jax.ShapeDtypeStruct((*x.shape[:2], cfg.num_attention_heads, cfg.head_dim),
                                     cfg.dtype)
         return resolve_dropout_implementation(cfg.dropout_attention_impl, like, like) == "flash"

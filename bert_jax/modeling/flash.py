@@ -401,15 +401,16 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
     sources, q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
         q_len, kv_len, head_dim, None, block_k, s.packed)
     spec, shape = sums(kv_len // block_k)
+    n_kv = 1 if s.packed else 2  # dK and dV outputs (one packed array, or two)
     dkdv = pl.pallas_call(
         functools.partial(_dkdv_kernel, s=s),
         grid=(batch, heads, kv_len // block_k),
         in_specs=[*sources, bias_spec, salt_spec, q_spec, row_full, row_full],
         out_specs=([_whole_spec()] if s.packed else [k_tile, k_tile]) + [spec] * 2 * n_sums,
-        out_shape=grads[-1:] * (1 if s.packed else 2) + [shape] * 2 * n_sums,
+        out_shape=grads[-1:] * n_kv + [shape] * 2 * n_sums,
         interpret=s.interpret, name="bert_flash_dkdv", **_compiler_params(s),
     )(*_sources(srcs, s), bias, salt, do, lse, delta)
-    kv_grads, kv_sums = dkdv[:1 if s.packed else 2], dkdv[1 if s.packed else 2:]
+    kv_grads, kv_sums = dkdv[:n_kv], dkdv[n_kv:]
 
     sources, q_tile, _, bias_spec, salt_spec, row_tile = _specs(
         q_len, kv_len, head_dim, block_q, None, s.packed)

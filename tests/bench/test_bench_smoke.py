@@ -131,6 +131,14 @@ def test_summarize_ratio_and_targets(tmp_path):
                 "batch_size": 32, "error": "skipped: stage budget"}]
     text = summarize.render(skipped + summarize.load([str(path)]))
     assert "core base/128: skipped" not in text and "core large/512: skipped" in text
+    # A/B stages' tagged runs get a table of their own; core and lever runs do not repeat there
+    ab = [dict(common, framework="bert-jax", tag="qkv:packed", seq_per_s=5255.0, mfu=0.5,
+               peak_memory_gib=12.1)]
+    text = summarize.render(summarize.load([str(path)]) + ab)
+    others = text.split("## Other runs (A/B stages)")[1].split("##")[0]
+    assert "| qkv:packed | pretrain | base | 128 | 256 | 5,255 | 50.0% | 12.1 |" in others
+    assert "core" not in others and "lever:" not in others
+    assert "Other runs" not in summarize.render(summarize.load([str(path)]))
 
 
 def test_loop_helpers(tmp_path):
