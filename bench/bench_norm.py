@@ -30,6 +30,9 @@ def parse_args(argv=None):
     ap.add_argument("--hold", default="16:4,8:4,8:8",
                     help="ROWS:WARPS settings also run with the backward holding rows in "
                          "registers (recompute=False)")
+    ap.add_argument("--summed", default="16:8:2,16:8:4,16:8:8,8:4:4,4:2:4",
+                    help="ROWS:WARPS:K settings also run with K row blocks per backward "
+                         "program (fused_norm sum_blocks: fewer parameter-gradient partials)")
     ap.add_argument("--rate", type=float, default=0.1)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
@@ -63,18 +66,22 @@ def main(argv=None) -> list[dict]:
             return layer_norm_two_stage(r + h, gamma, beta, 1e-12, jnp.dtype(jnp.bfloat16))
 
         variants = [("xla", xla)]
-        settings = [(rows, warps, True) for rows, warps in itertools.product(
+        settings = [(rows, warps, True, 1) for rows, warps in itertools.product(
             (int(v) for v in args.block_rows.split(",")),
             (int(v) for v in args.num_warps.split(",")))]
-        settings += [(int(v.split(":")[0]), int(v.split(":")[1]), False)
+        settings += [(int(v.split(":")[0]), int(v.split(":")[1]), False, 1)
                      for v in args.hold.split(",") if v]
-        for rows, warps, recompute in settings:
-            name = f"fused_r{rows}_w{warps}" + ("" if recompute else "_hold")
+        settings += [(*(int(p) for p in v.split(":")[:2]), True, int(v.split(":")[2]))
+                     for v in args.summed.split(",") if v]
+        for rows, warps, recompute, sums in settings:
+            name = (f"fused_r{rows}_w{warps}" + ("" if recompute else "_hold")
+                    + (f"_k{sums}" if sums > 1 else ""))
             variants.append((name, lambda r, y, b, gamma, beta, rows=rows, warps=warps,
-                             recompute=recompute, salt=salt: fused_norm.residual_dropout_layer_norm(
+                             recompute=recompute, sums=sums, salt=salt:
+                             fused_norm.residual_dropout_layer_norm(
                                  r, y, b.astype(jnp.bfloat16), gamma, beta, salt=salt,
                                  rate=args.rate, block_rows=rows, num_warps=warps,
-                                 recompute=recompute, interpret=interpret)))
+                                 recompute=recompute, sum_blocks=sums, interpret=interpret)))
         for name, fn in variants:
             def step(r, y, b, gamma, beta, fn=fn, cotangent=g):
                 out, pullback = jax.vjp(fn, r, y, b, gamma, beta)

@@ -68,6 +68,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--fused-norm-blocks", default="",
                     help="ROWS:WARPS[:hold]: settings of the fused LayerNorm kernel "
                          "(--layer-norm fused); default: fused_norm.blocks_for(rows)")
+    ap.add_argument("--norm-sum-blocks", type=int, default=0,
+                    help="row blocks per program of the fused LayerNorm backward (one partial "
+                         "sum of the parameter gradients each); 0: fused_norm.SUM_BLOCKS")
     ap.add_argument("--flash", default="",
                     help="BACKWARD[:BQ:BK:BQB:BKB:WARPS:STAGES]: the flash kernel's backward "
                          "variant (fused|split) and blocks; default: "
@@ -318,7 +321,8 @@ def main(argv=None) -> dict:
         "attention": args.attention, "attention_dropout": args.attention_dropout,
         "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
         **model_choice_record(args), "gelu": args.gelu,
-        "fused_norm_blocks": args.fused_norm_blocks, "flash": args.flash,
+        "fused_norm_blocks": args.fused_norm_blocks,
+        "norm_sum_blocks": args.norm_sum_blocks, "flash": args.flash,
         "qkv_bias_grad": args.qkv_bias_grad, "scan": args.scan,
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,

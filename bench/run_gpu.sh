@@ -6,6 +6,7 @@
 #                                              profile-large | attention-tune | flash-tune |
 #                                              batch | large128 | biasgrad |
 #                                              gelu | fused | tune | final | nodrop |
+#                                              packed | verify | gemmnorm | remaining |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
@@ -64,6 +65,11 @@
 #   packed         ~8 min   bench/check_flash_gpu.py (packed vs separate kernels, $OUT/checks.jsonl),
 #                           then --qkv packed vs split: base/128, classify, large/512; a profile
 #   verify         ~3 min   check_flash_gpu.py, then base/128 pretraining and classify (defaults)
+#   gemmnorm       ~9 min   eighth session's A/B (BUDGET_S=580): --xla-flags cublaslt and
+#                           no_splitk, --norm-sum-blocks 4 against the defaults on base/128,
+#                           classify and large/512; the bias-epilogue probe under cuBLAS-Lt
+#                           ($OUT/probe-cublaslt.jsonl, probe-cublaslt-hlo.tgz); the fused
+#                           LayerNorm's sum_blocks sweep ($OUT/norm.jsonl)
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -403,6 +409,34 @@ stage_verify() {  # the final code in one short call: the compiled flash kernels
   classify 50 verify
 }
 
+stage_gemmnorm() {  # the eighth session's A/B: XLA's cuBLAS-Lt path (vector-bias and addend
+  # epilogues), no split-K rewrite of the long-K weight gradients, and fewer partial sums in
+  # the fused LayerNorm backward (row blocks per program), each against the defaults
+  local probe_tokens=32768
+  [ "$SMOKE" = 1 ] && probe_tokens=256
+  run_case 40 probe bias_epilogue_cublaslt "$BASE" "$S128" 0 -- "${JAX_ENV[@]}" \
+    XLA_FLAGS=--xla_gpu_enable_cublaslt=true "$PY" bench/probe_bias_epilogue.py \
+    --tokens "$probe_tokens" --out "$OUT/probe-cublaslt.jsonl" --hlo-dir "$OUT/probe-cublaslt-hlo"
+  (cd "$OUT" && tar czf probe-cublaslt-hlo.tgz probe-cublaslt-hlo && rm -rf probe-cublaslt-hlo) \
+    2>/dev/null
+  pretrain 45 gn:baseline "$BASE" "$S128" "$B256"
+  pretrain 45 gn:cublaslt "$BASE" "$S128" "$B256" --xla-flags cublaslt
+  pretrain 45 gn:no_splitk "$BASE" "$S128" "$B256" --xla-flags no_splitk
+  pretrain 45 gn:sum4 "$BASE" "$S128" "$B256" --norm-sum-blocks 4
+  classify 30 gn:baseline
+  classify 30 gn:cublaslt --xla-flags cublaslt
+  classify 30 gn:sum4 --norm-sum-blocks 4
+  local shapes=256x128x768,32x512x1024,32x128x768
+  [ "$SMOKE" = 1 ] && shapes=2x64x128
+  run_case 60 norm sum_blocks "$BASE" "$S128" 0 -- "${JAX_ENV[@]}" "$PY" bench/bench_norm.py \
+    --shapes "$shapes" --block-rows 16 --num-warps 8 --hold 16:8 \
+    --summed 16:8:2,16:8:4,16:8:8,32:8:4,4:2:4,4:2:16 --iters 10 --repeats 3 \
+    --out "$OUT/norm.jsonl"
+  pretrain 90 gn:baseline "$LARGE" "$S512" "$B32"
+  pretrain 75 gn:cublaslt "$LARGE" "$S512" "$B32" --xla-flags cublaslt
+  pretrain 75 gn:sum4 "$LARGE" "$S512" "$B32" --norm-sum-blocks 4
+}
+
 stage_layernorm() {  # LayerNorm backward: two_stage (default) vs flax autodiff
   pretrain 60 layernorm:flax "$BASE" "$S128" "$B256" --layer-norm flax
   classify 40 layernorm:flax --layer-norm flax
@@ -560,6 +594,7 @@ run_stage() {
     qkv) stage_qkv ;;
     packed) stage_packed ;;
     verify) stage_verify ;;
+    gemmnorm) stage_gemmnorm ;;
     final) stage_final ;;
     tune) stage_tune ;;
     fused) stage_fused ;;
@@ -569,7 +604,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

@@ -7,8 +7,8 @@ statistics, the normalization, the parameter-gradient column sums, the input gra
 dropout's gradient and the bias gradient (24 sublayers, ~7 ms of a 54 ms Base/128 step on an
 H100; ``bench/profile_step.py``). Here one forward kernel reads ``residual`` and ``y`` once and
 writes the output, and one backward kernel reads the output gradient, ``residual`` and ``y``
-once and writes both input gradients plus per-block partial sums of the three parameter
-gradients (summed by XLA afterwards).
+once and writes both input gradients plus partial sums of the three parameter gradients, one
+[3 x hidden] row per program (summed by XLA afterwards in one reduction).
 
 The dropout mask is the ``rowcol`` counter hash of ``dropout.py`` (the row codes of the
 [batch, seq] positions and the column codes of the hidden units, computed by XLA and passed
@@ -48,6 +48,9 @@ class NormSettings:
     # Backward: recompute each chunk's x, xhat and gradient terms in the second pass (reloads
     # that hit the cache) instead of holding the whole rows in registers.
     recompute: bool = True
+    # Backward: row blocks one program loops over, keeping the parameter-gradient sums in
+    # registers; one [3 x hidden] partial sum per program (XLA sums them afterwards).
+    sum_blocks: int = 1
 
 
 # Kernel settings (block_rows, num_warps, recompute) from ``bench/bench_norm.py`` on an H100
@@ -60,6 +63,9 @@ LONG_BLOCKS = (16, 8, True)
 SHORT_BLOCKS = (4, 2, True)
 LONG_ROWS = 16384  # rows per shard from which LONG_BLOCKS apply
 DEFAULT_BLOCKS: tuple[int, int, bool] | None = None
+# Row blocks per backward program (NormSettings.sum_blocks) when the caller gives none:
+# 1 writes one partial sum per row block (``bench --norm-sum-blocks K`` is the A/B).
+SUM_BLOCKS = 1
 
 
 def blocks_for(rows: int) -> tuple[int, int, bool]:
@@ -85,14 +91,15 @@ def supported(hidden: int) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Kernels. Refs: rows [R] (row codes), cols/b/gamma/beta [H], arrays [R, H]; partial sums [1, H].
 
-def _pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, sl, s: NormSettings):
-    """float32 ``residual + dropout(y + b)`` of one chunk, and its keep mask (or None)."""
-    h = y_ref[:, sl].astype(jnp.float32) + b_ref[sl].astype(jnp.float32)[None, :]
+def _pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, rs, sl, s: NormSettings):
+    """float32 ``residual + dropout(y + b)`` of one chunk (rows ``rs``, columns ``sl``), and its
+    keep mask (or None)."""
+    h = y_ref[rs, sl].astype(jnp.float32) + b_ref[sl].astype(jnp.float32)[None, :]
     keep = None
     if s.rate > 0.0:
         keep = keep_from_codes(rows[:, None], cols_ref[sl][None, :], s.rate)
         h = jnp.where(keep, h * (1.0 / (1.0 - s.rate)), 0.0)
-    return r_ref[:, sl].astype(jnp.float32) + h, keep
+    return r_ref[rs, sl].astype(jnp.float32) + h, keep
 
 
 def _forward_kernel(r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, beta_ref,
@@ -100,8 +107,9 @@ def _forward_kernel(r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, beta_ref
     from jax.experimental import pallas as pl
 
     rows = rows_ref[...]
+    rs = slice(None)
     slices = [pl.ds(c * s.chunk, s.chunk) for c in range(hidden // s.chunk)]
-    xs = [_pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, sl, s)[0] for sl in slices]
+    xs = [_pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, rs, sl, s)[0] for sl in slices]
     mean = sum(jnp.sum(x, axis=1) for x in xs) / hidden
     var = sum(jnp.sum(jnp.square(x - mean[:, None]), axis=1) for x in xs) / hidden
     rstd = lax.rsqrt(var + s.epsilon)
@@ -114,38 +122,55 @@ def _forward_kernel(r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, beta_ref
 
 
 def _backward_kernel(g_ref, r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, mean_ref,
-                     rstd_ref, dr_ref, dy_ref, dgamma_ref, dbeta_ref, db_ref, *,
-                     s: NormSettings, hidden: int):
+                     rstd_ref, dr_ref, dy_ref, sums_ref, *, s: NormSettings, hidden: int):
+    """One program: ``s.sum_blocks`` blocks of ``s.block_rows`` rows. Writes both input
+    gradients and one partial sum per parameter gradient, ``sums_ref[0]`` = [bias | gamma |
+    beta] gradients of all its rows."""
     from jax.experimental import pallas as pl
 
-    rows = rows_ref[...]
-    mean, rstd = mean_ref[...][:, None], rstd_ref[...][:, None]
     slices = [pl.ds(c * s.chunk, s.chunk) for c in range(hidden // s.chunk)]
 
-    def terms(sl):
-        x, keep = _pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, sl, s)
-        xhat = (x - mean) * rstd
-        g = g_ref[:, sl].astype(jnp.float32)
-        return g, xhat, g * gamma_ref[sl].astype(jnp.float32)[None, :], keep
+    def block(j, acc):
+        rs = slice(None) if s.sum_blocks == 1 else pl.ds(j * s.block_rows, s.block_rows)
+        rows = rows_ref[rs]
+        mean, rstd = mean_ref[rs][:, None], rstd_ref[rs][:, None]
 
-    held, sum_gx, sum_gx_xhat = [], 0.0, 0.0
-    for sl in slices:
-        g, xhat, gx, keep = terms(sl)
-        sum_gx = sum_gx + jnp.sum(gx, axis=1)
-        sum_gx_xhat = sum_gx_xhat + jnp.sum(gx * xhat, axis=1)
-        dgamma_ref[0, sl] = jnp.sum(g * xhat, axis=0)
-        dbeta_ref[0, sl] = jnp.sum(g, axis=0)
-        if not s.recompute:
-            held.append((xhat, gx, keep))
-    mean_gx = (sum_gx / hidden)[:, None]
-    mean_gx_xhat = (sum_gx_xhat / hidden)[:, None]
-    for c, sl in enumerate(slices):
-        xhat, gx, keep = held[c] if held else terms(sl)[1:]
-        dx = rstd * (gx - mean_gx - xhat * mean_gx_xhat)
-        dr_ref[:, sl] = dx.astype(dr_ref.dtype)
-        dh = dx if keep is None else jnp.where(keep, dx * (1.0 / (1.0 - s.rate)), 0.0)
-        dy_ref[:, sl] = dh.astype(dy_ref.dtype)
-        db_ref[0, sl] = jnp.sum(dh, axis=0)
+        def terms(sl):
+            x, keep = _pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, rs, sl, s)
+            xhat = (x - mean) * rstd
+            g = g_ref[rs, sl].astype(jnp.float32)
+            return g, xhat, g * gamma_ref[sl].astype(jnp.float32)[None, :], keep
+
+        db, dgamma, dbeta = (list(a) for a in acc)
+        held, sum_gx, sum_gx_xhat = [], 0.0, 0.0
+        for c, sl in enumerate(slices):
+            g, xhat, gx, keep = terms(sl)
+            sum_gx = sum_gx + jnp.sum(gx, axis=1)
+            sum_gx_xhat = sum_gx_xhat + jnp.sum(gx * xhat, axis=1)
+            dgamma[c] = dgamma[c] + jnp.sum(g * xhat, axis=0)
+            dbeta[c] = dbeta[c] + jnp.sum(g, axis=0)
+            if not s.recompute:
+                held.append((xhat, gx, keep))
+        mean_gx = (sum_gx / hidden)[:, None]
+        mean_gx_xhat = (sum_gx_xhat / hidden)[:, None]
+        for c, sl in enumerate(slices):
+            xhat, gx, keep = held[c] if held else terms(sl)[1:]
+            dx = rstd * (gx - mean_gx - xhat * mean_gx_xhat)
+            dr_ref[rs, sl] = dx.astype(dr_ref.dtype)
+            dh = dx if keep is None else jnp.where(keep, dx * (1.0 / (1.0 - s.rate)), 0.0)
+            dy_ref[rs, sl] = dh.astype(dy_ref.dtype)
+            db[c] = db[c] + jnp.sum(dh, axis=0)
+        return tuple(db), tuple(dgamma), tuple(dbeta)
+
+    zeros = tuple(jnp.zeros((s.chunk,), jnp.float32) for _ in slices)
+    acc = (zeros, zeros, zeros)
+    if s.sum_blocks == 1:
+        acc = block(0, acc)
+    else:
+        acc = lax.fori_loop(0, s.sum_blocks, block, acc)
+    for k, parts in enumerate(acc):
+        for c, part in enumerate(parts):
+            sums_ref[0, pl.ds(k * hidden + c * s.chunk, s.chunk)] = part
 
 
 def _compiler_params(s: NormSettings):
@@ -180,19 +205,19 @@ def _backward_call(g, r, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
     from jax.experimental import pallas as pl
 
     n, hidden = r.shape
-    block = s.block_rows
+    block = s.block_rows * s.sum_blocks
     tile = pl.BlockSpec((block, hidden), lambda i: (i, 0))
     vec = pl.BlockSpec((hidden,), lambda i: (0,))
     per_row = pl.BlockSpec((block,), lambda i: (i,))
-    partial = pl.BlockSpec((1, hidden), lambda i: (i, 0))
-    sums = jax.ShapeDtypeStruct((n // block, hidden), jnp.float32)
+    partial = pl.BlockSpec((1, 3 * hidden), lambda i: (i, 0))
     return pl.pallas_call(
         functools.partial(_backward_kernel, s=s, hidden=hidden),
         grid=(n // block,),
         in_specs=[tile, tile, tile, per_row, vec, vec, vec, per_row, per_row],
-        out_specs=[tile, tile, partial, partial, partial],
+        out_specs=[tile, tile, partial],
         out_shape=[jax.ShapeDtypeStruct((n, hidden), r.dtype),
-                   jax.ShapeDtypeStruct((n, hidden), y.dtype), sums, sums, sums],
+                   jax.ShapeDtypeStruct((n, hidden), y.dtype),
+                   jax.ShapeDtypeStruct((n // block, 3 * hidden), jnp.float32)],
         interpret=s.interpret, name="bert_norm_backward", **_compiler_params(s),
     )(g, r, y, rows, cols, b, gamma, mean, rstd)
 
@@ -268,13 +293,11 @@ def _fused_forward(residual, y, rows, cols, b, gamma, beta, s: NormSettings, out
 
 def _fused_backward(g, residual, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
     def local(g, r, y, rows, mean, rstd, cols, b, gamma):
-        dr, dy, pg, pb, pbias = _backward_call(_flat(g), _flat(r), _flat(y), rows.reshape(-1),
-                                               cols, b, gamma, mean.reshape(-1),
-                                               rstd.reshape(-1), s)
-        return dr.reshape(r.shape), dy.reshape(y.shape), pg, pb, pbias
+        dr, dy, sums = _backward_call(_flat(g), _flat(r), _flat(y), rows.reshape(-1), cols, b,
+                                      gamma, mean.reshape(-1), rstd.reshape(-1), s)
+        return dr.reshape(r.shape), dy.reshape(y.shape), sums
 
-    return _per_shard(local, (g, residual, y, rows, mean, rstd), (cols, b, gamma),
-                      (3, 3, 2, 2, 2))
+    return _per_shard(local, (g, residual, y, rows, mean, rstd), (cols, b, gamma), (3, 3, 2))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
@@ -290,11 +313,12 @@ def _fused_fwd(residual, y, rows, cols, b, gamma, beta, s, out_dtype):
 def _fused_bwd(s, out_dtype, saved, g):
     del out_dtype
     residual, y, rows, cols, b, gamma, beta, mean, rstd = saved
-    dr, dy, pg, pb, pbias = _fused_backward(g, residual, y, rows, cols, b, gamma, mean, rstd, s)
+    dr, dy, sums = _fused_backward(g, residual, y, rows, cols, b, gamma, mean, rstd, s)
     zero_codes = (np.zeros(rows.shape, jax.dtypes.float0), np.zeros(cols.shape,
                                                                    jax.dtypes.float0))
-    return (dr, dy, *zero_codes, jnp.sum(pbias, axis=0).astype(b.dtype),
-            jnp.sum(pg, axis=0).astype(gamma.dtype), jnp.sum(pb, axis=0).astype(beta.dtype))
+    db, dgamma, dbeta = jnp.sum(sums, axis=0).reshape(3, -1)  # one reduction for all three
+    return (dr, dy, *zero_codes, db.astype(b.dtype), dgamma.astype(gamma.dtype),
+            dbeta.astype(beta.dtype))
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
@@ -303,13 +327,15 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate: float = 0.0,
                                 epsilon: float = 1e-12, out_dtype=None,
                                 block_rows: int | None = None, num_warps: int | None = None,
-                                recompute: bool | None = None, interpret: bool | None = None):
+                                recompute: bool | None = None, sum_blocks: int | None = None,
+                                interpret: bool | None = None):
     """``LayerNorm(residual + dropout(y + b)) * gamma + beta`` over the last axis, in one
     kernel each way. ``residual`` and ``y`` are [batch, seq, hidden]; ``b``, ``gamma``,
     ``beta`` [hidden]; ``salt`` an int32 scalar (``dropout.salt_from_rng``) when ``rate > 0``:
     the mask is ``hash_dropout``'s ``rowcol`` mask of a [batch, seq, hidden] array for that
     salt. Returns [batch, seq, hidden] in ``out_dtype`` (default ``residual.dtype``).
-    ``block_rows``, ``num_warps``, ``recompute`` default to :func:`blocks_for` (rows)."""
+    ``block_rows``, ``num_warps``, ``recompute`` default to :func:`blocks_for` (rows),
+    ``sum_blocks`` (row blocks per backward program) to ``SUM_BLOCKS``."""
     if residual.ndim != 3 or residual.shape != y.shape:
         raise ValueError(f"residual and y must be the same [batch, seq, hidden] shape; got "
                          f"{residual.shape} and {y.shape}")
@@ -332,8 +358,11 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
     block_rows = tuned[0] if block_rows is None else block_rows
     num_warps = tuned[1] if num_warps is None else num_warps
     recompute = tuned[2] if recompute is None else recompute
-    s = NormSettings(float(rate), float(epsilon), fit_block(block_rows, rows_per_shard),
-                     _chunk(hidden), int(num_warps), bool(interpret), bool(recompute))
+    block_rows = fit_block(block_rows, rows_per_shard)
+    sum_blocks = fit_block(SUM_BLOCKS if sum_blocks is None else int(sum_blocks),
+                           rows_per_shard // block_rows)
+    s = NormSettings(float(rate), float(epsilon), block_rows, _chunk(hidden), int(num_warps),
+                     bool(interpret), bool(recompute), sum_blocks)
     salt = jnp.zeros((), jnp.int32) if salt is None else salt
     rows, cols = rowcol_codes(residual.shape, salt)  # hash_dropout's codes of this shape
     rows = rows[..., 0]

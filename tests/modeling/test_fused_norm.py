@@ -27,14 +27,19 @@ def _inputs(shape=(2, 16, 96), dtype=jnp.float32, seed=0):
             salt_from_rng(k[5]))
 
 
-@pytest.mark.parametrize("rate,recompute", [(0.0, True), (0.1, True), (0.1, False)])
-def test_values_and_gradients_match_jax(rate, recompute):
-    """Both backward variants (recomputed chunks, rows held in registers) against jax.numpy."""
+@pytest.mark.parametrize("rate,recompute,sum_blocks", [(0.0, True, 1), (0.1, True, 1),
+                                                        (0.1, False, 1), (0.1, True, 4),
+                                                        (0.1, False, 2)])
+def test_values_and_gradients_match_jax(rate, recompute, sum_blocks):
+    """Both backward variants (recomputed chunks, rows held in registers), with one or several
+    row blocks per backward program (parameter-gradient sums carried across them), against
+    jax.numpy."""
     r, y, b, gamma, beta, salt = _inputs()
     probe = jax.random.normal(jax.random.key(9), r.shape)
 
     def loss(fn, *args):
-        kwargs = {"recompute": recompute} if fn is fused_norm.residual_dropout_layer_norm else {}
+        kwargs = ({"recompute": recompute, "sum_blocks": sum_blocks}
+                  if fn is fused_norm.residual_dropout_layer_norm else {})
         return jnp.sum(fn(*args, salt=salt, rate=rate, epsilon=1e-12, **kwargs) * probe)
 
     got = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=rate)
@@ -88,7 +93,8 @@ def test_bad_input_is_named():
         BertConfig(layer_norm_impl="fused", hidden_dropout_impl="prng")
 
 
-def test_per_shard_under_a_mesh_matches_one_device():
+@pytest.mark.parametrize("sum_blocks", [1, 2])
+def test_per_shard_under_a_mesh_matches_one_device(sum_blocks):
     """Under a 2-device data mesh the kernels run per batch shard (shard_map); values and
     gradients (parameter gradients summed over the shards) equal the one-device run."""
     if jax.device_count() < 2:
@@ -98,7 +104,8 @@ def test_per_shard_under_a_mesh_matches_one_device():
     r, y, b, gamma, beta, salt = _inputs(shape=(4, 16, 64))
 
     def loss(r, y, b, gamma, beta):
-        out = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=0.1)
+        out = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=0.1,
+                                                     sum_blocks=sum_blocks)
         return jnp.sum(out * jnp.cos(out))
 
     want = jax.value_and_grad(loss, range(5))(r, y, b, gamma, beta)
@@ -147,15 +154,16 @@ def test_train_step_with_fused_layer_norm_learns():
     assert np.isfinite(losses).all() and np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
 
 
-@pytest.mark.parametrize("hidden", [384, 768, 1024])
-def test_triton_lowering_for_the_gpu(hidden):
+@pytest.mark.parametrize("hidden,sum_blocks", [(384, 1), (768, 1), (1024, 1), (768, 4)])
+def test_triton_lowering_for_the_gpu(hidden, sum_blocks):
     """The kernels lower to Triton for CUDA from this CPU machine (power-of-two chunks of the
-    hidden units: 3 x 128, 3 x 256, 4 x 256), forward and backward."""
+    hidden units: 3 x 128, 3 x 256, 4 x 256), forward and backward, the backward also with a
+    loop over row blocks."""
     sd = jax.ShapeDtypeStruct
 
     def loss(r, y, b, gamma, beta, salt):
         out = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=0.1,
-                                                     interpret=False)
+                                                     sum_blocks=sum_blocks, interpret=False)
         return jnp.sum(out.astype(jnp.float32))
 
     grad = jax.jit(jax.grad(loss, range(5)))

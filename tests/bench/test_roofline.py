@@ -1,0 +1,52 @@
+"""bench/roofline.py: the step-time floor from FLOPs and bytes (pure arithmetic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import roofline
+from bench.common import MODELS, train_flops_per_sequence
+
+
+def test_parameter_counts_are_berts():
+    """BertForPreTraining: Base ~110M, Large ~335M parameters."""
+    assert 108e6 < roofline.param_count(*[MODELS["base"][i] for i in (0, 1, 3)]) < 112e6
+    assert 330e6 < roofline.param_count(*[MODELS["large"][i] for i in (0, 1, 3)]) < 340e6
+
+
+def test_one_pass_by_hand():
+    """The q/k/v bias add reads and writes the [tokens, 3 x hidden] bf16 projection once per
+    layer; an epilogue removes it."""
+    (qkv,) = [p for p in roofline.passes("base", 128, 256) if p.name.startswith("q/k/v")]
+    assert qkv.bytes == 12 * 2 * 3 * (256 * 128 * 768) * 2
+    assert qkv.epilogue_bytes == 0.0
+
+
+def test_floors_are_consistent():
+    """Epilogues only remove bytes; the floor's MFU is its counted FLOPs over the peak and
+    below 100%; the MFU of a rate agrees with the floor's own."""
+    for model, seq, batch in (("base", 128, 256), ("large", 128, 256), ("large", 512, 32)):
+        kernels = roofline.floor(model, seq, batch, 733.0, 3.35)
+        epilogues = roofline.floor(model, seq, batch, 733.0, 3.35, epilogues=True)
+        assert epilogues["memory_ms"] < kernels["memory_ms"]
+        assert kernels["matmul_ms"] == epilogues["matmul_ms"]
+        assert 0.5 < kernels["mfu"] < epilogues["mfu"] < 1.0
+        rate = kernels["seq_per_s"]
+        assert roofline.required_mfu(model, seq, rate, 733.0) == pytest.approx(kernels["mfu"])
+        layers, hidden, _, _ = MODELS[model]
+        counted_ms = batch * train_flops_per_sequence(layers, hidden, seq) / 733e12 * 1e3
+        assert kernels["matmul_ms"] > counted_ms  # the flash backward's recomputation on top
+
+
+def test_cli_rows_and_target(capsys):
+    rows = roofline.main(["--peak", "733", "--peer", "base:128:256=3862",
+                          "--workloads", "base:128:256"])
+    assert [r["floor"] for r in rows] == ["kernels", "epilogues"]
+    # 1.5 x 3,862 seq/s at 733 TFLOP/s is the issue's 55% MFU target for Base/128
+    assert rows[0]["target_mfu"] == pytest.approx(0.553, abs=0.002)
+    assert "| base/128 b256 | kernels |" in capsys.readouterr().out
+
+
+def test_bad_peer_is_named():
+    with pytest.raises(SystemExit, match="--peer 'huge:128:256=1'"):
+        roofline.main(["--peer", "huge:128:256=1"])
