@@ -30,8 +30,8 @@ def parse_args(argv=None):
     ap.add_argument("--hold", default="16:4,8:4,8:8",
                     help="ROWS:WARPS settings also run with the backward holding rows in "
                          "registers (recompute=False)")
-    ap.add_argument("--summed", default="16:8:2,16:8:4,16:8:8,8:4:4,4:2:4",
-                    help="ROWS:WARPS:K settings also run with K row blocks per backward "
+    ap.add_argument("--summed", default="16:8:2,16:8:4,16:8:8,8:4:4,4:2:4,4:2:4:hold",
+                    help="ROWS:WARPS:K[:hold] settings also run with K row blocks per backward "
                          "program (fused_norm sum_blocks: fewer parameter-gradient partials)")
     ap.add_argument("--rate", type=float, default=0.1)
     ap.add_argument("--iters", type=int, default=20)
@@ -71,8 +71,8 @@ def main(argv=None) -> list[dict]:
             (int(v) for v in args.num_warps.split(",")))]
         settings += [(int(v.split(":")[0]), int(v.split(":")[1]), False, 1)
                      for v in args.hold.split(",") if v]
-        settings += [(*(int(p) for p in v.split(":")[:2]), True, int(v.split(":")[2]))
-                     for v in args.summed.split(",") if v]
+        settings += [(*(int(p) for p in v.split(":")[:2]), v.split(":")[3:] != ["hold"],
+                      int(v.split(":")[2])) for v in args.summed.split(",") if v]
         for rows, warps, recompute, sums in settings:
             name = (f"fused_r{rows}_w{warps}" + ("" if recompute else "_hold")
                     + (f"_k{sums}" if sums > 1 else ""))

@@ -70,7 +70,7 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                          "(--layer-norm fused); default: fused_norm.blocks_for(rows)")
     ap.add_argument("--norm-sum-blocks", type=int, default=0,
                     help="row blocks per program of the fused LayerNorm backward (one partial "
-                         "sum of the parameter gradients each); 0: fused_norm.SUM_BLOCKS")
+                         "sum of the parameter gradients each); 0: fused_norm.blocks_for(rows)")
     ap.add_argument("--flash", default="",
                     help="BACKWARD[:BQ:BK:BQB:BKB:WARPS:STAGES]: the flash kernel's backward "
                          "variant (fused|split) and blocks; default: "

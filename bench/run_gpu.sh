@@ -6,7 +6,8 @@
 #                                              profile-large | attention-tune | flash-tune |
 #                                              batch | large128 | biasgrad |
 #                                              gelu | fused | tune | final | nodrop |
-#                                              packed | verify | gemmnorm | remaining |
+#                                              packed | verify | gemmnorm | normtune |
+#                                              remaining |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
@@ -70,6 +71,9 @@
 #                           classify and large/512; the bias-epilogue probe under cuBLAS-Lt
 #                           ($OUT/probe-cublaslt.jsonl, probe-cublaslt-hlo.tgz); the fused
 #                           LayerNorm's sum_blocks sweep ($OUT/norm.jsonl)
+#   normtune       ~8 min   the fused LayerNorm at the long shapes: a block / warps / sum_blocks
+#                           sweep, the fastest setting against the defaults on base/128 and
+#                           large/512, a profile of it; XLA's split-K/cuBLAS-Lt flag names
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -327,7 +331,8 @@ stage_fused() {  # the fifth session's A/B runs: gelu_erf vs erfc, fused LayerNo
   profile pretrain "$B256" profile-fused-pretrain --layer-norm fused
 }
 
-best_norm_blocks() {  # best_norm_blocks SHAPE -> ROWS:WARPS[:hold] of the fastest fused variant
+best_norm_blocks() {  # best_norm_blocks SHAPE -> "ROWS:WARPS[:hold] K" of the fastest fused
+  # variant (K: row blocks per backward program)
   "$PY" - "$OUT/norm.jsonl" "$1" <<'EOF'
 import json, os, sys
 path, shape = sys.argv[1:]
@@ -335,11 +340,12 @@ runs = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
 runs = [r for r in runs if r.get("shape") == shape and "us_fwd_bwd" in r
         and r["variant"].startswith("fused_")]
 if not runs:
-    print("16:4")
+    print("16:8 1")
 else:
     name = min(runs, key=lambda r: r["us_fwd_bwd"])["variant"].split("_")[1:]
     rows, warps = name[0][1:], name[1][1:]
-    print(f"{rows}:{warps}" + (":hold" if name[-1] == "hold" else ""))
+    sums = next((p[1:] for p in name[2:] if p.startswith("k")), "1")
+    print(f"{rows}:{warps}" + (":hold" if "hold" in name else "") + f" {sums}")
 EOF
 }
 
@@ -351,8 +357,8 @@ stage_tune() {  # the fused LayerNorm kernel: block sweep, then the best setting
     --shapes "$shapes" "${sweep[@]}" --out "$OUT/norm.jsonl"
   local small=${shapes%%,*} large=${shapes##*,}
   local b768 b1024
-  b768=$(best_norm_blocks "$small")
-  b1024=$(best_norm_blocks "$large")
+  b768=$(best_norm_blocks "$small" | cut -d" " -f1)
+  b1024=$(best_norm_blocks "$large" | cut -d" " -f1)
   echo "best fused LayerNorm blocks: $small -> $b768, $large -> $b1024"
   pretrain 45 tune:baseline "$BASE" "$S128" "$B256"
   pretrain 45 tune:ln_fused "$BASE" "$S128" "$B256" --layer-norm fused --fused-norm-blocks "$b768"
@@ -435,6 +441,33 @@ stage_gemmnorm() {  # the eighth session's A/B: XLA's cuBLAS-Lt path (vector-bia
   pretrain 90 gn:baseline "$LARGE" "$S512" "$B32"
   pretrain 75 gn:cublaslt "$LARGE" "$S512" "$B32" --xla-flags cublaslt
   pretrain 75 gn:sum4 "$LARGE" "$S512" "$B32" --norm-sum-blocks 4
+}
+
+stage_normtune() {  # the fused LayerNorm kernel again, with row blocks per backward program
+  # (sum_blocks): a sweep at the long shapes, then the fastest setting of each against the
+  # defaults in the step; the XLA build's split-K and cuBLAS-Lt flag names for the record
+  local so
+  so=$("$PY" -c "import jaxlib, os; print(os.path.dirname(jaxlib.__file__))" 2>/dev/null)
+  { find "$so" -name "*.so" -exec strings {} \; 2>/dev/null \
+      | grep -E "^xla_gpu[a-z_]*(split|cublaslt)" | sort -u; } >"$OUT/xla-flags.txt"
+  local shapes="256x128x768,32x512x1024"
+  local summed=4:2:2,4:2:4,4:2:8,4:2:4:hold,4:2:8:hold,2:1:4,2:1:8,2:2:8,8:4:2,8:4:4,4:4:4,8:2:4
+  [ "$SMOKE" = 1 ] && shapes="8x64x64,2x64x128" && summed=4:2:2,4:2:2:hold
+  run_case 240 norm sum_blocks "$BASE" "$S128" "$B256" -- "${JAX_ENV[@]}" "$PY" \
+    bench/bench_norm.py --shapes "$shapes" --block-rows 16,4 --num-warps 8,2 --hold 16:8,4:2 \
+    --summed "$summed" --iters 10 --repeats 3 --out "$OUT/norm.jsonl"
+  local b768 b1024
+  read -r -a b768 <<<"$(best_norm_blocks "${shapes%%,*}")"
+  read -r -a b1024 <<<"$(best_norm_blocks "${shapes##*,}")"
+  echo "fastest fused LayerNorm: ${shapes%%,*} -> ${b768[*]}, ${shapes##*,} -> ${b1024[*]}"
+  pretrain 45 nt:baseline "$BASE" "$S128" "$B256"
+  pretrain 45 "nt:${b768[0]}:k${b768[1]}" "$BASE" "$S128" "$B256" \
+    --fused-norm-blocks "${b768[0]}" --norm-sum-blocks "${b768[1]}"
+  pretrain 90 nt:baseline "$LARGE" "$S512" "$B32"
+  pretrain 75 "nt:${b1024[0]}:k${b1024[1]}" "$LARGE" "$S512" "$B32" \
+    --fused-norm-blocks "${b1024[0]}" --norm-sum-blocks "${b1024[1]}"
+  profile pretrain "$B256" profile-normtune-pretrain \
+    --fused-norm-blocks "${b768[0]}" --norm-sum-blocks "${b768[1]}"
 }
 
 stage_layernorm() {  # LayerNorm backward: two_stage (default) vs flax autodiff
@@ -595,6 +628,7 @@ run_stage() {
     packed) stage_packed ;;
     verify) stage_verify ;;
     gemmnorm) stage_gemmnorm ;;
+    normtune) stage_normtune ;;
     final) stage_final ;;
     tune) stage_tune ;;
     fused) stage_fused ;;
@@ -604,7 +638,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

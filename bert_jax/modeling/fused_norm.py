@@ -53,26 +53,28 @@ class NormSettings:
     sum_blocks: int = 1
 
 
-# Kernel settings (block_rows, num_warps, recompute) from ``bench/bench_norm.py`` on an H100
-# (fifth session, docs/performance.md): 16 rows x 8 warps for long row counts (Base/128 at
-# batch 256: 253 us forward + backward vs XLA's 328; Large/512 at batch 32: 191 vs 222), 4 rows
-# x 2 warps for short ones, where 16-row blocks leave SMs idle (Base/128 at batch 32: 77 vs
-# XLA's 79 us, 16 x 8: 108). DEFAULT_BLOCKS, when set (``bench --fused-norm-blocks``),
-# overrides both.
-LONG_BLOCKS = (16, 8, True)
-SHORT_BLOCKS = (4, 2, True)
+# Kernel settings (block_rows, num_warps, recompute, sum_blocks) from ``bench/bench_norm.py`` on
+# an H100 (fifth session, docs/performance.md): 16 rows x 8 warps for long row counts (Base/128
+# at batch 256: 253 us forward + backward vs XLA's 328; Large/512 at batch 32: 191 vs 222), 4
+# rows x 2 warps for short ones, where 16-row blocks leave SMs idle (Base/128 at batch 32: 77
+# vs XLA's 79 us, 16 x 8: 108). DEFAULT_BLOCKS (rows, warps, recompute) and SUM_BLOCKS, when
+# set (``bench --fused-norm-blocks``, ``--norm-sum-blocks``), override them for every shape.
+LONG_BLOCKS = (16, 8, True, 1)
+SHORT_BLOCKS = (4, 2, True, 1)
 LONG_ROWS = 16384  # rows per shard from which LONG_BLOCKS apply
 DEFAULT_BLOCKS: tuple[int, int, bool] | None = None
-# Row blocks per backward program (NormSettings.sum_blocks) when the caller gives none:
-# 1 writes one partial sum per row block (``bench --norm-sum-blocks K`` is the A/B).
-SUM_BLOCKS = 1
+SUM_BLOCKS: int | None = None
 
 
-def blocks_for(rows: int) -> tuple[int, int, bool]:
-    """The kernel settings for ``rows`` tokens per shard when the caller gives none."""
+def blocks_for(rows: int) -> tuple[int, int, bool, int]:
+    """The kernel settings (block_rows, num_warps, recompute, sum_blocks) for ``rows`` tokens
+    per shard when the caller gives none."""
+    tuned = LONG_BLOCKS if rows >= LONG_ROWS else SHORT_BLOCKS
     if DEFAULT_BLOCKS is not None:
-        return DEFAULT_BLOCKS
-    return LONG_BLOCKS if rows >= LONG_ROWS else SHORT_BLOCKS
+        tuned = (*DEFAULT_BLOCKS, tuned[3])
+    if SUM_BLOCKS is not None:
+        tuned = (*tuned[:3], SUM_BLOCKS)
+    return tuned
 
 
 def _chunk(hidden: int, limit: int = 256) -> int:
@@ -334,8 +336,8 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
     ``beta`` [hidden]; ``salt`` an int32 scalar (``dropout.salt_from_rng``) when ``rate > 0``:
     the mask is ``hash_dropout``'s ``rowcol`` mask of a [batch, seq, hidden] array for that
     salt. Returns [batch, seq, hidden] in ``out_dtype`` (default ``residual.dtype``).
-    ``block_rows``, ``num_warps``, ``recompute`` default to :func:`blocks_for` (rows),
-    ``sum_blocks`` (row blocks per backward program) to ``SUM_BLOCKS``."""
+    ``block_rows``, ``num_warps``, ``recompute`` and ``sum_blocks`` (row blocks per backward
+    program) default to :func:`blocks_for` (rows)."""
     if residual.ndim != 3 or residual.shape != y.shape:
         raise ValueError(f"residual and y must be the same [batch, seq, hidden] shape; got "
                          f"{residual.shape} and {y.shape}")
@@ -359,7 +361,7 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
     num_warps = tuned[1] if num_warps is None else num_warps
     recompute = tuned[2] if recompute is None else recompute
     block_rows = fit_block(block_rows, rows_per_shard)
-    sum_blocks = fit_block(SUM_BLOCKS if sum_blocks is None else int(sum_blocks),
+    sum_blocks = fit_block(tuned[3] if sum_blocks is None else int(sum_blocks),
                            rows_per_shard // block_rows)
     s = NormSettings(float(rate), float(epsilon), block_rows, _chunk(hidden), int(num_warps),
                      bool(interpret), bool(recompute), sum_blocks)
