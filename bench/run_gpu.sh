@@ -7,7 +7,7 @@
 #                                              batch | large128 | biasgrad |
 #                                              gelu | fused | tune | final | nodrop |
 #                                              packed | verify | gemmnorm | normtune |
-#                                              remaining |
+#                                              normshort | remaining |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
@@ -74,6 +74,9 @@
 #   normtune       ~8 min   the fused LayerNorm at the long shapes: a block / warps / sum_blocks
 #                           sweep, the fastest setting against the defaults on base/128 and
 #                           large/512, a profile of it; XLA's split-K/cuBLAS-Lt flag names
+#   normshort      ~9 min   the fused LayerNorm sweep at classify's rows and finer long settings;
+#                           classify and base/128 with the fastest against the defaults; a
+#                           profile of the default base/128 step
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -470,6 +473,28 @@ stage_normtune() {  # the fused LayerNorm kernel again, with row blocks per back
     --fused-norm-blocks "${b768[0]}" --norm-sum-blocks "${b768[1]}"
 }
 
+stage_normshort() {  # the fused LayerNorm for short row counts (classify) and finer long
+  # settings: a sweep, then classify with the fastest short setting against the default and
+  # base/128 with the fastest long one against the default, and a profile of the default
+  local shapes="32x128x768,256x128x768,256x128x1024"
+  local summed=2:1:2,2:1:4,2:1:8,2:1:16,1:1:8,1:1:16,1:1:32,2:1:8:hold,4:1:8
+  [ "$SMOKE" = 1 ] && shapes="2x64x128,8x64x64,8x64x128" && summed=2:1:2,1:1:4
+  run_case 270 norm short "$BASE" "$S128" "$B32" -- "${JAX_ENV[@]}" "$PY" \
+    bench/bench_norm.py --shapes "$shapes" --block-rows 4,2 --num-warps 2,1 --hold "" \
+    --summed "$summed" --iters 10 --repeats 3 --out "$OUT/norm.jsonl"
+  local short long
+  read -r -a short <<<"$(best_norm_blocks "${shapes%%,*}")"
+  read -r -a long <<<"$(best_norm_blocks "$(echo "$shapes" | cut -d, -f2)")"
+  echo "fastest fused LayerNorm: ${shapes%%,*} -> ${short[*]}, $(echo "$shapes" | cut -d, -f2) -> ${long[*]}"
+  classify 40 ns:baseline
+  classify 30 "ns:${short[0]}:k${short[1]}" --fused-norm-blocks "${short[0]}" \
+    --norm-sum-blocks "${short[1]}"
+  pretrain 60 ns:baseline "$BASE" "$S128" "$B256"
+  pretrain 40 "ns:${long[0]}:k${long[1]}" "$BASE" "$S128" "$B256" \
+    --fused-norm-blocks "${long[0]}" --norm-sum-blocks "${long[1]}"
+  profile pretrain "$B256" profile-normshort-pretrain
+}
+
 stage_layernorm() {  # LayerNorm backward: two_stage (default) vs flax autodiff
   pretrain 60 layernorm:flax "$BASE" "$S128" "$B256" --layer-norm flax
   classify 40 layernorm:flax --layer-norm flax
@@ -629,6 +654,7 @@ run_stage() {
     verify) stage_verify ;;
     gemmnorm) stage_gemmnorm ;;
     normtune) stage_normtune ;;
+    normshort) stage_normshort ;;
     final) stage_final ;;
     tune) stage_tune ;;
     fused) stage_fused ;;
@@ -638,7 +664,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

@@ -54,12 +54,13 @@ class NormSettings:
 
 
 # Kernel settings (block_rows, num_warps, recompute, sum_blocks) from ``bench/bench_norm.py`` on
-# an H100 (fifth session, docs/performance.md): 16 rows x 8 warps for long row counts (Base/128
-# at batch 256: 253 us forward + backward vs XLA's 328; Large/512 at batch 32: 191 vs 222), 4
-# rows x 2 warps for short ones, where 16-row blocks leave SMs idle (Base/128 at batch 32: 77
-# vs XLA's 79 us, 16 x 8: 108). DEFAULT_BLOCKS (rows, warps, recompute) and SUM_BLOCKS, when
-# set (``bench --fused-norm-blocks``, ``--norm-sum-blocks``), override them for every shape.
-LONG_BLOCKS = (16, 8, True, 1)
+# an H100 (docs/performance.md). Long row counts (eighth session): 2 rows x 1 warp, 8 row blocks
+# per backward program (Base/128 at batch 256: 237 us forward + backward against 330 for the
+# fifth session's 16 x 8 and XLA's 346; Large/512 at batch 32: 159 vs 227 and 238; the step
+# +3.4% and +2.5%). Short ones (fifth session): 4 rows x 2 warps (Base/128 at batch 32: 77 vs
+# XLA's 79 us). DEFAULT_BLOCKS (rows, warps, recompute) and SUM_BLOCKS, when set (``bench
+# --fused-norm-blocks``, ``--norm-sum-blocks``), override them for every shape.
+LONG_BLOCKS = (2, 1, True, 8)
 SHORT_BLOCKS = (4, 2, True, 1)
 LONG_ROWS = 16384  # rows per shard from which LONG_BLOCKS apply
 DEFAULT_BLOCKS: tuple[int, int, bool] | None = None
