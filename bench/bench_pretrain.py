@@ -75,10 +75,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                     help="BACKWARD[:BQ:BK:BQB:BKB:WARPS:STAGES]: the flash kernel's backward "
                          "variant (fused|split) and blocks; default: "
                          "flash_attention's own")
-    ap.add_argument("--qkv-bias-grad", default="kernel", choices=["kernel", "xla", "matmul"],
+    ap.add_argument("--qkv-bias-grad", default="kernel", choices=["kernel", "xla"],
                     help="query/key/value bias gradients: summed by the flash backward "
-                         "kernels (default), by XLA column sums over dQ, dK, dV, or (matmul) "
-                         "the bias folded into the packed projection's matmul as an input row")
+                         "kernels (default) or by XLA column sums over dQ, dK, dV")
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])

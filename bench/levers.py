@@ -182,7 +182,7 @@ def apply_process_levers(args) -> None:
     """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
     dropout patch, ``--gelu erfc``, ``--fused-norm-blocks``, ``--norm-sum-blocks``,
     ``--flash`` and
-    ``--qkv-bias-grad xla|matmul``."""
+    ``--qkv-bias-grad xla``."""
     apply_xla_flags(args.xla_flags)
     if args.dropout_impl == "cudnn":
         use_cudnn_dropout_attention()
@@ -200,10 +200,6 @@ def apply_process_levers(args) -> None:
         from bert_jax.modeling import encoder
 
         encoder.FLASH_BIAS_GRADS = False
-    if getattr(args, "qkv_bias_grad", "kernel") == "matmul":
-        from bert_jax.modeling import encoder
-
-        encoder.QKV_BIAS_IN_MATMUL = True
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

@@ -7,7 +7,7 @@
 #                                              batch | large128 | biasgrad |
 #                                              gelu | fused | tune | final | nodrop |
 #                                              packed | verify | gemmnorm | normtune |
-#                                              normshort | qkvbias | remaining |
+#                                              normshort | remaining |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
@@ -77,8 +77,6 @@
 #   normshort      ~9 min   the fused LayerNorm sweep at classify's rows and finer long settings;
 #                           classify and base/128 with the fastest against the defaults; a
 #                           profile of the default base/128 step
-#   qkvbias        ~7 min   --qkv-bias-grad matmul (the q/k/v bias as an input row of the packed
-#                           matmul) vs the default: base/128, classify, large/512; a profile
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -497,18 +495,6 @@ stage_normshort() {  # the fused LayerNorm for short row counts (classify) and f
   profile pretrain "$B256" profile-normshort-pretrain
 }
 
-stage_qkvbias() {  # the query/key/value bias folded into the packed projection's matmul as an
-  # input row (--qkv-bias-grad matmul) against the default (an add pass, gradients from the
-  # flash kernels): base/128, classify, large/512; a profile of it
-  pretrain 60 qb:kernel "$BASE" "$S128" "$B256"
-  pretrain 45 qb:matmul "$BASE" "$S128" "$B256" --qkv-bias-grad matmul
-  classify 45 qb:kernel
-  classify 30 qb:matmul --qkv-bias-grad matmul
-  pretrain 100 qb:kernel "$LARGE" "$S512" "$B32"
-  pretrain 75 qb:matmul "$LARGE" "$S512" "$B32" --qkv-bias-grad matmul
-  profile pretrain "$B256" profile-qkvbias-pretrain --qkv-bias-grad matmul
-}
-
 stage_layernorm() {  # LayerNorm backward: two_stage (default) vs flax autodiff
   pretrain 60 layernorm:flax "$BASE" "$S128" "$B256" --layer-norm flax
   classify 40 layernorm:flax --layer-norm flax
@@ -669,7 +655,6 @@ run_stage() {
     gemmnorm) stage_gemmnorm ;;
     normtune) stage_normtune ;;
     normshort) stage_normshort ;;
-    qkvbias) stage_qkvbias ;;
     final) stage_final ;;
     tune) stage_tune ;;
     fused) stage_fused ;;
@@ -679,7 +664,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|qkvbias|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

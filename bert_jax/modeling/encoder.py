@@ -14,7 +14,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax import parallel
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.attention import (
@@ -133,8 +132,6 @@ class Projection(nn.Module):
     split_output: int | None = None
     # Return (matmul output, bias) unadded: the consumer adds the bias (FusedResidualNorm).
     skip_bias_add: bool = False
-    # The bias as one more input row of the matmul (``_bias_row``): no pass over the output.
-    bias_in_matmul: bool = False
 
     @nn.compact
     def __call__(self, x):
@@ -145,8 +142,6 @@ class Projection(nn.Module):
         bias = self.param("bias", zeros(self.axes[self.in_dims:]), self.features,
                           cfg.param_dtype)
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
-        if self.bias_in_matmul:
-            return self._bias_row(x, kernel, bias)
         if self.split_output is not None:
             axis = self.split_output
             parts = [(jax.lax.index_in_dim(kernel, i, self.in_dims + axis, False),
@@ -167,22 +162,6 @@ class Projection(nn.Module):
     def _dims(self, x):
         contract = tuple(range(x.ndim - self.in_dims, x.ndim))
         return (contract, tuple(range(self.in_dims))), ((), ())
-
-    def _bias_row(self, x, kernel, bias):
-        """``x @ kernel + bias`` as one matmul: ``x`` with a column of ones appended (then 15
-        zero columns, keeping the contraction a multiple of 16) against the flattened kernel
-        with the bias as one more row. No pass over the output adds the bias, and the weight
-        gradient's extra row is the bias gradient. Needs ``in_dims == 1``."""
-        pad = 16
-        out_shape = kernel.shape[1:]
-        flat = kernel.reshape(kernel.shape[0], -1)
-        lead = x.shape[:-1]
-        x = jnp.concatenate([x, jnp.ones((*lead, 1), x.dtype),
-                             jnp.zeros((*lead, pad - 1), x.dtype)], axis=-1)
-        flat = jnp.concatenate([flat, bias.reshape(1, -1),
-                                jnp.zeros((pad - 1, flat.shape[1]), flat.dtype)], axis=0)
-        y = jax.lax.dot_general(x, flat, self._dims(x))
-        return y.reshape(*lead, *out_shape)
 
     def _biased(self, x, kernel, bias):
         """``x @ kernel + bias`` for a kernel with several output axes, computed against the
@@ -257,12 +236,6 @@ class BertEmbeddings(nn.Module):
 # dK, dV (``BertSelfAttention``); False restores XLA's column sums over them, which read the
 # three gradients again (the benchmarks' ``--qkv-bias-grad xla`` A/B; same values).
 FLASH_BIAS_GRADS = True
-# The packed projection under the flash kernel folds the query/key/value bias into its matmul
-# as an input row (``Projection._bias_row``) instead of adding it in a pass over the [tokens,
-# 3 x hidden] output; its gradient then comes from the weight-gradient matmul (the
-# benchmarks' ``--qkv-bias-grad matmul`` A/B; same values up to rounding). One device only:
-# under a mesh the bias stays an add.
-QKV_BIAS_IN_MATMUL = False
 
 
 class BertSelfAttention(nn.Module):
@@ -293,14 +266,10 @@ class BertSelfAttention(nn.Module):
             # kernel, whose gradient comes back packed: one input-gradient and one
             # weight-gradient matmul in the backward pass. (Elsewhere packed computes as
             # split, below.)
-            if QKV_BIAS_IN_MATMUL and parallel.entered_mesh() is None:
-                packed, bias = Projection((3, n, d), 1, axes, cfg, bias_in_matmul=True,
-                                          name="qkv")(x), None
-            else:
-                packed, bias = Projection((3, n, d), 1, axes, cfg, skip_bias_add=True,
-                                          name="qkv")(x)
-                if not bias_to_attention:
-                    packed, bias = packed + bias.astype(packed.dtype), None
+            packed, bias = Projection((3, n, d), 1, axes, cfg, skip_bias_add=True,
+                                      name="qkv")(x)
+            if not bias_to_attention:
+                packed, bias = packed + bias.astype(packed.dtype), None
             context = dropout_attention_packed(
                 constrain(packed, PACKED_AXES), kv_lengths, dropout_rng=self.make_rng("dropout"),
                 dropout_rate=cfg.attention_probs_dropout_prob, implementation="flash",

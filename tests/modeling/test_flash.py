@@ -319,26 +319,6 @@ def test_model_bias_gradients_from_the_kernel_equal_xla_sums(monkeypatch):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
-def test_model_qkv_bias_in_the_matmul_equals_the_add(monkeypatch):
-    """encoder.QKV_BIAS_IN_MATMUL: the packed projection's bias as an input row of its matmul
-    (a ones column appended to x) gives the add's loss and gradients, the bias's included."""
-    from bert_jax.modeling import encoder
-
-    cfg = get_preset("tiny", vocab_size=300, dropout_attention_impl="flash")
-    params, loss = _tiny_training_loss(cfg)
-    added = jax.value_and_grad(functools.partial(loss, qkv_projection="packed"))(params)
-    monkeypatch.setattr(encoder, "QKV_BIAS_IN_MATMUL", True)
-    in_matmul_fn = functools.partial(loss, qkv_projection="packed")
-    in_matmul = jax.value_and_grad(in_matmul_fn)(params)
-    text = jax.jit(in_matmul_fn).lower(params).as_text()
-    assert "2x32x144x" in text  # tiny: hidden 128 + 16 in the contraction
-    np.testing.assert_allclose(in_matmul[0], added[0], rtol=1e-6)
-    bias_grad = in_matmul[1]["params"]["encoder"]["layer_0"]["attention"]["qkv"]["bias"]
-    assert float(jnp.abs(nn.unbox(bias_grad)).max()) > 0
-    for a, b in zip(jax.tree.leaves(in_matmul[1]), jax.tree.leaves(added[1]), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
-
-
 def test_model_trains_through_flash():
     """The encoder's training path with dropout_attention_impl=flash: dropout is active
     (output differs from eval), gradients are finite and close to the explicit path's
