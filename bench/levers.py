@@ -44,8 +44,7 @@ def model_choice_record(args) -> dict:
     return {option: getattr(args, option) for option in MODEL_CHOICES}
 
 # name -> XLA_FLAGS additions. Each name was checked against the XLA flag parser of jaxlib
-# 0.10 (an unknown flag aborts the process, so a typo cannot pass silently), no_splitk
-# against 0.11's.
+# 0.10 (an unknown flag aborts the process, so a typo cannot pass silently).
 XLA_FLAG_PRESETS: dict[str, tuple[str, ...]] = {
     "none": (),
     # Overlaps independent work (collectives, copies) with compute; the default on TPU.
@@ -55,10 +54,6 @@ XLA_FLAG_PRESETS: dict[str, tuple[str, ...]] = {
     # cuBLAS-Lt for every GEMM: XLA's GemmRewriter folds vector biases (and matrix addends)
     # into cuBLAS-Lt epilogues only for cuBLAS-Lt calls.
     "cublaslt": ("--xla_gpu_enable_cublaslt=true",),
-    # No split-K rewrite of long-K dots (the [768, 768] and [768, 2304] weight gradients
-    # become f32 batch-of-K GEMMs plus a reduction fusion). The flag is newer than jaxlib
-    # 0.10 (which aborts on it); the device's jaxlib 0.11 has it.
-    "no_splitk": ("--xla_gpu_experimental_enable_split_k_rewrite=false",),
     # Every kernel of the step into CUDA graphs (XLA command buffers): fewer launch gaps.
     "graphs": ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN",
                "--xla_gpu_graph_min_graph_size=1"),
@@ -181,8 +176,7 @@ def model_dropout_impl(dropout_impl: str) -> str:
 def apply_process_levers(args) -> None:
     """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
     dropout patch, ``--gelu erfc``, ``--fused-norm-blocks``, ``--norm-sum-blocks``,
-    ``--flash`` and
-    ``--qkv-bias-grad xla``."""
+    ``--flash`` and ``--qkv-bias-grad xla``."""
     apply_xla_flags(args.xla_flags)
     if args.dropout_impl == "cudnn":
         use_cudnn_dropout_attention()

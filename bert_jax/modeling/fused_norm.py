@@ -92,7 +92,8 @@ def supported(hidden: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernels. Refs: rows [R] (row codes), cols/b/gamma/beta [H], arrays [R, H]; partial sums [1, H].
+# Kernels. Refs: rows [R] (row codes), cols/b/gamma/beta [H], arrays [R, H]; partial sums
+# [1, 3 x H] (bias | gamma | beta).
 
 def _pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, rs, sl, s: NormSettings):
     """float32 ``residual + dropout(y + b)`` of one chunk (rows ``rs``, columns ``sl``), and its
