@@ -30,10 +30,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import MODELS, VOCAB, masked_positions, train_flops_per_sequence  # noqa: E402
+from bench.common import MODELS, masked_positions, train_flops_per_sequence  # noqa: E402
+from bert_jax.config import BertConfig, get_preset  # noqa: E402  (plain dataclasses, no jax)
 
 BF16, F32 = 2, 4
-VOCAB_PAD = 30592  # the MLM decoder's padded vocabulary (a multiple of 128)
 
 
 @dataclasses.dataclass
@@ -43,13 +43,16 @@ class Pass:
     epilogue_bytes: float  # what is left when GEMM epilogues (or addends) absorb what they can
 
 
-def param_count(layers: int, hidden: int, ffn: int, vocab: int = VOCAB, positions: int = 512):
-    """Parameters of BertForPreTraining (tied decoder): embeddings, layers, pooler, heads."""
-    per_layer = 4 * hidden * hidden + 4 * hidden + 2 * hidden * ffn + ffn + hidden + 4 * hidden
-    embeddings = (vocab + positions + 2) * hidden + 2 * hidden
-    mlm = hidden * hidden + hidden + 2 * hidden + vocab  # transform, LayerNorm, decoder bias
-    heads = mlm + hidden * hidden + hidden + 2 * hidden + 2  # + pooler, NSP
-    return layers * per_layer + embeddings + heads
+def param_count(cfg: BertConfig) -> int:
+    """Parameters of BertForPreTraining for ``cfg`` (tied decoder; the padded vocabulary rows
+    of the embedding table and the decoder bias included)."""
+    hidden, ffn, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.padded_vocab_size
+    norm = 2 * hidden  # LayerNorm scale and bias
+    per_layer = 4 * hidden * hidden + 4 * hidden + 2 * hidden * ffn + ffn + hidden + 2 * norm
+    tables = (vocab + cfg.max_position_embeddings + cfg.type_vocab_size) * hidden
+    mlm = hidden * hidden + hidden + norm + vocab  # transform, its LayerNorm, decoder bias
+    pooler_nsp = hidden * hidden + hidden + 2 * hidden + 2
+    return cfg.num_hidden_layers * per_layer + tables + norm + mlm + pooler_nsp
 
 
 def passes(model: str, seq_len: int, batch: int) -> list[Pass]:
@@ -59,8 +62,9 @@ def passes(model: str, seq_len: int, batch: int) -> list[Pass]:
     preds = batch * masked_positions(seq_len)
     act = tokens * hidden * BF16  # one [tokens, hidden] bf16 array
     wide = tokens * ffn * BF16  # one [tokens, ffn] bf16 array
-    n = param_count(layers, hidden, ffn)
-    mlm = preds * VOCAB_PAD * (4 * F32 + 2 * BF16)
+    cfg = get_preset(model)
+    n = param_count(cfg)
+    mlm = preds * cfg.padded_vocab_size * (4 * F32 + 2 * BF16)
     optimizer = n * (6 * F32 + 2 * F32)
     return [
         # read the projection output, write it back with the bias (an epilogue: nothing)

@@ -73,7 +73,7 @@
 #                           LayerNorm's sum_blocks sweep ($OUT/norm.jsonl)
 #   normtune       ~8 min   the fused LayerNorm at the long shapes: a block / warps / sum_blocks
 #                           sweep, the fastest setting against the defaults on base/128 and
-#                           large/512, a profile of it; XLA's split-K/cuBLAS-Lt flag names
+#                           large/512, a profile of it
 #   normshort      ~9 min   the fused LayerNorm sweep at classify's rows and finer long settings;
 #                           classify and base/128 with the fastest against the defaults; a
 #                           profile of the default base/128 step
@@ -448,11 +448,8 @@ stage_gemmnorm() {  # the eighth session's A/B: XLA's cuBLAS-Lt path (vector-bia
 
 stage_normtune() {  # the fused LayerNorm kernel again, with row blocks per backward program
   # (sum_blocks): a sweep at the long shapes, then the fastest setting of each against the
-  # defaults in the step; the XLA build's split-K and cuBLAS-Lt flag names for the record
-  local so
-  so=$("$PY" -c "import jaxlib, os; print(os.path.dirname(jaxlib.__file__))" 2>/dev/null)
-  { find "$so" -name "*.so" -exec strings {} \; 2>/dev/null \
-      | grep -E "^xla_gpu[a-z_]*(split|cublaslt)" | sort -u; } >"$OUT/xla-flags.txt"
+  # defaults in the step (call 2 of the eighth session also listed the XLA build's split-K
+  # and cuBLAS-Lt flag names: bench/results/session8-call2/xla-flags.txt)
   local shapes="256x128x768,32x512x1024"
   local summed=4:2:2,4:2:4,4:2:8,4:2:4:hold,4:2:8:hold,2:1:4,2:1:8,2:2:8,8:4:2,8:4:4,4:4:4,8:2:4
   [ "$SMOKE" = 1 ] && shapes="8x64x64,2x64x128" && summed=4:2:2,4:2:2:hold
