@@ -78,6 +78,14 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--qkv-bias-grad", default="kernel", choices=["kernel", "xla"],
                     help="query/key/value bias gradients: summed by the flash backward "
                          "kernels (default) or by XLA column sums over dQ, dK, dV")
+    ap.add_argument("--residual-grad", default="xla", choices=["xla", "kernel"],
+                    help="the two gradients of a fused LayerNorm output with two consumers "
+                         "(next matmul, residual): summed by XLA (default) or by the "
+                         "LayerNorm's backward kernel (encoder.SPLIT_NORM_GRADS)")
+    ap.add_argument("--weight-grad", default="xla", choices=["xla", "direct"],
+                    help="projection weight gradients: JAX's rule (default, [out, in] then a "
+                         "transpose) or one dot in the kernel's layout "
+                         "(encoder.DIRECT_WEIGHT_GRADS)")
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])
@@ -323,8 +331,8 @@ def main(argv=None) -> dict:
         **model_choice_record(args), "gelu": args.gelu,
         "fused_norm_blocks": args.fused_norm_blocks,
         "norm_sum_blocks": args.norm_sum_blocks, "flash": args.flash,
-        "qkv_bias_grad": args.qkv_bias_grad, "scan": args.scan,
-        "remat": args.remat,
+        "qkv_bias_grad": args.qkv_bias_grad, "residual_grad": args.residual_grad,
+        "weight_grad": args.weight_grad, "scan": args.scan, "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,
         "mesh": args.mesh, "param_gather": args.param_gather, "tag": args.tag,

@@ -176,7 +176,8 @@ def model_dropout_impl(dropout_impl: str) -> str:
 def apply_process_levers(args) -> None:
     """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
     dropout patch, ``--gelu erfc``, ``--fused-norm-blocks``, ``--norm-sum-blocks``,
-    ``--flash`` and ``--qkv-bias-grad xla``."""
+    ``--flash``, ``--qkv-bias-grad xla``, ``--residual-grad kernel`` and ``--weight-grad
+    direct``."""
     apply_xla_flags(args.xla_flags)
     if args.dropout_impl == "cudnn":
         use_cudnn_dropout_attention()
@@ -194,6 +195,14 @@ def apply_process_levers(args) -> None:
         from bert_jax.modeling import encoder
 
         encoder.FLASH_BIAS_GRADS = False
+    if getattr(args, "residual_grad", "xla") == "kernel":
+        from bert_jax.modeling import encoder
+
+        encoder.SPLIT_NORM_GRADS = True
+    if getattr(args, "weight_grad", "xla") == "direct":
+        from bert_jax.modeling import encoder
+
+        encoder.DIRECT_WEIGHT_GRADS = True
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

@@ -7,7 +7,7 @@
 #                                              batch | large128 | biasgrad |
 #                                              gelu | fused | tune | final | nodrop |
 #                                              packed | verify | gemmnorm | normtune |
-#                                              normshort | remaining |
+#                                              normshort | gradsums | remaining |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
@@ -77,6 +77,9 @@
 #   normshort      ~9 min   the fused LayerNorm sweep at classify's rows and finer long settings;
 #                           classify and base/128 with the fastest against the defaults; a
 #                           profile of the default base/128 step
+#   gradsums       ~9 min   ninth session's A/B (BUDGET_S=570): --residual-grad kernel,
+#                           --weight-grad direct, --gelu kernel, each and together, on
+#                           base/128; together on classify and large/512; a profile of all
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -446,6 +449,23 @@ stage_gemmnorm() {  # the eighth session's A/B: XLA's cuBLAS-Lt path (vector-bia
   pretrain 75 gn:sum4 "$LARGE" "$S512" "$B32" --norm-sum-blocks 4
 }
 
+stage_gradsums() {  # the ninth session's A/B, each against the defaults and then together:
+  # the two gradients of a fused LayerNorm output summed in its backward kernel, projection
+  # weight gradients as one dot in the kernel's layout, the Pallas bias + GELU kernel; then a
+  # profile of the step with all three
+  local all=(--residual-grad kernel --weight-grad direct --gelu kernel)
+  pretrain 45 gs:baseline "$BASE" "$S128" "$B256"
+  pretrain 45 gs:residual "$BASE" "$S128" "$B256" --residual-grad kernel
+  pretrain 45 gs:weight "$BASE" "$S128" "$B256" --weight-grad direct
+  pretrain 45 gs:gelu "$BASE" "$S128" "$B256" --gelu kernel
+  pretrain 45 gs:all "$BASE" "$S128" "$B256" "${all[@]}"
+  classify 30 gs:baseline
+  classify 30 gs:all "${all[@]}"
+  pretrain 90 gs:baseline "$LARGE" "$S512" "$B32"
+  pretrain 75 gs:all "$LARGE" "$S512" "$B32" "${all[@]}"
+  profile pretrain "$B256" "profile-gradsums-pretrain" "${all[@]}"
+}
+
 stage_normtune() {  # the fused LayerNorm kernel again, with row blocks per backward program
   # (sum_blocks): a sweep at the long shapes, then the fastest setting of each against the
   # defaults in the step (call 2 of the eighth session also listed the XLA build's split-K
@@ -651,6 +671,7 @@ run_stage() {
     verify) stage_verify ;;
     gemmnorm) stage_gemmnorm ;;
     normtune) stage_normtune ;;
+    gradsums) stage_gradsums ;;
     normshort) stage_normshort ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -661,7 +682,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

@@ -86,13 +86,23 @@ def use_fused_norm(config: BertConfig) -> bool:
     return fused_norm.supported(config.hidden_size) and fused_norm.hidden_split_axes() is None
 
 
+# Fused LayerNorm outputs with two consumers (the next sublayer's matmul and its residual)
+# come back as two handles of one array, and the kernel's backward adds the two gradients as
+# it reads them (``fused_norm.residual_dropout_layer_norm(split_output=True)``). False lets
+# XLA sum them first, one more pass over [tokens, hidden] per sublayer (the benchmarks'
+# ``--residual-grad xla`` A/B; same values).
+SPLIT_NORM_GRADS = False
+
+
 class FusedResidualNorm(nn.Module):
     """``LayerNorm(residual + dropout(y + b))`` in one Pallas kernel each way
     (``layer_norm_impl=fused``, :mod:`bert_jax.modeling.fused_norm`): the same ``scale`` and
     ``bias`` parameters as the LayerNorm it replaces; ``b`` is the output projection's bias
-    (``Projection(skip_bias_add=True)``)."""
+    (``Projection(skip_bias_add=True)``). With ``split_output`` (and ``SPLIT_NORM_GRADS``)
+    the output comes back as a pair (for the matmul, for the residual) of one array."""
 
     config: BertConfig
+    split_output: bool = False
 
     @nn.compact
     def __call__(self, residual, y, b, deterministic: bool):
@@ -106,13 +116,50 @@ class FusedResidualNorm(nn.Module):
         salt = salt_from_rng(self.make_rng("dropout")) if rate > 0.0 else None
         dtype = "float32" if cfg.residual_dtype == "float32" else cfg.dtype
         return residual_dropout_layer_norm(residual, y, b, scale, bias, salt=salt, rate=rate,
-                                           epsilon=cfg.layer_norm_eps, out_dtype=dtype)
+                                           epsilon=cfg.layer_norm_eps, out_dtype=dtype,
+                                           split_output=self.split_output and SPLIT_NORM_GRADS)
 
 
 def hidden_dropout(config: BertConfig) -> Dropout:
     """Hidden-state dropout as the config says (rate, ``hidden_dropout_impl``,
     ``dropout_hash``)."""
     return Dropout(config.hidden_dropout_prob, config.hidden_dropout_impl, config.dropout_hash)
+
+
+# Weight gradients of the projections as one dot_general whose output is the kernel's own
+# [in..., out...] layout. JAX's transpose rule computes dot_general(dy, x) -> [out..., in...]
+# and then transposes; on the GPU, XLA splits the q/k/v and attention-output weight
+# gradients over the tokens (split-K) and its reduction of the split then writes the
+# transposed result (0.84 ms of a Base/128 step on an H100, 3-5x its bytes' time). The
+# benchmarks' ``--weight-grad direct`` A/B; same values.
+DIRECT_WEIGHT_GRADS = False
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _project(x, kernel, in_dims: int):
+    """``x @ kernel`` contracting x's last ``in_dims`` axes with kernel's first ones."""
+    return jax.lax.dot_general(x, kernel, _contract_last(x.ndim, in_dims))
+
+
+def _contract_last(ndim: int, in_dims: int):
+    return (tuple(range(ndim - in_dims, ndim)), tuple(range(in_dims))), ((), ())
+
+
+def _project_fwd(x, kernel, in_dims):
+    return _project(x, kernel, in_dims), (x, kernel)
+
+
+def _project_bwd(in_dims, saved, g):
+    x, kernel = saved
+    lead = x.ndim - in_dims
+    dx = jax.lax.dot_general(g, kernel, ((tuple(range(lead, g.ndim)),
+                                          tuple(range(in_dims, kernel.ndim))), ((), ())))
+    # Contract the token axes of x and g: [in..., out...], the kernel's shape, directly.
+    dk = jax.lax.dot_general(x, g, ((tuple(range(lead)), tuple(range(lead))), ((), ())))
+    return dx.astype(x.dtype), dk.astype(kernel.dtype)
+
+
+_project.defvjp(_project_fwd, _project_bwd)
 
 
 class Projection(nn.Module):
@@ -148,20 +195,21 @@ class Projection(nn.Module):
                       jax.lax.index_in_dim(bias, i, axis, False))
                      for i in range(self.features[axis])]
             if self.skip_bias_add:  # ((matmul output, bias) per slice)
-                return tuple((jax.lax.dot_general(x, k, self._dims(x)), b) for k, b in parts)
+                return tuple((self._matmul(x, k), b) for k, b in parts)
             return tuple(self._biased(x, k, b) for k, b in parts)
         if len(self.features) > 1 and not self.skip_bias_add and self.activation is None:
             return self._biased(x, kernel, bias)
-        y = jax.lax.dot_general(x, kernel, self._dims(x))
+        y = self._matmul(x, kernel)
         if self.skip_bias_add:
             return y, bias
         if self.activation is not None:
             return add_bias_activate(y, bias, self.activation)
         return add_bias(y, bias)
 
-    def _dims(self, x):
-        contract = tuple(range(x.ndim - self.in_dims, x.ndim))
-        return (contract, tuple(range(self.in_dims))), ((), ())
+    def _matmul(self, x, kernel):
+        if DIRECT_WEIGHT_GRADS:
+            return _project(x, kernel, self.in_dims)
+        return jax.lax.dot_general(x, kernel, _contract_last(x.ndim, self.in_dims))
 
     def _biased(self, x, kernel, bias):
         """``x @ kernel + bias`` for a kernel with several output axes, computed against the
@@ -171,7 +219,7 @@ class Projection(nn.Module):
         pass, ``bench/probe_bias_epilogue.py``)."""
         out_shape = kernel.shape[self.in_dims:]
         flat = kernel.reshape(*kernel.shape[:self.in_dims], -1)
-        y = add_bias(jax.lax.dot_general(x, flat, self._dims(x)), bias.reshape(-1))
+        y = add_bias(self._matmul(x, flat), bias.reshape(-1))
         return y.reshape(*y.shape[:-1], *out_shape)
 
 
@@ -322,39 +370,55 @@ class BertSelfAttention(nn.Module):
         return constrain(out, ACTIVATION_AXES), probs
 
 
+def _handles(x):
+    """(input of the next matmul, residual) from a layer input: one array used for both, or
+    the pair a fused LayerNorm returned with ``split_output``."""
+    return x if isinstance(x, tuple) else (x, x)
+
+
 class BertLayer(nn.Module):
-    """One post-LayerNorm Transformer block, as in the original BERT."""
+    """One post-LayerNorm Transformer block, as in the original BERT.
+
+    ``x`` is [batch, seq, hidden], or the (matmul input, residual) pair of one array that the
+    previous layer returns with ``split_output`` (fused LayerNorm only, ``SPLIT_NORM_GRADS``:
+    the layer's first LayerNorm then adds the two gradients in its backward kernel)."""
 
     config: BertConfig
     deterministic: bool = True
     output_attentions: bool = False
+    split_output: bool = False
 
     @nn.compact
     def __call__(self, x, kv_lengths):
         cfg = self.config
         fused = use_fused_norm(cfg)  # bias + dropout + residual + LayerNorm in one kernel
         drop = None if fused else hidden_dropout(cfg)
+        x, residual = _handles(x)
         attn, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
                                         return_bias=fused, name="attention")(x, kv_lengths)
         if fused:
-            x = FusedResidualNorm(cfg, name="attention_norm")(x, *attn, self.deterministic)
+            x, residual = _handles(FusedResidualNorm(cfg, split_output=True,
+                                                     name="attention_norm")(
+                residual, *attn, self.deterministic))
         else:
-            x = layer_norm(cfg, "attention_norm")(
-                x + drop(attn, deterministic=self.deterministic))
+            x = residual = layer_norm(cfg, "attention_norm")(
+                residual + drop(attn, deterministic=self.deterministic))
         h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
                   activation=cfg.hidden_act)(x)
         h = constrain(h, MLP_AXES)
         if fused:
             h, b = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out",
                          skip_bias_add=True)(h)
-            x = FusedResidualNorm(cfg, name="output_norm")(
-                x, constrain(h, ACTIVATION_AXES), b, self.deterministic)
+            x = FusedResidualNorm(cfg, split_output=self.split_output, name="output_norm")(
+                residual, constrain(h, ACTIVATION_AXES), b, self.deterministic)
         else:
             h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out")(h)
             h = constrain(h, ACTIVATION_AXES)
-            x = layer_norm(cfg, "output_norm")(x + drop(h, deterministic=self.deterministic))
-        x = constrain(x, ACTIVATION_AXES)
-        return x, probs
+            x = layer_norm(cfg, "output_norm")(
+                residual + drop(h, deterministic=self.deterministic))
+        if isinstance(x, tuple):
+            return tuple(constrain(t, ACTIVATION_AXES) for t in x), probs
+        return constrain(x, ACTIVATION_AXES), probs
 
 
 class _ScanLayer(BertLayer):
@@ -403,10 +467,14 @@ class BertEncoder(nn.Module):
                 attentions = [probs[i] for i in range(cfg.num_hidden_layers)]
         else:
             shared = layer_cls(**kwargs, name="layer") if cfg.share_layers else None
+            last = cfg.num_hidden_layers - 1
             for i in range(cfg.num_hidden_layers):
-                layer = shared if shared is not None else layer_cls(**kwargs, name=f"layer_{i}")
+                # Every layer but the last hands the next its output as two handles (the
+                # fused LayerNorm's gradient sum, SPLIT_NORM_GRADS); one shared module can't.
+                layer = shared if shared is not None else layer_cls(
+                    **kwargs, split_output=i < last, name=f"layer_{i}")
                 x, probs = layer(x, kv_lengths)
-                hidden_states.append(x)
+                hidden_states.append(_handles(x)[0])
                 attentions.append(probs)
         return {
             "sequence_output": x,

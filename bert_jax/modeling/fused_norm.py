@@ -8,7 +8,9 @@ dropout's gradient and the bias gradient (24 sublayers, ~7 ms of a 54 ms Base/12
 H100; ``bench/profile_step.py``). Here one forward kernel reads ``residual`` and ``y`` once and
 writes the output, and one backward kernel reads the output gradient, ``residual`` and ``y``
 once and writes both input gradients plus partial sums of the three parameter gradients, one
-[3 x hidden] row per program (summed by XLA afterwards in one reduction).
+[3 x hidden] row per program (summed by XLA afterwards in one reduction). With
+``split_output`` the output is returned twice, one handle per consumer, and the backward
+kernel adds the two consumers' gradients as it reads them (no separate XLA sum).
 
 The dropout mask is the ``rowcol`` counter hash of ``dropout.py`` (the row codes of the
 [batch, seq] positions and the column codes of the hidden units, computed by XLA and passed
@@ -51,6 +53,10 @@ class NormSettings:
     # Backward: row blocks one program loops over, keeping the parameter-gradient sums in
     # registers; one [3 x hidden] partial sum per program (XLA sums them afterwards).
     sum_blocks: int = 1
+    # Upstream gradients the backward kernel adds as it reads them: 2 when the output is
+    # returned twice (``split_output``), once per consumer, so that the sum of the two
+    # consumers' gradients is not a separate XLA pass over [tokens, hidden].
+    cotangents: int = 1
 
 
 # Kernel settings (block_rows, num_warps, recompute, sum_blocks) from ``bench/bench_norm.py`` on
@@ -125,12 +131,17 @@ def _forward_kernel(r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, beta_ref
     rstd_ref[...] = rstd
 
 
-def _backward_kernel(g_ref, r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, mean_ref,
-                     rstd_ref, dr_ref, dy_ref, sums_ref, *, s: NormSettings, hidden: int):
-    """One program: ``s.sum_blocks`` blocks of ``s.block_rows`` rows. Writes both input
-    gradients and one partial sum per parameter gradient, ``sums_ref[0]`` = [bias | gamma |
-    beta] gradients of all its rows."""
+def _backward_kernel(*refs, s: NormSettings, hidden: int):
+    """One program: ``s.sum_blocks`` blocks of ``s.block_rows`` rows. Refs: ``s.cotangents``
+    upstream gradients (summed as they are read), then residual, y, row codes, column codes,
+    b, gamma, mean, rstd; outputs dr, dy, sums. Writes both input gradients and one partial
+    sum per parameter gradient, ``sums_ref[0]`` = [bias | gamma | beta] gradients of all its
+    rows."""
     from jax.experimental import pallas as pl
+
+    g_refs, refs = refs[:s.cotangents], refs[s.cotangents:]
+    (r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, mean_ref, rstd_ref, dr_ref, dy_ref,
+     sums_ref) = refs
 
     slices = [pl.ds(c * s.chunk, s.chunk) for c in range(hidden // s.chunk)]
 
@@ -142,7 +153,9 @@ def _backward_kernel(g_ref, r_ref, y_ref, rows_ref, cols_ref, b_ref, gamma_ref, 
         def terms(sl):
             x, keep = _pre_norm(r_ref, y_ref, rows, cols_ref, b_ref, rs, sl, s)
             xhat = (x - mean) * rstd
-            g = g_ref[rs, sl].astype(jnp.float32)
+            g = g_refs[0][rs, sl].astype(jnp.float32)
+            for g_ref in g_refs[1:]:
+                g = g + g_ref[rs, sl].astype(jnp.float32)
             return g, xhat, g * gamma_ref[sl].astype(jnp.float32)[None, :], keep
 
         db, dgamma, dbeta = (list(a) for a in acc)
@@ -205,7 +218,8 @@ def _forward_call(r, y, rows, cols, b, gamma, beta, s: NormSettings, out_dtype):
     )(r, y, rows, cols, b, gamma, beta)
 
 
-def _backward_call(g, r, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
+def _backward_call(gs, r, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
+    """``gs``: the ``s.cotangents`` upstream gradients, [rows, hidden] each."""
     from jax.experimental import pallas as pl
 
     n, hidden = r.shape
@@ -217,13 +231,13 @@ def _backward_call(g, r, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
     return pl.pallas_call(
         functools.partial(_backward_kernel, s=s, hidden=hidden),
         grid=(n // block,),
-        in_specs=[tile, tile, tile, per_row, vec, vec, vec, per_row, per_row],
+        in_specs=[tile] * len(gs) + [tile, tile, per_row, vec, vec, vec, per_row, per_row],
         out_specs=[tile, tile, partial],
         out_shape=[jax.ShapeDtypeStruct((n, hidden), r.dtype),
                    jax.ShapeDtypeStruct((n, hidden), y.dtype),
                    jax.ShapeDtypeStruct((n // block, 3 * hidden), jnp.float32)],
         interpret=s.interpret, name="bert_norm_backward", **_compiler_params(s),
-    )(g, r, y, rows, cols, b, gamma, mean, rstd)
+    )(*gs, r, y, rows, cols, b, gamma, mean, rstd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,29 +309,37 @@ def _fused_forward(residual, y, rows, cols, b, gamma, beta, s: NormSettings, out
     return _per_shard(local, (residual, y, rows), (cols, b, gamma, beta), (3, 2, 2))
 
 
-def _fused_backward(g, residual, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
-    def local(g, r, y, rows, mean, rstd, cols, b, gamma):
-        dr, dy, sums = _backward_call(_flat(g), _flat(r), _flat(y), rows.reshape(-1), cols, b,
-                                      gamma, mean.reshape(-1), rstd.reshape(-1), s)
+def _fused_backward(gs, residual, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
+    def local(*args):
+        *gs, r, y, rows, mean, rstd, cols, b, gamma = args
+        dr, dy, sums = _backward_call(tuple(_flat(g) for g in gs), _flat(r), _flat(y),
+                                      rows.reshape(-1), cols, b, gamma, mean.reshape(-1),
+                                      rstd.reshape(-1), s)
         return dr.reshape(r.shape), dy.reshape(y.shape), sums
 
-    return _per_shard(local, (g, residual, y, rows, mean, rstd), (cols, b, gamma), (3, 3, 2))
+    return _per_shard(local, (*gs, residual, y, rows, mean, rstd), (cols, b, gamma), (3, 3, 2))
+
+
+def _outputs(out, s: NormSettings):
+    """The primal output: once, or (with ``s.cotangents == 2``) the same array twice."""
+    return (out, out) if s.cotangents == 2 else out
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
 def _fused(residual, y, rows, cols, b, gamma, beta, s: NormSettings, out_dtype):
-    return _fused_forward(residual, y, rows, cols, b, gamma, beta, s, out_dtype)[0]
+    return _outputs(_fused_forward(residual, y, rows, cols, b, gamma, beta, s, out_dtype)[0], s)
 
 
 def _fused_fwd(residual, y, rows, cols, b, gamma, beta, s, out_dtype):
     out, mean, rstd = _fused_forward(residual, y, rows, cols, b, gamma, beta, s, out_dtype)
-    return out, (residual, y, rows, cols, b, gamma, beta, mean, rstd)
+    return _outputs(out, s), (residual, y, rows, cols, b, gamma, beta, mean, rstd)
 
 
 def _fused_bwd(s, out_dtype, saved, g):
     del out_dtype
     residual, y, rows, cols, b, gamma, beta, mean, rstd = saved
-    dr, dy, sums = _fused_backward(g, residual, y, rows, cols, b, gamma, mean, rstd, s)
+    gs = tuple(g) if s.cotangents == 2 else (g,)
+    dr, dy, sums = _fused_backward(gs, residual, y, rows, cols, b, gamma, mean, rstd, s)
     zero_codes = (np.zeros(rows.shape, jax.dtypes.float0), np.zeros(cols.shape,
                                                                    jax.dtypes.float0))
     db, dgamma, dbeta = jnp.sum(sums, axis=0).reshape(3, -1)  # one reduction for all three
@@ -332,14 +354,19 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
                                 epsilon: float = 1e-12, out_dtype=None,
                                 block_rows: int | None = None, num_warps: int | None = None,
                                 recompute: bool | None = None, sum_blocks: int | None = None,
-                                interpret: bool | None = None):
+                                split_output: bool = False, interpret: bool | None = None):
     """``LayerNorm(residual + dropout(y + b)) * gamma + beta`` over the last axis, in one
     kernel each way. ``residual`` and ``y`` are [batch, seq, hidden]; ``b``, ``gamma``,
     ``beta`` [hidden]; ``salt`` an int32 scalar (``dropout.salt_from_rng``) when ``rate > 0``:
     the mask is ``hash_dropout``'s ``rowcol`` mask of a [batch, seq, hidden] array for that
     salt. Returns [batch, seq, hidden] in ``out_dtype`` (default ``residual.dtype``).
     ``block_rows``, ``num_warps``, ``recompute`` and ``sum_blocks`` (row blocks per backward
-    program) default to :func:`blocks_for` (rows)."""
+    program) default to :func:`blocks_for` (rows).
+
+    ``split_output=True`` returns the output twice, ``(out, out)`` (one array, no copy), for a
+    caller with two consumers (the next sublayer's matmul and its residual): each handle's
+    gradient reaches the backward kernel separately and the kernel adds them as it reads
+    them, instead of XLA summing them first in a pass of its own over [tokens, hidden]."""
     if residual.ndim != 3 or residual.shape != y.shape:
         raise ValueError(f"residual and y must be the same [batch, seq, hidden] shape; got "
                          f"{residual.shape} and {y.shape}")
@@ -366,7 +393,7 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
     sum_blocks = fit_block(tuned[3] if sum_blocks is None else int(sum_blocks),
                            rows_per_shard // block_rows)
     s = NormSettings(float(rate), float(epsilon), block_rows, _chunk(hidden), int(num_warps),
-                     bool(interpret), bool(recompute), sum_blocks)
+                     bool(interpret), bool(recompute), sum_blocks, 2 if split_output else 1)
     salt = jnp.zeros((), jnp.int32) if salt is None else salt
     rows, cols = rowcol_codes(residual.shape, salt)  # hash_dropout's codes of this shape
     rows = rows[..., 0]

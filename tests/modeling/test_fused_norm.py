@@ -54,6 +54,49 @@ def test_values_and_gradients_match_jax(rate, recompute, sum_blocks):
         assert float(jnp.abs(g - w).max()) <= 1e-5 * max(scale, 1.0), name
 
 
+@pytest.mark.parametrize("sum_blocks", [1, 2])
+def test_split_output_adds_both_consumers_gradients(sum_blocks):
+    """``split_output=True``: the same output twice, each handle used by its own consumer;
+    the kernel sums the two gradients as it reads them. Values and every gradient equal the
+    single-output kernel whose output feeds both consumers (XLA adds the gradients there),
+    and the jax.numpy reference."""
+    r, y, b, gamma, beta, salt = _inputs()
+    p1 = jax.random.normal(jax.random.key(3), r.shape)
+    p2 = jax.random.normal(jax.random.key(4), r.shape)
+
+    def consumers(a, c):  # two different functions of the two handles
+        return jnp.sum(a * p1) + jnp.sum(jnp.tanh(c) * p2)
+
+    def split(*args):
+        a, c = fused_norm.residual_dropout_layer_norm(*args, salt=salt, rate=0.1,
+                                                      sum_blocks=sum_blocks, split_output=True)
+        return consumers(a, c)
+
+    def single(fn):
+        def loss(*args):
+            out = fn(*args, salt=salt, rate=0.1)
+            return consumers(out, out)
+        return loss
+
+    args = (r, y, b, gamma, beta)
+    a, c = fused_norm.residual_dropout_layer_norm(*args, salt=salt, rate=0.1,
+                                                  split_output=True)
+    assert a is c or bool(jnp.all(a == c))
+    got = jax.value_and_grad(split, range(5))(*args)
+    for want in (jax.value_and_grad(single(fused_norm.residual_dropout_layer_norm),
+                                    range(5))(*args),
+                 jax.value_and_grad(single(fused_norm.reference), range(5))(*args)):
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+        for name, g, w in zip(("residual", "y", "b", "gamma", "beta"), got[1], want[1],
+                              strict=True):
+            scale = float(jnp.abs(w).max())
+            assert float(jnp.abs(g - w).max()) <= 1e-5 * max(scale, 1.0), name
+    # One of the two gradients wrong (the second handle's dropped) would show.
+    one = jax.grad(lambda *x: jnp.sum(fused_norm.residual_dropout_layer_norm(
+        *x, salt=salt, rate=0.1, split_output=True)[0] * p1), range(5))(*args)
+    assert float(jnp.abs(one[0] - got[1][0]).max()) > 1e-3
+
+
 def test_mask_is_hash_dropouts():
     """Same salt, same dropped elements as hash_dropout (rowcol) on the [batch, seq, hidden]
     array; a different salt drops different ones."""
@@ -93,10 +136,11 @@ def test_bad_input_is_named():
         BertConfig(layer_norm_impl="fused", hidden_dropout_impl="prng")
 
 
-@pytest.mark.parametrize("sum_blocks", [1, 2])
-def test_per_shard_under_a_mesh_matches_one_device(sum_blocks):
+@pytest.mark.parametrize("sum_blocks,split", [(1, False), (2, True)])
+def test_per_shard_under_a_mesh_matches_one_device(sum_blocks, split):
     """Under a 2-device data mesh the kernels run per batch shard (shard_map); values and
-    gradients (parameter gradients summed over the shards) equal the one-device run."""
+    gradients (parameter gradients summed over the shards) equal the one-device run, also
+    with the output split into two handles (two upstream gradients per shard)."""
     if jax.device_count() < 2:
         pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
     from bert_jax import parallel
@@ -105,8 +149,9 @@ def test_per_shard_under_a_mesh_matches_one_device(sum_blocks):
 
     def loss(r, y, b, gamma, beta):
         out = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=0.1,
-                                                     sum_blocks=sum_blocks)
-        return jnp.sum(out * jnp.cos(out))
+                                                     sum_blocks=sum_blocks, split_output=split)
+        a, c = out if split else (out, out)
+        return jnp.sum(a * jnp.cos(c))
 
     want = jax.value_and_grad(loss, range(5))(r, y, b, gamma, beta)
     mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
@@ -117,6 +162,48 @@ def test_per_shard_under_a_mesh_matches_one_device(sum_blocks):
     assert text.count("manual_computation") + text.count("shard_map") >= 2  # fwd + bwd
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_split_norm_grads_in_the_encoder(monkeypatch, remat):
+    """``encoder.SPLIT_NORM_GRADS``: every fused LayerNorm with two consumers returns two
+    handles (within each layer, and between layers but after the last), so the gradient
+    has 2 x layers - 1 fewer XLA sums (``add_any``) over [tokens, hidden]; loss and every
+    parameter gradient are unchanged."""
+    from bert_jax import modeling
+    from bert_jax.modeling import encoder
+
+    cfg = get_preset("tiny", vocab_size=128, layer_norm_impl="fused", remat_policy=remat)
+    model = modeling.BertForPreTraining(cfg)
+    ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
+    mask = jnp.ones_like(ids).at[1, 12:].set(0)
+    params = model.init(jax.random.key(1), ids, mask)
+
+    def loss(p):
+        out = model.apply(p, ids, mask, deterministic=False,
+                          rngs={"dropout": jax.random.key(2)})
+        return jnp.sum(jnp.sin(out["mlm_logits"].astype(jnp.float32)))
+
+    def adds(jaxpr):
+        count = 0
+        for eqn in jaxpr.eqns:
+            count += eqn.primitive.name == "add_any" and eqn.outvars[0].aval.shape[-1:] == (
+                cfg.hidden_size,) and len(eqn.outvars[0].aval.shape) == 3
+            for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else ():
+                count += adds(sub)
+        return count
+
+    results, counts = [], []
+    for split in (False, True):
+        monkeypatch.setattr(encoder, "SPLIT_NORM_GRADS", split)
+        results.append(jax.value_and_grad(loss)(params))
+        counts.append(adds(jax.make_jaxpr(jax.grad(loss))(params).jaxpr))
+    (v0, g0), (v1, g1) = results
+    np.testing.assert_allclose(v1, v0, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    if remat == "none":
+        assert counts[0] - counts[1] == 2 * cfg.num_hidden_layers - 1, counts
 
 
 def test_train_step_with_fused_layer_norm_learns():

@@ -431,3 +431,49 @@ def test_bias_activation_backward_is_recomputed_not_stored():
     plain = temp_bytes(lambda h, b: activation("gelu")(h + b))
     fused = temp_bytes(lambda h, b: add_bias_activate(h, b, "gelu"))
     assert fused <= plain - 4096 * 1024 * 2  # at least one [tokens, 1024] bf16 array less
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_direct_weight_gradients(monkeypatch, dtype):
+    """``encoder.DIRECT_WEIGHT_GRADS``: every projection's weight gradient is one
+    dot_general in the kernel's [in..., out...] layout (JAX's rule computes [out..., in...]
+    and transposes it); loss and all gradients are unchanged."""
+    from bert_jax.modeling import encoder
+
+    cfg = get_preset("tiny", vocab_size=128, dtype=dtype)
+    model = modeling.BertForPreTraining(cfg)
+    ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
+    mask = jnp.ones_like(ids).at[0, 10:].set(0)
+    params = model.init(jax.random.key(1), ids, mask)
+
+    def loss(p):
+        out = model.apply(p, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(3)})
+        return jnp.sum(jnp.sin(out["mlm_logits"].astype(jnp.float32)))
+
+    kernels = {tuple(x.shape) for path, x in jax.tree_util.tree_leaves_with_path(params)
+               if "kernel" in jax.tree_util.keystr(path) and x.ndim >= 2}
+
+    def kernel_transposes(closed):
+        eqns, count = list(closed.jaxpr.eqns), 0
+        while eqns:
+            eqn = eqns.pop()
+            count += (eqn.primitive.name == "transpose"
+                      and tuple(eqn.outvars[0].aval.shape) in kernels)
+            for value in eqn.params.values():  # custom_vjp / pjit bodies
+                inner = getattr(value, "jaxpr", None)
+                if inner is not None:
+                    eqns.extend(getattr(inner, "eqns", ()))
+        return count
+
+    results, transposes = [], []
+    for direct in (False, True):
+        monkeypatch.setattr(encoder, "DIRECT_WEIGHT_GRADS", direct)
+        results.append(jax.value_and_grad(loss)(params))
+        transposes.append(kernel_transposes(jax.make_jaxpr(jax.grad(loss))(params)))
+    (v0, g0), (v1, g1) = results
+    tol = 1e-6 if dtype == "float32" else 1e-2
+    np.testing.assert_allclose(v1, v0, rtol=tol)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   rtol=tol, atol=tol * 1e-2)
+    assert transposes[1] < transposes[0], transposes
