@@ -63,8 +63,10 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                     help="attention with dropout: model.dropout_attention_impl (auto = the "
                          "flash kernel on GPU, explicit = einsum path) or cudnn (bench patch)")
     add_model_choice_arguments(ap)
-    ap.add_argument("--gelu", default="erf", choices=["erf", "erfc"],
-                    help="erf: bert-jax's gelu_erf (default); erfc: jax.nn.gelu's formulation")
+    ap.add_argument("--gelu", default="kernel", choices=["kernel", "erf", "erfc"],
+                    help="kernel (default): the MLP's bias + GELU as fused_gelu's Pallas "
+                         "kernels on GPUs (ops.FUSED_GELU); erf: XLA's fusions of bert-jax's "
+                         "gelu_erf; erfc: XLA's fusions of jax.nn.gelu's formulation")
     ap.add_argument("--fused-norm-blocks", default="",
                     help="ROWS:WARPS[:hold]: settings of the fused LayerNorm kernel "
                          "(--layer-norm fused); default: fused_norm.blocks_for(rows)")
@@ -78,14 +80,14 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--qkv-bias-grad", default="kernel", choices=["kernel", "xla"],
                     help="query/key/value bias gradients: summed by the flash backward "
                          "kernels (default) or by XLA column sums over dQ, dK, dV")
-    ap.add_argument("--residual-grad", default="xla", choices=["xla", "kernel"],
+    ap.add_argument("--residual-grad", default="kernel", choices=["kernel", "xla"],
                     help="the two gradients of a fused LayerNorm output with two consumers "
-                         "(next matmul, residual): summed by XLA (default) or by the "
-                         "LayerNorm's backward kernel (encoder.SPLIT_NORM_GRADS)")
-    ap.add_argument("--weight-grad", default="xla", choices=["xla", "direct"],
-                    help="projection weight gradients: JAX's rule (default, [out, in] then a "
-                         "transpose) or one dot in the kernel's layout "
-                         "(encoder.DIRECT_WEIGHT_GRADS)")
+                         "(next matmul, residual): summed by the LayerNorm's backward kernel "
+                         "(default, encoder.SPLIT_NORM_GRADS) or by XLA")
+    ap.add_argument("--weight-grad", default="direct", choices=["direct", "xla"],
+                    help="projection weight gradients: one dot in the kernel's layout "
+                         "(default, encoder.DIRECT_WEIGHT_GRADS) or JAX's rule ([out, in] "
+                         "then a transpose)")
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])

@@ -129,6 +129,15 @@ def use_erfc_gelu() -> None:
     ops.activation = activation
 
 
+def use_fused_gelu(on: bool) -> None:
+    """``--gelu kernel`` (the default) or not: the MLP's ``gelu_erf(y + b)``
+    (``ops.add_bias_activate``) as ``modeling.fused_gelu``'s Pallas kernel pair on GPUs, or
+    XLA's fusions (process-wide; call before the model is traced). The same function."""
+    from bert_jax.modeling import ops
+
+    ops.FUSED_GELU = on
+
+
 def use_fused_norm_blocks(spec: str) -> None:
     """``--fused-norm-blocks ROWS:WARPS[:hold]``: the fused LayerNorm kernel's settings for
     every shape (process-wide; ``hold`` keeps whole rows in registers in the backward
@@ -175,14 +184,15 @@ def model_dropout_impl(dropout_impl: str) -> str:
 
 def apply_process_levers(args) -> None:
     """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
-    dropout patch, ``--gelu erfc``, ``--fused-norm-blocks``, ``--norm-sum-blocks``,
-    ``--flash``, ``--qkv-bias-grad xla``, ``--residual-grad kernel`` and ``--weight-grad
-    direct``."""
+    dropout patch, ``--gelu``, ``--fused-norm-blocks``, ``--norm-sum-blocks``, ``--flash``,
+    ``--qkv-bias-grad xla``, ``--residual-grad`` and ``--weight-grad``."""
     apply_xla_flags(args.xla_flags)
     if args.dropout_impl == "cudnn":
         use_cudnn_dropout_attention()
-    if getattr(args, "gelu", "erf") == "erfc":
+    gelu = getattr(args, "gelu", "kernel")
+    if gelu == "erfc":
         use_erfc_gelu()
+    use_fused_gelu(gelu == "kernel")
     if getattr(args, "fused_norm_blocks", ""):
         use_fused_norm_blocks(args.fused_norm_blocks)
     if getattr(args, "norm_sum_blocks", 0):
@@ -195,14 +205,10 @@ def apply_process_levers(args) -> None:
         from bert_jax.modeling import encoder
 
         encoder.FLASH_BIAS_GRADS = False
-    if getattr(args, "residual_grad", "xla") == "kernel":
-        from bert_jax.modeling import encoder
+    from bert_jax.modeling import encoder
 
-        encoder.SPLIT_NORM_GRADS = True
-    if getattr(args, "weight_grad", "xla") == "direct":
-        from bert_jax.modeling import encoder
-
-        encoder.DIRECT_WEIGHT_GRADS = True
+    encoder.SPLIT_NORM_GRADS = getattr(args, "residual_grad", "kernel") == "kernel"
+    encoder.DIRECT_WEIGHT_GRADS = getattr(args, "weight_grad", "direct") == "direct"
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

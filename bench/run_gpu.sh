@@ -62,7 +62,7 @@
 #   tune           ~8 min   the fused LayerNorm kernel: bench_norm.py block sweep ($OUT/norm.jsonl),
 #                           then base/128, classify and large/512 with the fastest setting
 #                           against the default, and a profile of it
-#   gelu           ~3 min   base/128 pretrain and classify: gelu_erf (default) vs --gelu erfc
+#   gelu           ~3 min   base/128 pretrain and classify: the GELU kernel (default) vs --gelu erfc
 #   packed         ~8 min   bench/check_flash_gpu.py (packed vs separate kernels, $OUT/checks.jsonl),
 #                           then --qkv packed vs split: base/128, classify, large/512; a profile
 #   verify         ~3 min   check_flash_gpu.py, then base/128 pretraining and classify (defaults)
@@ -449,19 +449,20 @@ stage_gemmnorm() {  # the eighth session's A/B: XLA's cuBLAS-Lt path (vector-bia
   pretrain 75 gn:sum4 "$LARGE" "$S512" "$B32" --norm-sum-blocks 4
 }
 
-stage_gradsums() {  # the ninth session's A/B, each against the defaults and then together:
-  # the two gradients of a fused LayerNorm output summed in its backward kernel, projection
-  # weight gradients as one dot in the kernel's layout, the Pallas bias + GELU kernel; then a
-  # profile of the step with all three
+stage_gradsums() {  # the ninth session's A/B (now the defaults, so the baseline turns them
+  # off): the two gradients of a fused LayerNorm output summed in its backward kernel,
+  # projection weight gradients as one dot in the kernel's layout, the Pallas bias + GELU
+  # kernel; each alone and together; then a profile of the step with all three
+  local off=(--residual-grad xla --weight-grad xla --gelu erf)
   local all=(--residual-grad kernel --weight-grad direct --gelu kernel)
-  pretrain 45 gs:baseline "$BASE" "$S128" "$B256"
-  pretrain 45 gs:residual "$BASE" "$S128" "$B256" --residual-grad kernel
-  pretrain 45 gs:weight "$BASE" "$S128" "$B256" --weight-grad direct
-  pretrain 45 gs:gelu "$BASE" "$S128" "$B256" --gelu kernel
+  pretrain 45 gs:baseline "$BASE" "$S128" "$B256" "${off[@]}"
+  pretrain 45 gs:residual "$BASE" "$S128" "$B256" "${off[@]}" --residual-grad kernel
+  pretrain 45 gs:weight "$BASE" "$S128" "$B256" "${off[@]}" --weight-grad direct
+  pretrain 45 gs:gelu "$BASE" "$S128" "$B256" "${off[@]}" --gelu kernel
   pretrain 45 gs:all "$BASE" "$S128" "$B256" "${all[@]}"
-  classify 30 gs:baseline
+  classify 30 gs:baseline "${off[@]}"
   classify 30 gs:all "${all[@]}"
-  pretrain 90 gs:baseline "$LARGE" "$S512" "$B32"
+  pretrain 90 gs:baseline "$LARGE" "$S512" "$B32" "${off[@]}"
   pretrain 75 gs:all "$LARGE" "$S512" "$B32" "${all[@]}"
   profile pretrain "$B256" "profile-gradsums-pretrain" "${all[@]}"
 }

@@ -90,8 +90,8 @@ def use_fused_norm(config: BertConfig) -> bool:
 # come back as two handles of one array, and the kernel's backward adds the two gradients as
 # it reads them (``fused_norm.residual_dropout_layer_norm(split_output=True)``). False lets
 # XLA sum them first, one more pass over [tokens, hidden] per sublayer (the benchmarks'
-# ``--residual-grad xla`` A/B; same values).
-SPLIT_NORM_GRADS = False
+# ``--residual-grad xla`` A/B; same values; True: Base/128 +1.8% on an H100).
+SPLIT_NORM_GRADS = True
 
 
 class FusedResidualNorm(nn.Module):
@@ -130,9 +130,10 @@ def hidden_dropout(config: BertConfig) -> Dropout:
 # [in..., out...] layout. JAX's transpose rule computes dot_general(dy, x) -> [out..., in...]
 # and then transposes; on the GPU, XLA splits the q/k/v and attention-output weight
 # gradients over the tokens (split-K) and its reduction of the split then writes the
-# transposed result (0.84 ms of a Base/128 step on an H100, 3-5x its bytes' time). The
-# benchmarks' ``--weight-grad direct`` A/B; same values.
-DIRECT_WEIGHT_GRADS = False
+# transposed result (0.84 ms of a Base/128 step on an H100, 3-5x its bytes' time). False
+# restores JAX's rule (the benchmarks' ``--weight-grad xla`` A/B; same values; True: Base/128
+# +1.4% on an H100).
+DIRECT_WEIGHT_GRADS = True
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

@@ -577,11 +577,12 @@ def _prepare(batch, q_len, kv_len, heads, head_dim, kv_lengths, salt, dropout_ra
 
 
 def fit_block(block: int, length: int) -> int:
-    """The largest power-of-two block <= ``block`` that divides ``length``."""
-    block = min(block, length)
-    while length % block:
-        block //= 2
-    return block
+    """The largest power of two <= ``block`` that divides ``length`` (Triton's blocks are
+    powers of two: a length of 6 gets 2, not 6)."""
+    fitted = 1
+    while fitted * 2 <= block and length % (fitted * 2) == 0:
+        fitted *= 2
+    return fitted
 
 
 def reference_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate=0.0,

@@ -84,14 +84,6 @@ def blocks_for(rows: int) -> tuple[int, int, bool, int]:
     return tuned
 
 
-def _chunk(hidden: int, limit: int = 256) -> int:
-    """The largest power of two <= ``limit`` dividing ``hidden``."""
-    chunk = 1
-    while chunk * 2 <= limit and hidden % (chunk * 2) == 0:
-        chunk *= 2
-    return chunk
-
-
 def supported(hidden: int) -> bool:
     """Hidden sizes the kernels handle: a multiple of 16 (the chunk is then >= 16)."""
     return hidden % 16 == 0
@@ -392,7 +384,8 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
     block_rows = fit_block(block_rows, rows_per_shard)
     sum_blocks = fit_block(tuned[3] if sum_blocks is None else int(sum_blocks),
                            rows_per_shard // block_rows)
-    s = NormSettings(float(rate), float(epsilon), block_rows, _chunk(hidden), int(num_warps),
+    chunk = fit_block(256, hidden)  # the hidden axis in power-of-two chunks (768 = 3 x 256)
+    s = NormSettings(float(rate), float(epsilon), block_rows, chunk, int(num_warps),
                      bool(interpret), bool(recompute), sum_blocks, 2 if split_output else 1)
     salt = jnp.zeros((), jnp.int32) if salt is None else salt
     rows, cols = rowcol_codes(residual.shape, salt)  # hash_dropout's codes of this shape

@@ -5,7 +5,8 @@ docs/performance.md):
 * :func:`column_sum`: parameter gradients summed over tokens in two stages (XLA's one-stage
   column reduction runs on a handful of thread blocks);
 * :func:`add_bias` / :func:`add_bias_activate`: dense-layer epilogues whose backward keeps only
-  the matmul output and recomputes the activation's derivative;
+  the matmul output and recomputes the activation's derivative (the erf GELU optionally as a
+  Pallas kernel pair, :data:`FUSED_GELU`, ``fused_gelu.py``);
 * :func:`layer_norm_two_stage` / :class:`TwoStageLayerNorm`: LayerNorm with a written-out
   backward (``BertConfig.layer_norm_impl=two_stage``).
 
@@ -98,12 +99,41 @@ def _add_bias_bwd(like, g):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+# ``add_bias_activate(y, b, "gelu")`` through the Pallas kernel pair of ``fused_gelu.py``:
+# True (default since the ninth session: the Base/128 step +1.3% on an H100,
+# docs/performance.md): the kernels on GPUs where they apply (the intermediate axis not
+# split over a mesh); False: XLA's fusions (bench ``--gelu erf``); "force": the kernels on
+# any backend (Pallas interpret mode off GPUs; tests).
+FUSED_GELU: bool | str = True
+
+
+def _use_fused_gelu(y, bias, name: str) -> bool:
+    if name != "gelu" or not FUSED_GELU:
+        return False
+    if FUSED_GELU != "force" and jax.default_backend() != "gpu":
+        return False
+    from bert_jax.modeling import fused_gelu
+
+    return (y.ndim >= 2 and bias.shape == y.shape[-1:] and y.dtype == bias.dtype
+            and fused_gelu.supported(y.shape[-1])
+            and (FUSED_GELU == "force" or fused_gelu.mlp_split_axes() is None))
+
+
 def add_bias_activate(y, bias, name: str):
     """``activation(name)(y + bias)`` whose backward pass keeps only ``y`` (the matmul output,
     in memory anyway) and recomputes the activation's derivative. Autodiff of the plain
     expression makes the forward fusion write the activation's partial derivatives as extra
-    [tokens, intermediate] arrays (three outputs for the erf GELU instead of one)."""
+    [tokens, intermediate] arrays (three outputs for the erf GELU instead of one). With
+    :data:`FUSED_GELU` the erf GELU runs as ``fused_gelu.bias_gelu``'s kernels instead."""
+    if _use_fused_gelu(y, bias, name):
+        from bert_jax.modeling import fused_gelu
+
+        return fused_gelu.bias_gelu(y, bias)
+    return _add_bias_activate(y, bias, name)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _add_bias_activate(y, bias, name: str):
     return activation(name)(y + bias)
 
 
@@ -120,7 +150,7 @@ def _add_bias_activate_bwd(name, residuals, g):
     return dx, column_sum(dx, bias.ndim).astype(bias.dtype)
 
 
-add_bias_activate.defvjp(_add_bias_activate_fwd, _add_bias_activate_bwd)
+_add_bias_activate.defvjp(_add_bias_activate_fwd, _add_bias_activate_bwd)
 
 
 def _layer_norm_stats(x, epsilon: float):

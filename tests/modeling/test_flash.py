@@ -390,3 +390,14 @@ def test_triton_lowering_for_the_gpu(backward, with_bias, packed):
         pytest.skip(f"no Triton lowering here: {e}")
     text = lowered.as_text()
     assert text.count("xla.gpu.triton") == (3 if backward == "split" else 2)
+
+
+def test_fit_block_is_a_power_of_two_dividing_the_length():
+    """Triton's blocks are powers of two: a length below the block (or not a multiple of it)
+    gets the largest power of two dividing it, never the length itself."""
+    from bert_jax.modeling.flash import fit_block
+
+    cases = {(128, 512): 128, (128, 48): 16, (4, 3): 1, (4, 6): 2, (8, 8): 8, (256, 768): 256,
+             (64, 96): 32, (16, 1): 1}
+    for (block, length), want in cases.items():
+        assert fit_block(block, length) == want, (block, length)

@@ -294,3 +294,11 @@ def test_uneven_batch_under_a_mesh_falls_back_to_one_call():
         parallel.DEFAULT_RULES)
     np.testing.assert_allclose(jax.jit(fn)(r, y), fused_norm.reference(r, y, b, gamma, beta),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_few_rows_get_power_of_two_blocks():
+    """Three rows (batch 1, sequence 3): blocks of one row, still the reference's values."""
+    r, y, b, gamma, beta, salt = _inputs(shape=(1, 3, 64))
+    got = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=0.1)
+    want = fused_norm.reference(r, y, b, gamma, beta, salt=salt, rate=0.1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

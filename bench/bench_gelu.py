@@ -1,0 +1,124 @@
+"""The MLP's epilogue alone: ``gelu_erf(y + b)``, forward and backward, as XLA compiles it
+(``ops.add_bias_activate``) against the Pallas kernel pair (``bert_jax/modeling/fused_gelu.py``)
+at every tile (block_rows, block_cols, num_warps) and backward ``sum_blocks`` of a sweep. One
+JSON line per (shape, variant, pass): microseconds per call and the bytes the pass must move
+at least (bf16: forward reads y and writes the output; backward reads g and y and writes dx)
+over that time, plus the largest difference from XLA's result.
+
+  python bench/bench_gelu.py --out gelu.jsonl [--shapes 256x128x3072,32x512x4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bench_pretrain import environment  # noqa: E402
+from bench.common import median_time, write_result  # noqa: E402
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="256x128x3072,32x512x4096",
+                    help="comma list of BATCHxSEQxWIDTH")
+    ap.add_argument("--blocks",
+                    default="default,2:512:2,4:512:2,2:1024:4,4:1024:4:2,8:512:4:2,8:1024:8:2",
+                    help="comma list of ROWS:COLS:WARPS[:STAGES] kernel tiles (STAGES: "
+                         "the backward loop's software pipelining), or 'default' "
+                         "(fused_gelu.blocks_for's)")
+    ap.add_argument("--sum-blocks", default="0,4,8",
+                    help="row blocks per backward program (0: fused_gelu.blocks_for's)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default="gelu.jsonl")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax.modeling import fused_gelu
+    from bert_jax.modeling.ops import add_bias_activate
+
+    interpret = jax.default_backend() != "gpu"
+    records = []
+    for spec in args.shapes.split(","):
+        batch, seq, width = (int(v) for v in spec.split("x"))
+        k = jax.random.split(jax.random.key(0), 3)
+        shape = (batch, seq, width)
+        y = jax.random.normal(k[0], shape, jnp.bfloat16)
+        g = jax.random.normal(k[1], shape, jnp.bfloat16)
+        b = jax.random.normal(k[2], (width,), jnp.bfloat16)
+        elems = batch * seq * width
+
+        def xla(y, b):
+            return add_bias_activate(y, b, "gelu")
+
+        runs = [("xla", "fwd", xla), ("xla", "bwd", xla)]
+        for block in args.blocks.split(","):
+            if block == "default":
+                rows = cols = warps = stages = None
+            else:
+                rows, cols, warps, stages = (int(v) for v in (block + ":1").split(":")[:4])
+            for sums in (int(v) for v in args.sum_blocks.split(",")):
+                def fused(y, b, rows=rows, cols=cols, warps=warps, sums=sums, stages=stages):
+                    return fused_gelu.bias_gelu(y, b, block_rows=rows, block_cols=cols,
+                                                num_warps=warps, sum_blocks=sums or None,
+                                                num_stages=stages, interpret=interpret)
+
+                name = ("kernel_default" if rows is None else
+                        f"kernel_r{rows}_c{cols}_w{warps}" + (f"_s{stages}" if stages > 1 else ""))
+                if sums == int(args.sum_blocks.split(",")[0]):
+                    runs.append((name, "fwd", fused))  # the forward has no sum_blocks
+                runs.append((f"{name}_k{sums or 'auto'}", "bwd", fused))
+
+        want = {}
+        for name, direction, fn in runs:
+            if direction == "fwd":
+                jitted = jax.jit(fn)
+                inputs = (y, b)
+                moved = 2 * elems * 2
+            else:
+                jitted = jax.jit(lambda y, b, g, fn=fn: jax.vjp(fn, y, b)[1](g))
+                inputs = (y, b, g)
+                moved = 3 * elems * 2
+            try:
+                result = jax.block_until_ready(jitted(*inputs))
+            except Exception as e:  # noqa: BLE001 - a setting that does not compile is a result
+                record = {"task": "gelu", "shape": spec, "variant": name, "pass": direction,
+                          "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                print(record, flush=True)
+                write_result(args.out, record)
+                records.append(record)
+                continue
+            leaves = jax.tree.leaves(result)
+            if name == "xla":
+                want[direction] = leaves
+            err = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - w.astype(jnp.float32))))
+                      for a, w in zip(leaves, want[direction], strict=True))
+
+            def run(jitted=jitted, inputs=inputs):
+                out = None
+                for _ in range(args.iters):
+                    out = jitted(*inputs)
+                jax.block_until_ready(out)
+
+            t, _ = median_time(run, args.repeats)
+            us = t / args.iters * 1e6
+            record = {**environment(), "task": "gelu", "shape": spec, "variant": name,
+                      "pass": direction, "us": us, "min_bytes": moved,
+                      "gb_per_s": moved / (us * 1e-6) / 1e9, "max_diff_vs_xla": err}
+            print(f"{spec:>14} {name:>20} {direction} {us:8.1f} us  "
+                  f"{record['gb_per_s']:6.0f} GB/s  diff {err:.3g}", flush=True)
+            write_result(args.out, record)
+            records.append(record)
+    return records
+
+
+if __name__ == "__main__":
+    main()
