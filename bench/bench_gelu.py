@@ -17,7 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_pretrain import environment  # noqa: E402
-from bench.common import median_time, write_result  # noqa: E402
+from bench.common import microseconds_per_call, write_result  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -101,15 +101,7 @@ def main(argv=None) -> list[dict]:
                 want[direction] = leaves
             err = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - w.astype(jnp.float32))))
                       for a, w in zip(leaves, want[direction], strict=True))
-
-            def run(jitted=jitted, inputs=inputs):
-                out = None
-                for _ in range(args.iters):
-                    out = jitted(*inputs)
-                jax.block_until_ready(out)
-
-            t, _ = median_time(run, args.repeats)
-            us = t / args.iters * 1e6
+            us = microseconds_per_call(jitted, inputs, args.iters, args.repeats)
             record = {**environment(), "task": "gelu", "shape": spec, "variant": name,
                       "pass": direction, "us": us, "min_bytes": moved,
                       "gb_per_s": moved / (us * 1e-6) / 1e9, "max_diff_vs_xla": err}

@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_pretrain import environment  # noqa: E402
-from bench.common import median_time, write_result  # noqa: E402
+from bench.common import microseconds_per_call, write_result  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -97,15 +97,7 @@ def main(argv=None) -> list[dict]:
                 write_result(args.out, record)
                 records.append(record)
                 continue
-
-            def run(jitted=jitted, inputs=(r, y, b, gamma, beta)):
-                out = None
-                for _ in range(args.iters):
-                    out = jitted(*inputs)
-                jax.block_until_ready(out)
-
-            t, _ = median_time(run, args.repeats)
-            us = t / args.iters * 1e6
+            us = microseconds_per_call(jitted, (r, y, b, gamma, beta), args.iters, args.repeats)
             # at least: read r, y, write out (fwd); read g, r, y, write dr, dy (bwd); bf16
             moved = 8 * batch * seq * hidden * 2
             record = {**environment(), "task": "norm", "shape": spec, "variant": name,

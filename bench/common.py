@@ -49,6 +49,20 @@ def median_time(fn, repeats: int) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
+def microseconds_per_call(fn, inputs, iters: int, repeats: int) -> float:
+    """Median microseconds per call of ``fn(*inputs)`` (jitted) over ``repeats`` runs of
+    ``iters`` back-to-back calls, each run ended by one device sync."""
+    import jax
+
+    def run():
+        out = None
+        for _ in range(iters):
+            out = fn(*inputs)
+        jax.block_until_ready(out)
+
+    return median_time(run, repeats)[0] / iters * 1e6
+
+
 def write_result(path: str, record: dict) -> None:
     record = dict(record, host=platform.node(), time=time.strftime("%Y-%m-%dT%H:%M:%S"))
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)

@@ -56,13 +56,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from bert_jax.modeling.flash import fit_block
+from bert_jax.modeling.fused_norm import per_shard, rows_per_shard
 
 _SQRT_HALF = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
@@ -313,31 +313,6 @@ def _row_spec():
     return mesh, nn.logical_to_mesh_axes(("batch",))[0]
 
 
-def _per_shard(fn, sharded: tuple, replicated: tuple, out_ndims: tuple[int, ...]):
-    """Runs ``fn(*sharded, *replicated)`` per batch shard: ``sharded`` arrays split on their
-    first axis over the mesh's batch axes, ``replicated`` whole; every output (of rank
-    ``out_ndims``) is split on its first axis the same way (per-program partial sums are
-    concatenated over the shards). As ``fused_norm._per_shard``, with this kernel's check of
-    the mesh."""
-    mesh, batch_axes = _row_spec()
-    if mesh is None:
-        return fn(*sharded, *replicated)
-    from jax.sharding import PartitionSpec as P
-
-    from bert_jax import parallel
-
-    if sharded[0].shape[0] % parallel.mesh_axes_size(mesh, batch_axes):
-        return fn(*sharded, *replicated)  # uneven split (e.g. a ragged eval batch): XLA gathers
-
-    def split(ndim):
-        return P(batch_axes, *([None] * (ndim - 1)))
-
-    in_specs = tuple(split(x.ndim) for x in sharded) + tuple(P() for _ in replicated)
-    return parallel.shard_map_unchecked(fn, mesh, in_specs,
-                                        tuple(split(n) for n in out_ndims))(*sharded,
-                                                                            *replicated)
-
-
 def _flat(x):
     return x.reshape(-1, x.shape[-1])
 
@@ -346,7 +321,7 @@ def _forward(y, b, s: GeluSettings):
     def local(y, b):
         return (_forward_call(_flat(y), b, s).reshape(y.shape),)
 
-    return _per_shard(local, (y,), (b,), (y.ndim,))[0]
+    return per_shard(local, (y,), (b,), (y.ndim,), _row_spec)[0]
 
 
 def _backward(g, y, b, s: GeluSettings):
@@ -354,7 +329,7 @@ def _backward(g, y, b, s: GeluSettings):
         dx, sums = _backward_call(_flat(g), _flat(y), b, s)
         return dx.reshape(y.shape), sums
 
-    return _per_shard(local, (g, y), (b,), (y.ndim, 2))
+    return per_shard(local, (g, y), (b,), (y.ndim, 2), _row_spec)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -398,20 +373,13 @@ def bias_gelu(y, b, *, block_rows: int | None = None, block_cols: int | None = N
         raise ValueError(f"bias_gelu needs a width divisible by 16; got y {y.shape}")
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
-    rows_per_shard = math.prod(y.shape[:-1])
-    mesh, batch_axes = _row_spec()
-    if mesh is not None:
-        from bert_jax import parallel
-
-        shards = max(1, parallel.mesh_axes_size(mesh, batch_axes))
-        if y.shape[0] % shards == 0:
-            rows_per_shard //= shards
-    tuned = blocks_for(rows_per_shard)
-    block_rows = fit_block(tuned[0] if block_rows is None else int(block_rows), rows_per_shard)
+    rows = rows_per_shard(y, _row_spec)
+    tuned = blocks_for(rows)
+    block_rows = fit_block(tuned[0] if block_rows is None else int(block_rows), rows)
     block_cols = fit_block(tuned[1] if block_cols is None else int(block_cols), width)
     num_warps = tuned[2] if num_warps is None else int(num_warps)
     sum_blocks = fit_block(tuned[3] if sum_blocks is None else int(sum_blocks),
-                           rows_per_shard // block_rows)
+                           rows // block_rows)
     num_stages = BACKWARD_STAGES if num_stages is None else int(num_stages)
     s = GeluSettings(block_rows, block_cols, num_warps, bool(interpret), sum_blocks,
                      num_stages, COLS_FASTEST)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -265,12 +266,29 @@ def _row_spec():
     return mesh, batch_axes
 
 
-def _per_shard(fn, sharded: tuple, replicated: tuple, out_ndims: tuple[int, ...]):
+def rows_per_shard(x, row_spec=None) -> int:
+    """The rows (all axes but the last) of ``x`` one kernel call sees: per batch shard when
+    the kernels run per shard (``row_spec``, as :func:`per_shard`), else all of them."""
+    rows = math.prod(x.shape[:-1])
+    mesh, batch_axes = (row_spec or _row_spec)()
+    if mesh is not None:
+        from bert_jax import parallel
+
+        shards = max(1, parallel.mesh_axes_size(mesh, batch_axes))
+        if x.shape[0] % shards == 0:
+            rows //= shards
+    return rows
+
+
+def per_shard(fn, sharded: tuple, replicated: tuple, out_ndims: tuple[int, ...],
+              row_spec=None):
     """Runs ``fn(*sharded, *replicated)`` per batch shard: ``sharded`` arrays split on their
     first axis over the mesh's batch axes, ``replicated`` whole; every output (of rank
     ``out_ndims``) is split on its first axis the same way (per-block partial sums are
-    concatenated over the shards)."""
-    mesh, batch_axes = _row_spec()
+    concatenated over the shards). ``row_spec()`` gives (mesh, batch mesh axes), or (None,
+    None) for one call on the whole arrays (default: this module's, which also checks that
+    the hidden axis is unsplit; ``fused_gelu`` passes its own)."""
+    mesh, batch_axes = (row_spec or _row_spec)()
     if mesh is None:
         return fn(*sharded, *replicated)
     from jax.sharding import PartitionSpec as P
@@ -298,7 +316,7 @@ def _fused_forward(residual, y, rows, cols, b, gamma, beta, s: NormSettings, out
                                         beta, s, out_dtype)
         return out.reshape(r.shape), mean.reshape(r.shape[:2]), rstd.reshape(r.shape[:2])
 
-    return _per_shard(local, (residual, y, rows), (cols, b, gamma, beta), (3, 2, 2))
+    return per_shard(local, (residual, y, rows), (cols, b, gamma, beta), (3, 2, 2))
 
 
 def _fused_backward(gs, residual, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
@@ -309,7 +327,7 @@ def _fused_backward(gs, residual, y, rows, cols, b, gamma, mean, rstd, s: NormSe
                                       rstd.reshape(-1), s)
         return dr.reshape(r.shape), dy.reshape(y.shape), sums
 
-    return _per_shard(local, (*gs, residual, y, rows, mean, rstd), (cols, b, gamma), (3, 3, 2))
+    return per_shard(local, (*gs, residual, y, rows, mean, rstd), (cols, b, gamma), (3, 3, 2))
 
 
 def _outputs(out, s: NormSettings):
@@ -369,21 +387,14 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
         raise ValueError("dropout in the fused LayerNorm needs a salt (salt_from_rng)")
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
-    rows_per_shard = residual.shape[0] * residual.shape[1]
-    mesh, batch_axes = _row_spec()
-    if mesh is not None:
-        from bert_jax import parallel
-
-        shards = max(1, parallel.mesh_axes_size(mesh, batch_axes))
-        if residual.shape[0] % shards == 0:
-            rows_per_shard //= shards
-    tuned = blocks_for(rows_per_shard)
+    rows = rows_per_shard(residual)
+    tuned = blocks_for(rows)
     block_rows = tuned[0] if block_rows is None else block_rows
     num_warps = tuned[1] if num_warps is None else num_warps
     recompute = tuned[2] if recompute is None else recompute
-    block_rows = fit_block(block_rows, rows_per_shard)
+    block_rows = fit_block(block_rows, rows)
     sum_blocks = fit_block(tuned[3] if sum_blocks is None else int(sum_blocks),
-                           rows_per_shard // block_rows)
+                           rows // block_rows)
     chunk = fit_block(256, hidden)  # the hidden axis in power-of-two chunks (768 = 3 x 256)
     s = NormSettings(float(rate), float(epsilon), block_rows, chunk, int(num_warps),
                      bool(interpret), bool(recompute), sum_blocks, 2 if split_output else 1)
