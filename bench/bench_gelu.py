@@ -17,7 +17,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_pretrain import environment  # noqa: E402
-from bench.common import microseconds_per_call, write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    add_kernel_timing_arguments,
+    first_call,
+    microseconds_per_call,
+    write_result,
+)  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -31,9 +36,7 @@ def parse_args(argv=None):
                          "(fused_gelu.blocks_for's)")
     ap.add_argument("--sum-blocks", default="0,4,8",
                     help="row blocks per backward program (0: fused_gelu.blocks_for's)")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default="gelu.jsonl")
+    add_kernel_timing_arguments(ap, "gelu.jsonl")
     return ap.parse_args(argv)
 
 
@@ -87,14 +90,10 @@ def main(argv=None) -> list[dict]:
                 jitted = jax.jit(lambda y, b, g, fn=fn: jax.vjp(fn, y, b)[1](g))
                 inputs = (y, b, g)
                 moved = 3 * elems * 2
-            try:
-                result = jax.block_until_ready(jitted(*inputs))
-            except Exception as e:  # noqa: BLE001 - a setting that does not compile is a result
-                record = {"task": "gelu", "shape": spec, "variant": name, "pass": direction,
-                          "error": f"{type(e).__name__}: {str(e)[:300]}"}
-                print(record, flush=True)
-                write_result(args.out, record)
-                records.append(record)
+            result, failed = first_call(jitted, inputs, args.out, {
+                "task": "gelu", "shape": spec, "variant": name, "pass": direction})
+            if failed:
+                records.append(failed)
                 continue
             leaves = jax.tree.leaves(result)
             if name == "xla":

@@ -18,7 +18,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_pretrain import environment  # noqa: E402
-from bench.common import microseconds_per_call, write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    add_kernel_timing_arguments,
+    first_call,
+    microseconds_per_call,
+    write_result,
+)  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -34,9 +39,7 @@ def parse_args(argv=None):
                     help="ROWS:WARPS:K[:hold] settings also run with K row blocks per backward "
                          "program (fused_norm sum_blocks: fewer parameter-gradient partials)")
     ap.add_argument("--rate", type=float, default=0.1)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default="norm.jsonl")
+    add_kernel_timing_arguments(ap, "norm.jsonl")
     return ap.parse_args(argv)
 
 
@@ -88,14 +91,10 @@ def main(argv=None) -> list[dict]:
                 return out, pullback(cotangent)
 
             jitted = jax.jit(step)
-            try:
-                jax.block_until_ready(jitted(r, y, b, gamma, beta))
-            except Exception as e:  # noqa: BLE001 - a setting that does not compile is a result
-                record = {"task": "norm", "shape": spec, "variant": name,
-                          "error": f"{type(e).__name__}: {str(e)[:300]}"}
-                print(record, flush=True)
-                write_result(args.out, record)
-                records.append(record)
+            _, failed = first_call(jitted, (r, y, b, gamma, beta), args.out,
+                                   {"task": "norm", "shape": spec, "variant": name})
+            if failed:
+                records.append(failed)
                 continue
             us = microseconds_per_call(jitted, (r, y, b, gamma, beta), args.iters, args.repeats)
             # at least: read r, y, write out (fwd); read g, r, y, write dr, dy (bwd); bf16

@@ -63,6 +63,28 @@ def microseconds_per_call(fn, inputs, iters: int, repeats: int) -> float:
     return median_time(run, repeats)[0] / iters * 1e6
 
 
+def add_kernel_timing_arguments(ap, out: str) -> None:
+    """``--iters``, ``--repeats`` and ``--out`` of the single-kernel benchmarks."""
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=out)
+
+
+def first_call(jitted, inputs, out: str, record: dict):
+    """Runs ``jitted(*inputs)`` once (it compiles): (its result, None). A setting that does not
+    compile or run is a result too: (None, ``record`` with the error), written to ``out`` and
+    printed."""
+    import jax
+
+    try:
+        return jax.block_until_ready(jitted(*inputs)), None
+    except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+        failed = {**record, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(failed, flush=True)
+        write_result(out, failed)
+        return None, failed
+
+
 def write_result(path: str, record: dict) -> None:
     record = dict(record, host=platform.node(), time=time.strftime("%Y-%m-%dT%H:%M:%S"))
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)

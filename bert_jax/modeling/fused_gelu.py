@@ -62,7 +62,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from bert_jax.modeling.flash import fit_block
-from bert_jax.modeling.fused_norm import per_shard, rows_per_shard
+from bert_jax.modeling.fused_norm import _flat, per_shard, rows_per_shard
 
 _SQRT_HALF = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
@@ -308,13 +308,10 @@ def _row_spec():
     split = mlp_split_axes()
     if split is not None:
         raise ValueError("the fused bias + GELU kernel needs the intermediate axis unsplit "
-                         f"(logical axis 'mlp' is mapped to mesh axes {split!r}); turn off "
-                         "ops.FUSED_GELU (bench --gelu kernel) under tensor parallelism")
+                         f"(logical axis 'mlp' is mapped to mesh axes {split!r}); call "
+                         "ops.add_bias_activate with ops.FUSED_GELU=True (it falls back to "
+                         "XLA there) or False (bench --gelu erf)")
     return mesh, nn.logical_to_mesh_axes(("batch",))[0]
-
-
-def _flat(x):
-    return x.reshape(-1, x.shape[-1])
 
 
 def _forward(y, b, s: GeluSettings):

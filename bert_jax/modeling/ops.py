@@ -110,13 +110,14 @@ FUSED_GELU: bool | str = True
 def _use_fused_gelu(y, bias, name: str) -> bool:
     if name != "gelu" or not FUSED_GELU:
         return False
-    if FUSED_GELU != "force" and jax.default_backend() != "gpu":
-        return False
     from bert_jax.modeling import fused_gelu
 
-    return (y.ndim >= 2 and bias.shape == y.shape[-1:] and y.dtype == bias.dtype
-            and fused_gelu.supported(y.shape[-1])
-            and (FUSED_GELU == "force" or fused_gelu.mlp_split_axes() is None))
+    applies = (y.ndim >= 2 and bias.shape == y.shape[-1:] and y.dtype == bias.dtype
+               and fused_gelu.supported(y.shape[-1]))
+    if FUSED_GELU == "force":
+        return applies
+    return (applies and jax.default_backend() == "gpu"
+            and fused_gelu.mlp_split_axes() is None)
 
 
 def add_bias_activate(y, bias, name: str):
