@@ -88,6 +88,10 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                     help="projection weight gradients: one dot in the kernel's layout "
                          "(default, encoder.DIRECT_WEIGHT_GRADS) or JAX's rule ([out, in] "
                          "then a transpose)")
+    ap.add_argument("--mlm-loss", default="kernel", choices=["kernel", "xla"],
+                    help="the MLM decoder's softmax cross-entropy: fused_xent's Pallas kernels "
+                         "over the float32 logits on GPUs (default, heads.FUSED_MLM_LOSS) or "
+                         "XLA's passes")
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])
@@ -334,7 +338,8 @@ def main(argv=None) -> dict:
         "fused_norm_blocks": args.fused_norm_blocks,
         "norm_sum_blocks": args.norm_sum_blocks, "flash": args.flash,
         "qkv_bias_grad": args.qkv_bias_grad, "residual_grad": args.residual_grad,
-        "weight_grad": args.weight_grad, "scan": args.scan, "remat": args.remat,
+        "weight_grad": args.weight_grad, "mlm_loss": args.mlm_loss, "scan": args.scan,
+        "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,
         "mesh": args.mesh, "param_gather": args.param_gather, "tag": args.tag,

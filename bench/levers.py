@@ -185,7 +185,7 @@ def model_dropout_impl(dropout_impl: str) -> str:
 def apply_process_levers(args) -> None:
     """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
     dropout patch, ``--gelu``, ``--fused-norm-blocks``, ``--norm-sum-blocks``, ``--flash``,
-    ``--qkv-bias-grad xla``, ``--residual-grad`` and ``--weight-grad``."""
+    ``--qkv-bias-grad xla``, ``--residual-grad``, ``--weight-grad`` and ``--mlm-loss``."""
     apply_xla_flags(args.xla_flags)
     if args.dropout_impl == "cudnn":
         use_cudnn_dropout_attention()
@@ -209,6 +209,9 @@ def apply_process_levers(args) -> None:
 
     encoder.SPLIT_NORM_GRADS = getattr(args, "residual_grad", "kernel") == "kernel"
     encoder.DIRECT_WEIGHT_GRADS = getattr(args, "weight_grad", "direct") == "direct"
+    from bert_jax.modeling import heads
+
+    heads.FUSED_MLM_LOSS = getattr(args, "mlm_loss", "kernel") == "kernel"
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

@@ -7,7 +7,7 @@
 #                                              batch | large128 | biasgrad |
 #                                              gelu | fused | tune | final | nodrop |
 #                                              packed | verify | gemmnorm | normtune |
-#                                              normshort | gradsums | remaining |
+#                                              normshort | gradsums | xent | remaining |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
@@ -80,6 +80,9 @@
 #   gradsums       ~9 min   ninth session's A/B (BUDGET_S=570): --residual-grad kernel,
 #                           --weight-grad direct, --gelu kernel, each and together, on
 #                           base/128; together on classify and large/512; a profile of all
+#   xent           ~8 min   tenth session's A/B: the MLM loss kernels alone (bench_xent.py
+#                           sweep, $OUT/xent.jsonl), then --mlm-loss kernel (default) vs xla
+#                           on base/128 and large/512; a profile of the default base/128 step
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -467,6 +470,22 @@ stage_gradsums() {  # the ninth session's A/B (now the defaults, so the baseline
   profile pretrain "$B256" "profile-gradsums-pretrain" "${all[@]}"
 }
 
+stage_xent() {  # tenth session: the MLM decoder + softmax cross-entropy as Pallas kernels
+  # (modeling/fused_xent.py): the kernels alone at a tile sweep ($OUT/xent.jsonl), then the
+  # step with them (the default) against XLA's passes (--mlm-loss xla) at base/128 and
+  # large/512, and a profile of the default base/128 step
+  local shapes="256x20x768,32x76x1024" vocab=30592
+  [ "$SMOKE" = 1 ] && shapes="2x4x32" && vocab=256
+  run_case 150 xent sweep "$BASE" "$S128" "$B256" -- "${JAX_ENV[@]}" "$PY" \
+    bench/bench_xent.py --shapes "$shapes" --vocab "$vocab" --iters 10 --repeats 3 \
+    --out "$OUT/xent.jsonl"
+  pretrain 45 xent:xla "$BASE" "$S128" "$B256" --mlm-loss xla
+  pretrain 45 xent:kernel "$BASE" "$S128" "$B256"
+  pretrain 90 xent:xla "$LARGE" "$S512" "$B32" --mlm-loss xla
+  pretrain 75 xent:kernel "$LARGE" "$S512" "$B32"
+  profile pretrain "$B256" "profile-xent-pretrain"
+}
+
 stage_normtune() {  # the fused LayerNorm kernel again, with row blocks per backward program
   # (sum_blocks): a sweep at the long shapes, then the fastest setting of each against the
   # defaults in the step (call 2 of the eighth session also listed the XLA build's split-K
@@ -673,6 +692,7 @@ run_stage() {
     gemmnorm) stage_gemmnorm ;;
     normtune) stage_normtune ;;
     gradsums) stage_gradsums ;;
+    xent) stage_xent ;;
     normshort) stage_normshort ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -683,7 +703,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

@@ -9,11 +9,12 @@ into freshly initialised heads.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 
 from bert_jax.config import BertConfig
 from bert_jax.modeling.encoder import BertModel, dense, hidden_dropout, layer_norm, zeros
@@ -60,23 +61,84 @@ def _decode_bwd(residuals, g):
 decode.defvjp(_decode_fwd, _decode_bwd)
 
 
+class MLMDecoder(NamedTuple):
+    """What the tied decoder multiplies: transformed hidden states [..., embed] and the word
+    embeddings [padded_vocab, embed] in the compute dtype, and the float32 decoder bias
+    [padded_vocab] with ``NEG_INF`` at the vocabulary padding (``masked_bias``)."""
+    hidden: jax.Array
+    table: jax.Array
+    bias: jax.Array
+
+
+def masked_bias(bias, vocab_size: int):
+    """The decoder bias in float32 with the padding entries at ``NEG_INF``: logits ``h @ table.T
+    + bias`` exclude them from every softmax (their gradient is zero)."""
+    bias = bias.astype(jnp.float32)
+    if bias.shape[-1] == vocab_size:
+        return bias
+    return jnp.where(jnp.arange(bias.shape[-1]) < vocab_size, bias, NEG_INF)
+
+
 class MaskedLMHead(nn.Module):
-    """Transform (dense + activation + LayerNorm) then the tied decoder with its own bias."""
+    """Transform (dense + activation + LayerNorm) then the tied decoder with its own bias:
+    logits [..., padded_vocab] float32, or with ``logits=False`` the decoder's operands
+    (:class:`MLMDecoder`, for a loss that fuses the decoder matmul: ``mlm_cross_entropy``)."""
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, hidden, embedding_table):
+    def __call__(self, hidden, embedding_table, logits: bool = True):
         cfg = self.config
         h = dense(cfg, cfg.embedding_dim, ("embed", "mlp"), "transform",
                   activation=cfg.hidden_act)(hidden)
         h = layer_norm(cfg, "transform_norm")(h)
         bias = self.param("bias", zeros(("vocab",)), (cfg.padded_vocab_size,),
                           cfg.param_dtype)
+        table = embedding_table.astype(h.dtype)
+        if not logits:
+            return MLMDecoder(h, table, masked_bias(bias, cfg.vocab_size))
         # [..., padded_vocab]: decode against the tied word embeddings
-        logits = decode(h, embedding_table.astype(h.dtype))
-        logits = logits + bias.astype(jnp.float32)
-        return mask_padded_vocab(logits, cfg.vocab_size)  # [..., padded_vocab] float32
+        out = decode(h, table) + bias.astype(jnp.float32)
+        return mask_padded_vocab(out, cfg.vocab_size)  # [..., padded_vocab] float32
+
+
+# The MLM loss as ``fused_xent.decode_cross_entropy`` (the decoder matmul and the softmax
+# cross-entropy as one custom VJP whose passes over the logits are Pallas kernels): True (the
+# default) on GPUs where it applies (the vocabulary axis not split over a mesh); False: XLA's
+# fusions over the float32 logits (bench ``--mlm-loss xla``); "force": the kernels on any
+# backend (Pallas interpret mode off GPUs; tests).
+FUSED_MLM_LOSS: bool | str = True
+
+
+def _use_fused_mlm_loss(decoder: MLMDecoder | None) -> bool:
+    if decoder is None or not FUSED_MLM_LOSS:
+        return False
+    from bert_jax.modeling import fused_xent
+
+    applies = fused_xent.supported(decoder.table.shape[0])
+    if FUSED_MLM_LOSS == "force":
+        return applies
+    return (applies and jax.default_backend() == "gpu"
+            and fused_xent.vocab_split_axes() is None)
+
+
+def mlm_cross_entropy(outputs: dict[str, Any], ids):
+    """Per-prediction ``(nll, correct)`` float32 [..., P] of the MLM head's outputs
+    (``BertForPreTraining``): the softmax cross-entropy of the label and whether the label's
+    logit is the maximum (ties count as correct). Through :data:`FUSED_MLM_LOSS`'s kernels
+    from ``outputs["mlm_decoder"]`` where they apply, else XLA's passes over
+    ``outputs["mlm_logits"]`` (the same values up to float32 summation order)."""
+    decoder = outputs.get("mlm_decoder")
+    if _use_fused_mlm_loss(decoder):
+        from bert_jax.modeling import fused_xent
+
+        return fused_xent.decode_cross_entropy(decoder.hidden, decoder.table, decoder.bias, ids)
+    logits = outputs["mlm_logits"].astype(jnp.float32)  # [..., padded_vocab]
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, ids)
+    # The label's logit is the maximum: no argmax pass over the vocabulary (the max is shared
+    # with the loss's logsumexp).
+    label_logit = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
+    return nll, (label_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
 
 
 class PairHead(nn.Module):
@@ -106,7 +168,13 @@ class BertForPreTraining(nn.Module):
         seq = out["sequence_output"]
         if masked_lm_positions is not None:
             seq = gather_positions(seq, masked_lm_positions)  # [batch, P, hidden]
-        out["mlm_logits"] = MaskedLMHead(self.config, name="mlm")(seq, bert.word_embedding_table())
+        # The decoder's operands, and the logits from them (under jit, whichever of the two the
+        # caller does not use costs nothing: ``mlm_cross_entropy`` reads one or the other).
+        decoder = MaskedLMHead(self.config, name="mlm")(seq, bert.word_embedding_table(),
+                                                       logits=False)
+        out["mlm_decoder"] = decoder
+        out["mlm_logits"] = mask_padded_vocab(decode(decoder.hidden, decoder.table)
+                                              + decoder.bias, self.config.vocab_size)
         if self.pair_head:
             out["nsp_logits"] = PairHead(self.config, name="nsp")(out["pooled_output"])
         return out

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax.modeling import heads
 from bert_jax.training.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -28,14 +29,10 @@ SUM_KEYS = ("mlm_loss_sum", "mlm_correct", "mlm_weight", "nsp_loss_sum", "nsp_co
 
 def loss_sums(outputs: dict[str, Any], batch: Batch, pair_head: bool) -> dict[str, jax.Array]:
     """Weighted MLM cross-entropy / accuracy sums and NSP (or SOP) sums, all float32."""
-    logits = outputs["mlm_logits"].astype(jnp.float32)  # [batch, P, padded_vocab]
-    ids = batch["masked_lm_ids"]
     weights = batch["masked_lm_weights"].astype(jnp.float32)  # [batch, P]
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, ids)  # [batch, P]
-    # The label's logit is the maximum (ties count as correct): no argmax pass over the
-    # vocabulary (the max is shared with the loss's logsumexp).
-    label_logit = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
-    correct = (label_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+    # [batch, P] each: the fused decoder + loss kernels on GPUs (heads.FUSED_MLM_LOSS), else
+    # XLA's passes over the float32 logits
+    nll, correct = heads.mlm_cross_entropy(outputs, batch["masked_lm_ids"])
     sums = {"mlm_loss_sum": jnp.sum(nll * weights), "mlm_correct": jnp.sum(correct * weights),
             "mlm_weight": jnp.sum(weights)}
     zero = jnp.zeros((), jnp.float32)
