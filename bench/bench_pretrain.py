@@ -80,10 +80,6 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--qkv-bias-grad", default="kernel", choices=["kernel", "xla"],
                     help="query/key/value bias gradients: summed by the flash backward "
                          "kernels (default) or by XLA column sums over dQ, dK, dV")
-    ap.add_argument("--qkv-bias", default="fold", choices=["fold", "add"],
-                    help="query/key/value biases of the flash kernel: folded into the kernels "
-                         "(default, flash.FOLD_BIASES: no pass over the projection output) or "
-                         "added to q, k, v by XLA first")
     ap.add_argument("--residual-grad", default="kernel", choices=["kernel", "xla"],
                     help="the two gradients of a fused LayerNorm output with two consumers "
                          "(next matmul, residual): summed by the LayerNorm's backward kernel "
@@ -342,8 +338,7 @@ def main(argv=None) -> dict:
         "fused_norm_blocks": args.fused_norm_blocks,
         "norm_sum_blocks": args.norm_sum_blocks, "flash": args.flash,
         "qkv_bias_grad": args.qkv_bias_grad, "residual_grad": args.residual_grad,
-        "weight_grad": args.weight_grad, "qkv_bias": args.qkv_bias,
-        "mlm_loss": args.mlm_loss, "scan": args.scan,
+        "weight_grad": args.weight_grad, "mlm_loss": args.mlm_loss, "scan": args.scan,
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,

@@ -185,8 +185,7 @@ def model_dropout_impl(dropout_impl: str) -> str:
 def apply_process_levers(args) -> None:
     """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
     dropout patch, ``--gelu``, ``--fused-norm-blocks``, ``--norm-sum-blocks``, ``--flash``,
-    ``--qkv-bias-grad xla``, ``--qkv-bias``, ``--residual-grad``, ``--weight-grad`` and
-    ``--mlm-loss``."""
+    ``--qkv-bias-grad xla``, ``--residual-grad``, ``--weight-grad`` and ``--mlm-loss``."""
     apply_xla_flags(args.xla_flags)
     if args.dropout_impl == "cudnn":
         use_cudnn_dropout_attention()
@@ -213,9 +212,6 @@ def apply_process_levers(args) -> None:
     from bert_jax.modeling import heads
 
     heads.FUSED_MLM_LOSS = getattr(args, "mlm_loss", "kernel") == "kernel"
-    from bert_jax.modeling import flash
-
-    flash.FOLD_BIASES = getattr(args, "qkv_bias", "fold") == "fold"
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

@@ -7,8 +7,7 @@
 #                                              batch | large128 | biasgrad |
 #                                              gelu | fused | tune | final | nodrop |
 #                                              packed | verify | gemmnorm | normtune |
-#                                              normshort | gradsums | xent | fold |
-#                                              remaining |
+#                                              normshort | gradsums | xent | remaining |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
@@ -84,9 +83,6 @@
 #   xent           ~8 min   tenth session's A/B: the MLM loss kernels alone (bench_xent.py
 #                           sweep, $OUT/xent.jsonl), then --mlm-loss kernel (default) vs xla
 #                           on base/128 and large/512; a profile of the default base/128 step
-#   fold           ~10 min  tenth session's A/B: the q/k/v biases folded into the flash kernels
-#                           (default) vs --qkv-bias add on base/128, classify, large/512 and
-#                           large/128 (last: may not fit the budget); a profile of the default
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -490,20 +486,6 @@ stage_xent() {  # tenth session: the MLM decoder + softmax cross-entropy as Pall
   profile pretrain "$B256" "profile-xent-pretrain"
 }
 
-stage_fold() {  # tenth session: the q/k/v biases folded into the flash kernels (no XLA pass
-  # adding them to the projection output; flash.FOLD_BIASES) against adding them first
-  # (--qkv-bias add): base/128, classify, large/512, large/128; a profile of the default
-  pretrain 45 fold:add "$BASE" "$S128" "$B256" --qkv-bias add
-  pretrain 45 fold:fold "$BASE" "$S128" "$B256"
-  classify 30 fold:add --qkv-bias add
-  classify 30 fold:fold
-  pretrain 90 fold:add "$LARGE" "$S512" "$B32" --qkv-bias add
-  pretrain 75 fold:fold "$LARGE" "$S512" "$B32"
-  profile pretrain "$B256" "profile-fold-pretrain"
-  pretrain 120 fold:add "$LARGE" "$S128" "$B256" --qkv-bias add
-  pretrain 120 fold:fold "$LARGE" "$S128" "$B256"
-}
-
 stage_normtune() {  # the fused LayerNorm kernel again, with row blocks per backward program
   # (sum_blocks): a sweep at the long shapes, then the fastest setting of each against the
   # defaults in the step (call 2 of the eighth session also listed the XLA build's split-K
@@ -711,7 +693,6 @@ run_stage() {
     normtune) stage_normtune ;;
     gradsums) stage_gradsums ;;
     xent) stage_xent ;;
-    fold) stage_fold ;;
     normshort) stage_normshort ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -722,7 +703,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|fold|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

@@ -44,14 +44,6 @@ LOG2E = math.log2(math.e)
 FUSED_BACKWARD_MAX_KV = 128  # ``backward="auto"``: one-pass backward up to this many keys
 BACKWARDS = ("auto", "fused", "split")
 MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 gives 0)
-# Given q/k/v biases, fold them into the kernels (FlashSettings.fold_biases) instead of adding
-# them to q, k and v in an XLA pass over the [batch, seq, 3, heads, head_dim] projection output
-# before the forward kernel (1.27 ms of a Base/128 step on an H100, ninth session). Exact in
-# real arithmetic: the query bias becomes a per-key score term scale * (bq . k_j) (one small
-# XLA reduction over K), the key bias drops out of the softmax, the value bias adds
-# rowsum(P_dropped) * bv to the output; the backward adds dO . bv to dP and bq * colsum(dS) to
-# dK. False: the biases are added first (the eighth session's path).
-FOLD_BIASES = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,11 +63,6 @@ class FlashSettings:
     mask_hash: str = "rowcol"
     bias_grads: bool = False  # the backward kernels also write partial sums of dQ, dK, dV
     packed: bool = False  # q/k/v are slots 0/1/2 of one [b, s, 3, heads, d] array (and dQKV)
-    # The q/k/v biases folded into the kernels instead of added to q, k and v (FOLD_BIASES):
-    # the key bias per (example, head) [b, h, kv] carries scale * (bq . k_j); the value bias
-    # enters the output as rowsum(P_dropped) * bv and dP as dO . bv; bk drops out (softmax is
-    # invariant to it: its gradient is exactly zero).
-    fold_biases: bool = False
 
 
 def supported(seq_len: int, kv_seq_len: int, head_dim: int) -> bool:
@@ -134,12 +121,10 @@ def _iota(n: int, offset):
     return offset + lax.broadcasted_iota(jnp.int32, (n,), 0)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, *refs, s: FlashSettings):
-    """One block of queries over every key (online softmax). ``refs``: (value bias [d] when
-    ``s.fold_biases``), then the output and log-sum-exp refs."""
+def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, o_ref, lse_ref, *,
+                    s: FlashSettings):
     from jax.experimental import pallas as pl
 
-    bv_ref, o_ref, lse_ref = refs if s.fold_biases else (None, *refs)
     block_q, block_k = q_ref.shape[0], s.block_k
     kv_len = k_ref.shape[0]
     q = q_ref[...]
@@ -147,12 +132,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, *refs, s: FlashSett
     rows = _mask_rows(_iota(block_q, pl.program_id(2) * block_q), salt, s.mask_hash)
     qk_scale = s.scale * LOG2E
 
-    # With the value bias folded in and dropout, the kept probabilities' row sums (rescaled as
-    # ``denom`` is) give the bias's share of the output.
-    kept_sums = s.fold_biases and s.dropout_rate > 0.0
-
     def body(j, carry):
-        m, denom, kept, acc = carry
+        m, denom, acc = carry
         keys = pl.ds(j * block_k, block_k)
         k, v = k_ref[keys, :], v_ref[keys, :]
         scores = _scores(q, k, bias_ref[keys], qk_scale)
@@ -163,21 +144,14 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, *refs, s: FlashSett
         if s.dropout_rate > 0.0:
             cols = _mask_cols(_iota(block_k, j * block_k), s.mask_hash)
             p = jnp.where(_keep(rows, cols, salt, kv_len, s.dropout_rate, s.mask_hash), p, 0.0)
-        if kept_sums:
-            kept = kept * alpha + jnp.sum(p, axis=1)
         acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
-        return m_new, denom, kept, acc
+        return m_new, denom, acc
 
-    zeros = jnp.zeros((block_q,), jnp.float32)
-    init = (jnp.full((block_q,), -jnp.inf, jnp.float32), zeros, zeros,
+    init = (jnp.full((block_q,), -jnp.inf, jnp.float32), jnp.zeros((block_q,), jnp.float32),
             jnp.zeros(q.shape, jnp.float32))
-    m, denom, kept, acc = lax.fori_loop(0, kv_len // block_k, body, init)
+    m, denom, acc = lax.fori_loop(0, kv_len // block_k, body, init)
     inv = 1.0 / (denom * (1.0 - s.dropout_rate))
-    out = acc * inv[:, None]
-    if s.fold_biases:  # sum_j P_dropped[i, j] * bv: the bias's weight is 1 without dropout
-        share = kept * inv if kept_sums else jnp.ones_like(inv)
-        out = out + share[:, None] * bv_ref[...].astype(jnp.float32)[None, :]
-    o_ref[...] = out.astype(o_ref.dtype)
+    o_ref[...] = (acc * inv[:, None]).astype(o_ref.dtype)
     lse_ref[...] = m + jnp.log2(denom)
 
 
@@ -214,7 +188,7 @@ def _store(ref, s: FlashSettings, slot: int, local, start: int | jax.Array, size
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref,
-                 *refs, s: FlashSettings):
+                 *out_refs, s: FlashSettings):
     """dK and dV of one block of keys, looping over blocks of queries. With three output refs
     (dq, dk, dv) the block holds every key (the fused backward for short sequences) and each
     query block's dQ is complete after its step, so it is written there: probabilities and
@@ -224,8 +198,6 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
     from O instead of XLA's pass measured the same: docs/performance.md.)"""
     from jax.experimental import pallas as pl
 
-    # folded biases: per-query dO . bv rows and the query bias [d] come before the outputs
-    c_ref, bq_ref, *out_refs = refs if s.fold_biases else (None, None, *refs)
     fused = s.backward == "fused"
     dq_ref = out_refs[0] if fused else None
     if s.packed:  # one whole-array output holds dQ (fused), dK and dV
@@ -246,33 +218,26 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
     qk_scale = s.scale * LOG2E
 
     def body(i, carry):
-        dk, dv, sq, sk = carry
+        dk, dv, sq = carry
         queries = pl.ds(i * block_q, block_q)
         q, do = q_ref[queries, :], do_ref[queries, :]
         p = _probabilities(q, k, bias, lse_ref[queries], qk_scale)
         dp = _dot(do, v, trans_b=True)
-        if c_ref is not None:  # dP against v + bv
-            dp = dp + c_ref[queries][:, None]
         rows = _mask_rows(_iota(block_q, i * block_q), salt, s.mask_hash)
         p_kept, dp = _dropped(p, dp, rows, cols, salt, kv_len, s)
         dv = dv + _dot(p_kept.astype(do.dtype), do, trans_a=True)
         ds = p * (dp - delta_ref[queries][:, None])
         dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
-        if bq_ref is not None:  # column sums of dS: dK against q + bq adds bq * sum_i dS
-            sk = sk + jnp.sum(ds, axis=0)
         if dq_ref is not None:
             dq = _dot(ds.astype(k.dtype), k) * s.scale
             _store(dq_ref, s, 0, queries, i * block_q, block_q, dq, ids)
             if s.bias_grads:
                 sq = sq + jnp.sum(dq, axis=0)
-        return dk, dv, sq, sk
+        return dk, dv, sq
 
     zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv, sq, sk = lax.fori_loop(0, q_len // block_q, body,
-                                   (zeros, zeros, jnp.zeros(k.shape[1:], jnp.float32),
-                                    jnp.zeros(k.shape[:1], jnp.float32)))
-    if bq_ref is not None:
-        dk = dk + sk[:, None] * bq_ref[...].astype(jnp.float32)[None, :]
+    dk, dv, sq = lax.fori_loop(0, q_len // block_q, body,
+                               (zeros, zeros, jnp.zeros(k.shape[1:], jnp.float32)))
     dk = dk * s.scale
     _store(dk_ref, s, 1, slice(None), start_k, block_k, dk, ids)
     _store(dv_ref, s, 2, slice(None), start_k, block_k, dv, ids)
@@ -293,10 +258,6 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_r
     kv_len = k_ref.shape[0]
     q, do = q_ref[...], do_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
-    c = None
-    if s.fold_biases:  # per-query dO . bv (dP against v + bv)
-        c_ref, *refs = refs
-        c = c_ref[...]
     salt = salt_ref[...]
     rows = _mask_rows(_iota(block_q, pl.program_id(2) * block_q), salt, s.mask_hash)
     qk_scale = s.scale * LOG2E
@@ -306,8 +267,6 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_r
         k, v = k_ref[keys, :], v_ref[keys, :]
         p = _probabilities(q, k, bias_ref[keys], lse, qk_scale)
         dp = _dot(do, v, trans_b=True)
-        if c is not None:
-            dp = dp + c[:, None]
         cols = _mask_cols(_iota(block_k, j * block_k), s.mask_hash)
         _, dp = _dropped(p, dp, rows, cols, salt, kv_len, s)
         ds = p * (dp - delta[:, None])
@@ -347,13 +306,11 @@ def _tile_spec(length: int, block: int | None, head_dim: int, slot: int | None =
                         lambda b, h, i: (b, i if block else 0, slot, h, 0))
 
 
-def _specs(q_len, kv_len, head_dim, q_block, k_block, packed: bool = False,
-           per_head_bias: bool = False):
+def _specs(q_len, kv_len, head_dim, q_block, k_block, packed: bool = False):
     """BlockSpecs (query, key and value sources; q-like and k-like [b, s, h, d] tiles; bias;
     salt; per-query rows) for a (batch, heads, tile) grid: the last grid axis tiles queries
     when ``q_block`` is set, keys when ``k_block`` is set; the other side is whole. Packed,
-    the sources are the slots of one [b, s, 3, h, d] array. The key bias is [b, kv], or
-    [b, h, kv] with ``per_head_bias`` (folded query biases)."""
+    the sources are the slots of one [b, s, 3, h, d] array."""
     from jax.experimental import pallas as pl
 
     qb = q_block or q_len
@@ -366,18 +323,9 @@ def _specs(q_len, kv_len, head_dim, q_block, k_block, packed: bool = False,
                    _tile_spec(kv_len, k_block, head_dim, 2))
     row_index = (lambda b, h, i: (b, h, i)) if q_block else (lambda b, h, i: (b, h, 0))
     bias_spec = pl.BlockSpec((None, kv_len), lambda b, h, i: (b, 0))
-    if per_head_bias:
-        bias_spec = pl.BlockSpec((None, None, kv_len), lambda b, h, i: (b, h, 0))
     salt_spec = pl.BlockSpec((None, None), lambda b, h, i: (b, h))
     row_spec = pl.BlockSpec((None, None, qb), row_index)
     return sources, q_spec, k_spec, bias_spec, salt_spec, row_spec
-
-
-def _head_spec(head_dim: int):
-    """One [head_dim] row per head of a [heads, head_dim] array (a folded bias)."""
-    from jax.experimental import pallas as pl
-
-    return pl.BlockSpec((None, head_dim), lambda b, h, i: (h, 0))
 
 
 def _whole_spec():
@@ -401,42 +349,33 @@ def _shape(srcs, s: FlashSettings):
     return batch, q_len, srcs[1].shape[1], heads, head_dim
 
 
-def _forward(srcs, bias, salt, s: FlashSettings, value_bias=None):
-    """(context [b, s, h, d], log-sum-exp [b, h, s]) from the (query, key, value) sources;
-    folded biases (``s.fold_biases``): ``bias`` is the per-head key bias [b, h, kv] and
-    ``value_bias`` [h, d]."""
+def _forward(srcs, bias, salt, s: FlashSettings):
+    """(context [b, s, h, d], log-sum-exp [b, h, s]) from the (query, key, value) sources."""
     from jax.experimental import pallas as pl
 
     batch, q_len, kv_len, heads, head_dim = _shape(srcs, s)
     sources, q_spec, _, bias_spec, salt_spec, row_spec = _specs(
-        q_len, kv_len, head_dim, s.block_q, None, s.packed, s.fold_biases)
+        q_len, kv_len, head_dim, s.block_q, None, s.packed)
     dtype = srcs[0].dtype
-    folded = [value_bias] if s.fold_biases else []
     return pl.pallas_call(
         functools.partial(_forward_kernel, s=s),
         grid=(batch, heads, q_len // s.block_q),
-        in_specs=[*sources, bias_spec, salt_spec] + [_head_spec(head_dim)] * len(folded),
+        in_specs=[*sources, bias_spec, salt_spec],
         out_specs=[q_spec, row_spec],
         out_shape=[jax.ShapeDtypeStruct((batch, q_len, heads, head_dim), dtype),
                    jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)],
         interpret=s.interpret, name="bert_flash_forward", **_compiler_params(s),
-    )(*_sources(srcs, s), bias, salt, *folded)
+    )(*_sources(srcs, s), bias, salt)
 
 
-def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings, qkv_bias=None):
-    """((dQ, dK, dV), bias-gradient partial sums); packed: ((dQKV,), sums). Folded biases:
-    ``bias`` is the per-head key bias, ``qkv_bias`` the (query, key, value) biases."""
+def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
+    """((dQ, dK, dV), bias-gradient partial sums); packed: ((dQKV,), sums)."""
     from jax.experimental import pallas as pl
 
     batch, q_len, kv_len, heads, head_dim = _shape(srcs, s)
     block_q, block_k = s.block_q_bwd, s.block_k_bwd
     # delta = rowsum(dO * O): with dropout, rowsum(dP_dropped * Z * P) equals it too.
     delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), out.astype(jnp.float32))
-    folded, folded_specs = [], []
-    if s.fold_biases:  # dO . bv per query (dP against v + bv), and the query bias
-        bq, _, bv = qkv_bias
-        folded = [jnp.einsum("bqhd,hd->bhq", do.astype(jnp.float32), bv.astype(jnp.float32)),
-                  bq]
     grads = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in srcs[:1 if s.packed else 3]]
 
     def sums(n_tiles):  # per-(example, head, tile) partial sums of a gradient, [.., head_dim]
@@ -446,42 +385,37 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings, qkv_bias=None):
     n_sums = int(s.bias_grads)
     if s.backward == "fused":
         sources, q_full, k_full, bias_spec, salt_spec, row_full = _specs(
-            q_len, kv_len, head_dim, None, None, s.packed, s.fold_biases)
-        if folded:
-            folded_specs = [row_full, _head_spec(head_dim)]
+            q_len, kv_len, head_dim, None, None, s.packed)
         spec, shape = sums(1)
         out = pl.pallas_call(
             functools.partial(_dkdv_kernel, s=s),
             grid=(batch, heads, 1),
-            in_specs=[*sources, bias_spec, salt_spec, q_full, row_full, row_full]
-            + folded_specs,
+            in_specs=[*sources, bias_spec, salt_spec, q_full, row_full, row_full],
             out_specs=([_whole_spec()] if s.packed else [q_full, k_full, k_full])
             + [spec] * 3 * n_sums,
             out_shape=grads + [shape] * 3 * n_sums,
             interpret=s.interpret, name="bert_flash_backward", **_compiler_params(s),
-        )(*_sources(srcs, s), bias, salt, do, lse, delta, *folded)
+        )(*_sources(srcs, s), bias, salt, do, lse, delta)
         return out[:len(grads)], out[len(grads):]
 
     sources, q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
-        q_len, kv_len, head_dim, None, block_k, s.packed, s.fold_biases)
-    if folded:
-        folded_specs = [row_full, _head_spec(head_dim)]
+        q_len, kv_len, head_dim, None, block_k, s.packed)
     spec, shape = sums(kv_len // block_k)
     n_kv = 1 if s.packed else 2  # dK and dV outputs (one packed array, or two)
     dkdv = pl.pallas_call(
         functools.partial(_dkdv_kernel, s=s),
         grid=(batch, heads, kv_len // block_k),
-        in_specs=[*sources, bias_spec, salt_spec, q_spec, row_full, row_full] + folded_specs,
+        in_specs=[*sources, bias_spec, salt_spec, q_spec, row_full, row_full],
         out_specs=([_whole_spec()] if s.packed else [k_tile, k_tile]) + [spec] * 2 * n_sums,
         out_shape=grads[-1:] * n_kv + [shape] * 2 * n_sums,
         interpret=s.interpret, name="bert_flash_dkdv", **_compiler_params(s),
-    )(*_sources(srcs, s), bias, salt, do, lse, delta, *folded)
+    )(*_sources(srcs, s), bias, salt, do, lse, delta)
     kv_grads, kv_sums = dkdv[:n_kv], dkdv[n_kv:]
 
     sources, q_tile, _, bias_spec, salt_spec, row_tile = _specs(
-        q_len, kv_len, head_dim, block_q, None, s.packed, s.fold_biases)
+        q_len, kv_len, head_dim, block_q, None, s.packed)
     spec, shape = sums(q_len // block_q)
-    args = [*_sources(srcs, s), bias, salt, do, lse, delta, *folded[:1]]
+    args = [*_sources(srcs, s), bias, salt, do, lse, delta]
     extra = {}
     if s.packed:  # dQ goes into slot 0 of the dK/dV kernel's output, in place
         args.append(kv_grads[0])
@@ -490,7 +424,7 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings, qkv_bias=None):
         functools.partial(_dq_kernel, s=s),
         grid=(batch, heads, q_len // block_q),
         in_specs=[*sources, bias_spec, salt_spec, q_tile, row_tile, row_tile]
-        + [row_tile] * len(folded[:1]) + [_whole_spec()] * int(s.packed),
+        + [_whole_spec()] * int(s.packed),
         out_specs=[_whole_spec() if s.packed else q_tile] + [spec] * n_sums,
         out_shape=grads[:1] + [shape] * n_sums,
         interpret=s.interpret, name="bert_flash_dq", **extra, **_compiler_params(s),
@@ -512,55 +446,29 @@ def _with_biases(srcs, qkv_bias, packed: bool):
     return tuple(x + b.astype(x.dtype) for x, b in zip(srcs, qkv_bias, strict=True))
 
 
-def _bias_triple(qkv_bias, packed: bool):
-    """(query, key, value) biases, each [heads, head_dim]."""
-    return tuple(qkv_bias[i] for i in range(3)) if packed else tuple(qkv_bias)
-
-
-def _folded_key_bias(srcs, bias, qkv_bias, s: FlashSettings):
-    """The padding bias [b, kv] plus each key's score term from the query bias, in the
-    kernels' log2 units: [b, h, kv] float32, ``bias + scale * log2(e) * (bq . k_j)``."""
-    key = srcs[0][:, :, 1] if s.packed else srcs[1]
-    bq = _bias_triple(qkv_bias, s.packed)[0]
-    term = jnp.einsum("bkhd,hd->bhk", key.astype(jnp.float32), bq.astype(jnp.float32))
-    return bias[:, None, :] + (s.scale * LOG2E) * term
-
-
-def _run_forward(srcs, bias, salt, qkv_bias, settings):
-    """(out, lse, the key bias the kernels saw, the sources they read)."""
-    if settings.fold_biases:
-        key_bias = _folded_key_bias(srcs, bias, qkv_bias, settings)
-        value_bias = _bias_triple(qkv_bias, settings.packed)[2]
-        return (*_forward(srcs, key_bias, salt, settings, value_bias), key_bias, srcs)
-    srcs = _with_biases(srcs, qkv_bias, settings.packed)
-    return (*_forward(srcs, bias, salt, settings), bias, srcs)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _flash(srcs, bias, salt, qkv_bias, settings):
-    return _run_forward(srcs, bias, salt, qkv_bias, settings)[0]
+    return _forward(_with_biases(srcs, qkv_bias, settings.packed), bias, salt, settings)[0]
 
 
 def _flash_fwd(srcs, bias, salt, qkv_bias, settings):
-    out, lse, key_bias, read = _run_forward(srcs, bias, salt, qkv_bias, settings)
-    return out, (read, key_bias, salt, qkv_bias, out, lse)
+    srcs = _with_biases(srcs, qkv_bias, settings.packed)
+    out, lse = _forward(srcs, bias, salt, settings)
+    return out, (srcs, bias, salt, qkv_bias, out, lse)
 
 
 def _flash_bwd(settings, residuals, do):
-    srcs, key_bias, salt, qkv_bias, out, lse = residuals
-    triple = None if qkv_bias is None else _bias_triple(qkv_bias, settings.packed)
-    grads, sums = _backward(srcs, key_bias, salt, out, lse, do, settings, triple)
+    srcs, bias, salt, qkv_bias, out, lse = residuals
+    grads, sums = _backward(srcs, bias, salt, out, lse, do, settings)
     dbias = None
     if qkv_bias is not None:  # the kernels' partial sums over (example, tile), q/k/v order
         totals = [jnp.sum(p, axis=(0, 2)) for p in sums]
-        if settings.fold_biases:  # the key bias drops out of the softmax: no gradient
-            totals[1] = jnp.zeros_like(totals[1])
         if settings.packed:
             dbias = jnp.stack(totals).astype(qkv_bias.dtype)
         else:
             dbias = tuple(t.astype(b.dtype) for t, b in zip(totals, qkv_bias, strict=True))
-    padding = jnp.zeros((key_bias.shape[0], key_bias.shape[-1]), key_bias.dtype)
-    return (tuple(grads), padding, np.zeros(salt.shape, jax.dtypes.float0), dbias)
+    return (tuple(grads), jnp.zeros_like(bias), np.zeros(salt.shape, jax.dtypes.float0),
+            dbias)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -664,7 +572,7 @@ def _prepare(batch, q_len, kv_len, heads, head_dim, kv_lengths, salt, dropout_ra
                                        (block_q_bwd, q_len), (block_k_bwd, kv_len))]
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *fitted,
                              num_warps, num_stages, bool(interpret), backward, mask_hash,
-                             bias_grads, packed, bool(bias_grads and FOLD_BIASES))
+                             bias_grads, packed)
     return settings, bias, salt.astype(jnp.int32)
 
 
