@@ -7,7 +7,8 @@
 #                                              batch | large128 | biasgrad |
 #                                              gelu | fused | tune | final | nodrop |
 #                                              packed | verify | gemmnorm | normtune |
-#                                              normshort | gradsums | xent | remaining |
+#                                              normshort | gradsums | xent | pairs |
+#                                              remaining |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
 #
@@ -83,6 +84,7 @@
 #   xent           ~8 min   tenth session's A/B: the MLM loss kernels alone (bench_xent.py
 #                           sweep, $OUT/xent.jsonl), then --mlm-loss kernel (default) vs xla
 #                           on base/128 and large/512; a profile of the default base/128 step
+#   pairs          ~8 min   bert-jax and transformers at base/128 b256 and large/128 b256
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -394,6 +396,14 @@ stage_final() {  # bert-jax and transformers pairs, most important first (one 10
   done
 }
 
+stage_pairs() {  # the bert-jax/transformers pairs at base/128 and large/128 (the pretraining
+  # workloads whose MLM share the fused_xent kernels move; one call, ~8 min)
+  pretrain 60 core "$BASE" "$S128" "$B256"
+  if torch_gpu; then peer 120 pretrain "$BASE" "$S128" "$B256"; fi
+  pretrain 150 core "$LARGE" "$S128" "$B256"
+  if torch_gpu; then peer 150 pretrain "$LARGE" "$S128" "$B256"; fi
+}
+
 stage_qkv() {  # the query/key/value projection: split (default) vs fused
   pretrain 60 qkv:fused "$BASE" "$S128" "$B256" --qkv fused
   classify 40 qkv:fused --qkv fused
@@ -693,6 +703,7 @@ run_stage() {
     normtune) stage_normtune ;;
     gradsums) stage_gradsums ;;
     xent) stage_xent ;;
+    pairs) stage_pairs ;;
     normshort) stage_normshort ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -703,7 +714,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|pairs|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
