@@ -29,6 +29,14 @@ masked logits) up to float32 summation order; ``correct`` bit for bit (same floa
 ``logits + bias``). Padded vocabulary entries are excluded by the caller's bias (``NEG_INF``
 there, ``heads.masked_bias``): their ``exp`` underflows to 0 and their gradient is 0.
 
+Measured on an H100 (``bench/bench_xent.py``, tenth session): the loss with its three
+gradients at Base/128's [5,120 predictions x 30,592] 2,322 -> 1,626 us (XLA's passes -> these
+kernels, the decoder matmuls included in both), at Large/512's [2,432 x 30,592] 1,286 -> 967;
+in the step's profile the forward kernel reads the logits at 2.82 TB/s (0.22 ms) and the
+backward moves its 939 MB at 2.97 TB/s (0.32 ms), 84% and 89% of the nominal 3.35. The
+Base/128 step: +2.0%, 0.7 GiB less peak memory (the float32 logit gradient is gone). Every
+tile of the sweep (8-64 rows x 64-128 columns, 2-8 warps) was within 3% of the default.
+
 Under a device mesh the kernels run per batch shard (``shard_map``) with the vocabulary axis
 unsplit (``vocab_split_axes``; ``heads.FUSED_MLM_LOSS`` falls back to XLA where it is split).
 On the CPU they run in Pallas interpret mode (tests).

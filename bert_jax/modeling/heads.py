@@ -1,7 +1,10 @@
 """Task heads and the full models built from the encoder.
 
 Pretraining: the masked-LM head runs only on gathered ``masked_lm_positions`` and decodes
-against the tied word embeddings (own bias); NSP/SOP classify the pooled output. Fine-tuning:
+against the tied word embeddings (own bias); its outputs are the logits (``mlm_logits``) and
+the decoder's operands (``mlm_decoder``), from which ``mlm_cross_entropy`` computes the loss
+with the fused kernels of ``fused_xent.py`` on GPUs (under jit only the one used is
+computed). NSP/SOP classify the pooled output. Fine-tuning:
 sequence classification/regression, token classification, span QA and multiple choice.
 Parameter trees: ``{"bert": encoder, <head name>: head}`` so a pretrained encoder merges
 into freshly initialised heads.
