@@ -19,10 +19,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_pretrain import environment  # noqa: E402
 from bench.common import (  # noqa: E402
     add_kernel_timing_arguments,
-    first_call,
-    microseconds_per_call,
-    write_result,
-)  # noqa: E402
+    parse_tile,
+    tile_name,
+    timed_against_reference,
+)
 
 
 def parse_args(argv=None):
@@ -64,18 +64,17 @@ def main(argv=None) -> list[dict]:
 
         runs = [("xla", "fwd", xla), ("xla", "bwd", xla)]
         for block in args.blocks.split(","):
-            if block == "default":
-                rows = cols = warps = stages = None
-            else:
-                rows, cols, warps, stages = (int(v) for v in (block + ":1").split(":")[:4])
+            tile = parse_tile(block)
+            rows, cols, warps, stages = tile
             for sums in (int(v) for v in args.sum_blocks.split(",")):
                 def fused(y, b, rows=rows, cols=cols, warps=warps, sums=sums, stages=stages):
                     return fused_gelu.bias_gelu(y, b, block_rows=rows, block_cols=cols,
                                                 num_warps=warps, sum_blocks=sums or None,
-                                                num_stages=stages, interpret=interpret)
+                                                # a tile without STAGES: no pipelining
+                                                num_stages=None if rows is None else stages or 1,
+                                                interpret=interpret)
 
-                name = ("kernel_default" if rows is None else
-                        f"kernel_r{rows}_c{cols}_w{warps}" + (f"_s{stages}" if stages > 1 else ""))
+                name = tile_name(tile)
                 if sums == int(args.sum_blocks.split(",")[0]):
                     runs.append((name, "fwd", fused))  # the forward has no sum_blocks
                 runs.append((f"{name}_k{sums or 'auto'}", "bwd", fused))
@@ -90,24 +89,16 @@ def main(argv=None) -> list[dict]:
                 jitted = jax.jit(lambda y, b, g, fn=fn: jax.vjp(fn, y, b)[1](g))
                 inputs = (y, b, g)
                 moved = 3 * elems * 2
-            result, failed = first_call(jitted, inputs, args.out, {
-                "task": "gelu", "shape": spec, "variant": name, "pass": direction})
-            if failed:
-                records.append(failed)
-                continue
-            leaves = jax.tree.leaves(result)
-            if name == "xla":
-                want[direction] = leaves
-            err = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - w.astype(jnp.float32))))
-                      for a, w in zip(leaves, want[direction], strict=True))
-            us = microseconds_per_call(jitted, inputs, args.iters, args.repeats)
-            record = {**environment(), "task": "gelu", "shape": spec, "variant": name,
-                      "pass": direction, "us": us, "min_bytes": moved,
-                      "gb_per_s": moved / (us * 1e-6) / 1e9, "max_diff_vs_xla": err}
-            print(f"{spec:>14} {name:>20} {direction} {us:8.1f} us  "
-                  f"{record['gb_per_s']:6.0f} GB/s  diff {err:.3g}", flush=True)
-            write_result(args.out, record)
+            record = timed_against_reference(
+                jitted, inputs, args, {**environment(), "task": "gelu", "shape": spec,
+                                       "variant": name, "pass": direction}, want, direction,
+                name == "xla", lambda us, moved=moved: {
+                    "min_bytes": moved, "gb_per_s": moved / (us * 1e-6) / 1e9})
             records.append(record)
+            if "us" in record:
+                print(f"{spec:>14} {name:>20} {direction} {record['us']:8.1f} us  "
+                      f"{record['gb_per_s']:6.0f} GB/s  diff {record['max_diff_vs_xla']:.3g}",
+                      flush=True)
     return records
 
 

@@ -7,7 +7,7 @@ call of the forward (``fwd``: loss values) or of the loss with its three gradien
 and the largest difference from XLA's result. Both variants run the same matmuls, so the
 difference in time is the passes'.
 
-  python bench/bench_xent.py --out xent.jsonl [--shapes 256x20x768,32x76x1024]
+  python bench/bench_xent.py --out xent.jsonl [--shapes 256x20x768,32x80x1024]
 """
 
 from __future__ import annotations
@@ -21,22 +21,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_pretrain import environment  # noqa: E402
 from bench.common import (  # noqa: E402
     add_kernel_timing_arguments,
-    first_call,
-    microseconds_per_call,
-    write_result,
-)  # noqa: E402
+    parse_tile,
+    tile_name,
+    timed_against_reference,
+)
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default="256x20x768,32x76x1024",
+    ap.add_argument("--shapes", default="256x20x768,32x80x1024",
                     help="comma list of BATCHxPREDICTIONSxEMBED (Base/128 at batch 256, "
-                         "Large/512 at batch 32)")
+                         "Large/512 at batch 32: 20 and 80 predictions per sequence)")
     ap.add_argument("--vocab", type=int, default=30592, help="padded vocabulary")
     ap.add_argument("--blocks", default="default,8:128:4,32:128:4,16:128:8,64:128:8,16:64:2",
                     help="comma list of ROWS:COLS:WARPS[:STAGES] kernel tiles (STAGES: the "
-                         "backward loop's software pipelining), or 'default' "
-                         "(fused_xent.blocks_for's)")
+                         "backward loop's software pipelining, default "
+                         "fused_xent.BACKWARD_STAGES), or 'default' (fused_xent.blocks_for's)")
     ap.add_argument("--sum-blocks", default="0,4",
                     help="row blocks per backward program (0: fused_xent.blocks_for's)")
     add_kernel_timing_arguments(ap, "xent.jsonl")
@@ -66,10 +66,8 @@ def main(argv=None) -> list[dict]:
 
         runs = [("xla", fused_xent.reference)]
         for block in args.blocks.split(","):
-            if block == "default":
-                rows = cols = warps = stages = None
-            else:
-                rows, cols, warps, stages = (int(v) for v in (block + ":0").split(":")[:4])
+            tile = parse_tile(block)
+            rows, cols, warps, stages = tile
             for sums in (int(v) for v in args.sum_blocks.split(",")):
                 def fused(h, table, bias, ids, rows=rows, cols=cols, warps=warps, sums=sums,
                           stages=stages):
@@ -78,9 +76,7 @@ def main(argv=None) -> list[dict]:
                         num_warps=warps, sum_blocks=sums or None, num_stages=stages or None,
                         interpret=interpret)
 
-                name = ("kernel_default" if rows is None else
-                        f"kernel_r{rows}_c{cols}_w{warps}" + (f"_s{stages}" if stages else ""))
-                runs.append((f"{name}_k{sums or 'auto'}", fused))
+                runs.append((f"{tile_name(tile)}_k{sums or 'auto'}", fused))
 
         want = {}
         for name, fn in runs:
@@ -92,25 +88,14 @@ def main(argv=None) -> list[dict]:
                         return jnp.sum(fn(h, t, b, i)[0] * w)
 
                     jitted = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))
-                result, failed = first_call(jitted, inputs, args.out, {
-                    "task": "mlm_xent", "shape": spec, "variant": name, "pass": direction})
-                if failed:
-                    records.append(failed)
-                    continue
-                leaves = jax.tree.leaves(result)
-                if name == "xla":
-                    want[direction] = leaves
-                err = max(float(jnp.max(jnp.abs(a.astype(jnp.float32)
-                                                - w.astype(jnp.float32))))
-                          for a, w in zip(leaves, want[direction], strict=True))
-                us = microseconds_per_call(jitted, inputs, args.iters, args.repeats)
-                record = {**environment(), "task": "mlm_xent", "shape": spec,
-                          "vocab": args.vocab, "variant": name, "pass": direction, "us": us,
-                          "max_diff_vs_xla": err}
-                print(f"{spec:>14} {name:>26} {direction:>4} {us:8.1f} us  diff {err:.3g}",
-                      flush=True)
-                write_result(args.out, record)
+                record = timed_against_reference(
+                    jitted, inputs, args, {**environment(), "task": "mlm_xent", "shape": spec,
+                                           "vocab": args.vocab, "variant": name,
+                                           "pass": direction}, want, direction, name == "xla")
                 records.append(record)
+                if "us" in record:
+                    print(f"{spec:>14} {name:>26} {direction:>4} {record['us']:8.1f} us  "
+                          f"diff {record['max_diff_vs_xla']:.3g}", flush=True)
     return records
 
 

@@ -85,6 +85,46 @@ def first_call(jitted, inputs, out: str, record: dict):
         return None, failed
 
 
+def parse_tile(spec: str) -> tuple[int | None, ...]:
+    """A kernel tile of the sweeps: ``default`` -> (None, None, None, None) (the module's own
+    choice), ``ROWS:COLS:WARPS[:STAGES]`` -> four ints (STAGES 0 when not given)."""
+    if spec == "default":
+        return None, None, None, None
+    return tuple(int(v) for v in (spec + ":0").split(":")[:4])
+
+
+def tile_name(tile: tuple[int | None, ...]) -> str:
+    """``kernel_default`` or ``kernel_r{rows}_c{cols}_w{warps}[_s{stages}]``."""
+    rows, cols, warps, stages = tile
+    if rows is None:
+        return "kernel_default"
+    return f"kernel_r{rows}_c{cols}_w{warps}" + (f"_s{stages}" if stages else "")
+
+
+def timed_against_reference(jitted, inputs, args, record: dict, want: dict, key,
+                            reference: bool, extra=None) -> dict:
+    """One variant of a kernel sweep: runs ``jitted(*inputs)`` once (``first_call``), takes the
+    largest difference of its outputs from ``want[key]`` (the reference variant's, stored
+    when ``reference``), times it (``microseconds_per_call``) and writes ``record`` with
+    ``us``, ``max_diff_vs_xla`` and ``extra(us)``'s fields to ``args.out``. Returns the
+    written record (the error record when it failed)."""
+    import jax
+    import jax.numpy as jnp
+
+    result, failed = first_call(jitted, inputs, args.out, record)
+    if failed:
+        return failed
+    leaves = jax.tree.leaves(result)
+    if reference:
+        want[key] = leaves
+    err = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - w.astype(jnp.float32))))
+              for a, w in zip(leaves, want[key], strict=True))
+    us = microseconds_per_call(jitted, inputs, args.iters, args.repeats)
+    out = {**record, "us": us, **(extra(us) if extra else {}), "max_diff_vs_xla": err}
+    write_result(args.out, out)
+    return out
+
+
 def write_result(path: str, record: dict) -> None:
     record = dict(record, host=platform.node(), time=time.strftime("%Y-%m-%dT%H:%M:%S"))
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)

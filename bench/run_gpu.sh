@@ -484,7 +484,7 @@ stage_xent() {  # tenth session: the MLM decoder + softmax cross-entropy as Pall
   # (modeling/fused_xent.py): the kernels alone at a tile sweep ($OUT/xent.jsonl), then the
   # step with them (the default) against XLA's passes (--mlm-loss xla) at base/128 and
   # large/512, and a profile of the default base/128 step
-  local shapes="256x20x768,32x76x1024" vocab=30592
+  local shapes="256x20x768,32x80x1024" vocab=30592
   [ "$SMOKE" = 1 ] && shapes="2x4x32" && vocab=256
   run_case 150 xent sweep "$BASE" "$S128" "$B256" -- "${JAX_ENV[@]}" "$PY" \
     bench/bench_xent.py --shapes "$shapes" --vocab "$vocab" --iters 10 --repeats 3 \

@@ -62,7 +62,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from bert_jax.modeling.flash import fit_block
-from bert_jax.modeling.fused_norm import _flat, per_shard, rows_per_shard
+from bert_jax.modeling.fused_norm import (
+    _flat,
+    per_shard,
+    rows_per_shard,
+    split_axes,
+    unsplit_row_spec,
+)
 
 _SQRT_HALF = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
@@ -173,6 +179,18 @@ def blocks_for(rows: int) -> tuple[int, int, int, int]:
     return block_rows, block_cols, num_warps, sum_blocks
 
 
+def fit_tile(tuned, rows: int, width: int, given) -> tuple[int, int, int, int, int]:
+    """(block_rows, block_cols, num_warps, sum_blocks, num_stages) of a row-tiled kernel: each
+    of ``given``'s values where not None, else ``tuned``'s (a ``blocks_for`` result), with the
+    blocks fitted to powers of two dividing ``rows`` (and the row blocks) and ``width``
+    (here and in ``fused_xent.py``)."""
+    block_rows, block_cols, num_warps, sum_blocks, num_stages = (
+        int(g) if g is not None else t for g, t in zip(given, (*tuned, 1), strict=True))
+    block_rows = fit_block(block_rows, rows)
+    return (block_rows, fit_block(block_cols, width), num_warps,
+            fit_block(sum_blocks, rows // block_rows), num_stages)
+
+
 def supported(width: int) -> bool:
     """Widths the kernels handle: a multiple of 16 (the column tile is then >= 16)."""
     return width % 16 == 0
@@ -199,32 +217,44 @@ def _forward_kernel(y_ref, b_ref, o_ref):
     o_ref[...] = _gelu(_pre_activation(y_ref[...], b_ref[...])).astype(o_ref.dtype)
 
 
-def _backward_kernel(g_ref, y_ref, b_ref, dx_ref, sums_ref, *, s: GeluSettings):
-    """One program: ``s.sum_blocks`` blocks of ``s.block_rows`` rows of one column chunk.
-    Writes ``dx`` and ``sums_ref[0]``, the float32 column sums of ``dx`` over all its rows.
-    The sums are carried as a [block_rows, block_cols] tile added elementwise, and reduced
-    over its rows once at the end (one cross-warp reduction per program, not per block)."""
+def column_sums_over_row_blocks(block, sums_ref, s):
+    """The backward kernels' loop (here and in ``fused_xent.py``): ``block(rows, acc)`` writes
+    one row block's gradient tile (rows: a slice of the program's ``s.sum_blocks`` blocks of
+    ``s.block_rows`` rows) and returns ``acc`` plus that float32 tile; the carried
+    [block_rows, block_cols] sums are reduced over their rows once at the end (one cross-warp
+    reduction per program, not per block) into ``sums_ref[0]``."""
     from jax.experimental import pallas as pl
 
+    def step(j, acc):
+        rows = slice(None) if s.sum_blocks == 1 else pl.ds(j * s.block_rows, s.block_rows)
+        return block(rows, acc)
+
+    acc = jnp.zeros((s.block_rows, s.block_cols), jnp.float32)
+    if s.sum_blocks == 1:
+        acc = step(0, acc)
+    else:
+        acc = lax.fori_loop(0, s.sum_blocks, step, acc)
+    sums_ref[...] = jnp.sum(acc, axis=0)[None, :]
+
+
+def _backward_kernel(g_ref, y_ref, b_ref, dx_ref, sums_ref, *, s: GeluSettings):
+    """One program: ``s.sum_blocks`` blocks of ``s.block_rows`` rows of one column chunk.
+    Writes ``dx`` and ``sums_ref[0]``, the float32 column sums of ``dx`` over all its rows."""
     b = b_ref[...]
 
-    def block(j, acc):
-        rs = slice(None) if s.sum_blocks == 1 else pl.ds(j * s.block_rows, s.block_rows)
+    def block(rs, acc):
         x = _pre_activation(y_ref[rs, :], b)
         cdf, gauss = _cdf_and_gauss(x)
         dx = g_ref[rs, :].astype(jnp.float32) * (cdf + x * (_INV_SQRT_2PI * gauss))
         dx_ref[rs, :] = dx.astype(dx_ref.dtype)
         return acc + dx
 
-    acc = jnp.zeros((s.block_rows, s.block_cols), jnp.float32)
-    if s.sum_blocks == 1:
-        acc = block(0, acc)
-    else:
-        acc = lax.fori_loop(0, s.sum_blocks, block, acc)
-    sums_ref[...] = jnp.sum(acc, axis=0)[None, :]
+    column_sums_over_row_blocks(block, sums_ref, s)
 
 
-def _compiler_params(s: GeluSettings, num_stages: int = 1):
+def compiler_params(s, num_stages: int = 1):
+    """Triton's settings for a kernel of settings ``s`` (``num_warps``; none in interpret
+    mode)."""
     if s.interpret:
         return {}
     from jax.experimental.pallas import triton as plgpu
@@ -254,7 +284,7 @@ def _forward_call(y, b, s: GeluSettings):
         in_specs=[tile, pl.BlockSpec((s.block_cols,), order(lambda i, j: (j,)))],
         out_specs=tile,
         out_shape=jax.ShapeDtypeStruct((n, width), y.dtype),
-        interpret=s.interpret, name="bert_bias_gelu_forward", **_compiler_params(s),
+        interpret=s.interpret, name="bert_bias_gelu_forward", **compiler_params(s),
     )(y, b)
 
 
@@ -273,7 +303,7 @@ def _backward_call(g, y, b, s: GeluSettings):
         out_shape=[jax.ShapeDtypeStruct((n, width), y.dtype),
                    jax.ShapeDtypeStruct((n // rows, width), jnp.float32)],
         interpret=s.interpret, name="bert_bias_gelu_backward",
-        **_compiler_params(s, s.num_stages),
+        **compiler_params(s, s.num_stages),
     )(g, y, b)
 
 
@@ -283,35 +313,15 @@ def _backward_call(g, y, b, s: GeluSettings):
 def mlp_split_axes():
     """The mesh axes that split the intermediate (logical ``mlp``) axis under the entered mesh
     (None: unsplit, split one way, or no mesh); the kernels need it unsplit."""
-    from bert_jax import parallel
-
-    mesh = parallel.entered_mesh()
-    if mesh is None:
-        return None
-    import flax.linen as nn
-
-    axes = nn.logical_to_mesh_axes(("mlp",))[0]
-    if axes is None or parallel.mesh_axes_size(mesh, axes) == 1:
-        return None
-    return axes
+    return split_axes("mlp")
 
 
 def _row_spec():
     """(mesh, batch mesh axes) when the kernels must run per shard, else (None, None)."""
-    from bert_jax import parallel
-
-    mesh = parallel.entered_mesh()
-    if mesh is None:
-        return None, None
-    import flax.linen as nn
-
-    split = mlp_split_axes()
-    if split is not None:
-        raise ValueError("the fused bias + GELU kernel needs the intermediate axis unsplit "
-                         f"(logical axis 'mlp' is mapped to mesh axes {split!r}); call "
-                         "ops.add_bias_activate with ops.FUSED_GELU=True (it falls back to "
-                         "XLA there) or False (bench --gelu erf)")
-    return mesh, nn.logical_to_mesh_axes(("batch",))[0]
+    return unsplit_row_spec(
+        "mlp", "the fused bias + GELU kernel needs the intermediate axis unsplit (logical "
+        "axis 'mlp' is mapped to mesh axes {axes}); call ops.add_bias_activate with "
+        "ops.FUSED_GELU=True (it falls back to XLA there) or False (bench --gelu erf)")
 
 
 def _forward(y, b, s: GeluSettings):
@@ -371,13 +381,9 @@ def bias_gelu(y, b, *, block_rows: int | None = None, block_cols: int | None = N
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
     rows = rows_per_shard(y, _row_spec)
-    tuned = blocks_for(rows)
-    block_rows = fit_block(tuned[0] if block_rows is None else int(block_rows), rows)
-    block_cols = fit_block(tuned[1] if block_cols is None else int(block_cols), width)
-    num_warps = tuned[2] if num_warps is None else int(num_warps)
-    sum_blocks = fit_block(tuned[3] if sum_blocks is None else int(sum_blocks),
-                           rows // block_rows)
-    num_stages = BACKWARD_STAGES if num_stages is None else int(num_stages)
+    block_rows, block_cols, num_warps, sum_blocks, num_stages = fit_tile(
+        blocks_for(rows), rows, width, (block_rows, block_cols, num_warps, sum_blocks,
+                                        BACKWARD_STAGES if num_stages is None else num_stages))
     s = GeluSettings(block_rows, block_cols, num_warps, bool(interpret), sum_blocks,
                      num_stages, COLS_FASTEST)
     return _bias_gelu(y, b, s)

@@ -266,6 +266,39 @@ def _row_spec():
     return mesh, batch_axes
 
 
+def split_axes(logical: str):
+    """The mesh axes that split the logical axis ``logical`` under the entered mesh, or None
+    (unsplit, split one way, or no mesh)."""
+    from bert_jax import parallel
+
+    mesh = parallel.entered_mesh()
+    if mesh is None:
+        return None
+    import flax.linen as nn
+
+    axes = nn.logical_to_mesh_axes((logical,))[0]
+    if axes is None or parallel.mesh_axes_size(mesh, axes) == 1:
+        return None
+    return axes
+
+
+def unsplit_row_spec(logical: str, refusal: str):
+    """The ``row_spec`` (see :func:`per_shard`) of kernels that need the logical axis
+    ``logical`` unsplit: (mesh, batch mesh axes) under a mesh, else (None, None). Where the
+    axis is split, a ValueError with ``refusal`` (``{axes}``: the mesh axes)."""
+    from bert_jax import parallel
+
+    mesh = parallel.entered_mesh()
+    if mesh is None:
+        return None, None
+    import flax.linen as nn
+
+    split = split_axes(logical)
+    if split is not None:
+        raise ValueError(refusal.format(axes=repr(split)))
+    return mesh, nn.logical_to_mesh_axes(("batch",))[0]
+
+
 def rows_per_shard(x, row_spec=None) -> int:
     """The rows (all axes but the last) of ``x`` one kernel call sees: per batch shard when
     the kernels run per shard (``row_spec``, as :func:`per_shard`), else all of them."""

@@ -29,13 +29,14 @@ masked logits) up to float32 summation order; ``correct`` bit for bit (same floa
 ``logits + bias``). Padded vocabulary entries are excluded by the caller's bias (``NEG_INF``
 there, ``heads.masked_bias``): their ``exp`` underflows to 0 and their gradient is 0.
 
-Measured on an H100 (``bench/bench_xent.py``, tenth session): the loss with its three
-gradients at Base/128's [5,120 predictions x 30,592] 2,322 -> 1,626 us (XLA's passes -> these
-kernels, the decoder matmuls included in both), at Large/512's [2,432 x 30,592] 1,286 -> 967;
-in the step's profile the forward kernel reads the logits at 2.82 TB/s (0.22 ms) and the
-backward moves its 939 MB at 2.97 TB/s (0.32 ms), 84% and 89% of the nominal 3.35. The
-Base/128 step: +2.0%, 0.7 GiB less peak memory (the float32 logit gradient is gone). Every
-tile of the sweep (8-64 rows x 64-128 columns, 2-8 warps) was within 3% of the default.
+Measured on an H100 (``bench/bench_xent.py``, tenth session): the loss with its three gradients
+at Base/128's [5,120 predictions x 30,592] 2,322 -> 1,626 us (XLA's passes -> these kernels,
+the decoder matmuls included in both), at [2,432 x 30,592] (near Large/512 at batch 32, which
+has 2,560 predictions) 1,286 -> 967; in the step's profile the forward kernel reads the logits
+at 2.82 TB/s (0.22 ms) and the backward moves its 939 MB at 2.97 TB/s (0.32 ms), 84% and 89% of
+the nominal 3.35. The Base/128 step: +2.0%, 0.7 GiB less peak memory (the float32 logit
+gradient is gone). Every tile of the sweep (8-64 rows x 64-128 columns, 2-8 warps) was within
+3% of the default.
 
 Under a device mesh the kernels run per batch shard (``shard_map``) with the vocabulary axis
 unsplit (``vocab_split_axes``; ``heads.FUSED_MLM_LOSS`` falls back to XLA where it is split).
@@ -52,9 +53,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bert_jax.modeling.flash import fit_block
-from bert_jax.modeling.fused_gelu import _grid
-from bert_jax.modeling.fused_norm import _flat, per_shard, rows_per_shard
+from bert_jax.modeling.fused_gelu import (
+    _grid,
+    column_sums_over_row_blocks,
+    compiler_params,
+    fit_tile,
+)
+from bert_jax.modeling.fused_norm import (
+    _flat,
+    per_shard,
+    rows_per_shard,
+    split_axes,
+    unsplit_row_spec,
+)
 
 _LOG2E = 1.4426950408889634
 
@@ -118,8 +129,7 @@ def _backward_kernel(x_ref, b_ref, ids_ref, lse_ref, g_ref, dz_ref, sums_ref, *,
     col_tile = pl.program_id(0 if s.cols_fastest else 1)
     cols = col_tile * s.block_cols + lax.broadcasted_iota(jnp.int32, (1, s.block_cols), 1)
 
-    def block(j, acc):
-        rs = slice(None) if s.sum_blocks == 1 else pl.ds(j * s.block_rows, s.block_rows)
+    def block(rs, acc):
         z = x_ref[rs, :] + b[None, :]
         p = jnp.exp2((z - lse_ref[rs][:, None]) * _LOG2E)
         hit = cols == ids_ref[rs][:, None]
@@ -127,21 +137,7 @@ def _backward_kernel(x_ref, b_ref, ids_ref, lse_ref, g_ref, dz_ref, sums_ref, *,
         dz_ref[rs, :] = dz.astype(dz_ref.dtype)
         return acc + dz
 
-    acc = jnp.zeros((s.block_rows, s.block_cols), jnp.float32)
-    if s.sum_blocks == 1:
-        acc = block(0, acc)
-    else:
-        acc = lax.fori_loop(0, s.sum_blocks, block, acc)
-    sums_ref[...] = jnp.sum(acc, axis=0)[None, :]
-
-
-def _compiler_params(s: XentSettings, num_stages: int = 1):
-    if s.interpret:
-        return {}
-    from jax.experimental.pallas import triton as plgpu
-
-    return {"compiler_params": plgpu.CompilerParams(num_warps=s.num_warps,
-                                                    num_stages=num_stages)}
+    column_sums_over_row_blocks(block, sums_ref, s)
 
 
 def _forward_call(x, b, s: XentSettings):
@@ -160,7 +156,7 @@ def _forward_call(x, b, s: XentSettings):
                   pl.BlockSpec((s.block_cols,), order(lambda i, j: (j,)))],
         out_specs=[part, part],
         out_shape=[shape, shape],
-        interpret=s.interpret, name="bert_mlm_xent_forward", **_compiler_params(s),
+        interpret=s.interpret, name="bert_mlm_xent_forward", **compiler_params(s),
     )(x, b)
 
 
@@ -182,7 +178,7 @@ def _backward_call(x, b, ids, lse, g, dtype, s: XentSettings):
         out_shape=[jax.ShapeDtypeStruct((n, vocab), dtype),
                    jax.ShapeDtypeStruct((n // rows, vocab), jnp.float32)],
         interpret=s.interpret, name="bert_mlm_xent_backward",
-        **_compiler_params(s, s.num_stages),
+        **compiler_params(s, s.num_stages),
     )(x, b, ids, lse, g)
 
 
@@ -192,35 +188,15 @@ def _backward_call(x, b, ids, lse, g, dtype, s: XentSettings):
 def vocab_split_axes():
     """The mesh axes that split the (logical ``vocab``) vocabulary axis under the entered mesh,
     or None (unsplit, split one way, or no mesh); the kernels need it unsplit."""
-    from bert_jax import parallel
-
-    mesh = parallel.entered_mesh()
-    if mesh is None:
-        return None
-    import flax.linen as nn
-
-    axes = nn.logical_to_mesh_axes(("vocab",))[0]
-    if axes is None or parallel.mesh_axes_size(mesh, axes) == 1:
-        return None
-    return axes
+    return split_axes("vocab")
 
 
 def _row_spec():
     """(mesh, batch mesh axes) when the kernels run per shard, else (None, None)."""
-    from bert_jax import parallel
-
-    mesh = parallel.entered_mesh()
-    if mesh is None:
-        return None, None
-    import flax.linen as nn
-
-    split = vocab_split_axes()
-    if split is not None:
-        raise ValueError("the fused MLM cross-entropy needs the vocabulary axis unsplit "
-                         f"(logical axis 'vocab' is mapped to mesh axes {split!r}); use "
-                         "heads.FUSED_MLM_LOSS=True (it falls back to XLA there) or False "
-                         "(bench --mlm-loss xla)")
-    return mesh, nn.logical_to_mesh_axes(("batch",))[0]
+    return unsplit_row_spec(
+        "vocab", "the fused MLM cross-entropy needs the vocabulary axis unsplit (logical axis "
+        "'vocab' is mapped to mesh axes {axes}); use heads.FUSED_MLM_LOSS=True (it falls back "
+        "to XLA there) or False (bench --mlm-loss xla)")
 
 
 def _log_sum_exp(x, b, s: XentSettings):
@@ -303,13 +279,9 @@ def decode_cross_entropy(h, table, bias, ids, *, block_rows: int | None = None,
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
     rows = rows_per_shard(h, _row_spec)
-    tuned = blocks_for(rows)
-    block_rows = fit_block(tuned[0] if block_rows is None else int(block_rows), rows)
-    block_cols = fit_block(tuned[1] if block_cols is None else int(block_cols), vocab)
-    num_warps = tuned[2] if num_warps is None else int(num_warps)
-    sum_blocks = fit_block(tuned[3] if sum_blocks is None else int(sum_blocks),
-                           rows // block_rows)
-    num_stages = BACKWARD_STAGES if num_stages is None else int(num_stages)
+    block_rows, block_cols, num_warps, sum_blocks, num_stages = fit_tile(
+        blocks_for(rows), rows, vocab, (block_rows, block_cols, num_warps, sum_blocks,
+                                        BACKWARD_STAGES if num_stages is None else num_stages))
     s = XentSettings(block_rows, block_cols, num_warps, bool(interpret), sum_blocks, num_stages)
     return _decode_xent(h, table, bias.astype(jnp.float32), ids.astype(jnp.int32), s)
 
