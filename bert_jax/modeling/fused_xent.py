@@ -66,6 +66,7 @@ from bert_jax.modeling.fused_norm import (
     split_axes,
     unsplit_row_spec,
 )
+from bert_jax.modeling.heads import decode, decode_grads, logits_cross_entropy
 
 _LOG2E = 1.4426950408889634
 
@@ -84,21 +85,17 @@ class XentSettings:
 
 # Default tile (block_rows, block_cols, num_warps) and the backward's row groups (programs
 # along the rows; sum_blocks = rows / (block_rows * BACKWARD_GROUPS)). BERT's padded vocabulary
-# (30,592 = 239 x 128) admits no power-of-two tile wider than 128 columns. DEFAULT_BLOCKS and
-# SUM_BLOCKS, when set, override them for every shape (benchmarks).
+# (30,592 = 239 x 128) admits no power-of-two tile wider than 128 columns.
 BLOCKS = (16, 128, 4)
 BACKWARD_GROUPS = 32
 BACKWARD_STAGES = 2
-DEFAULT_BLOCKS: tuple[int, int, int] | None = None
-SUM_BLOCKS: int | None = None
 
 
 def blocks_for(rows: int) -> tuple[int, int, int, int]:
     """(block_rows, block_cols, num_warps, sum_blocks) for ``rows`` per shard, before fitting
     to the shape."""
-    block_rows, block_cols, num_warps = BLOCKS if DEFAULT_BLOCKS is None else DEFAULT_BLOCKS
-    sum_blocks = max(1, rows // (block_rows * BACKWARD_GROUPS))
-    return block_rows, block_cols, num_warps, sum_blocks if SUM_BLOCKS is None else SUM_BLOCKS
+    block_rows, block_cols, num_warps = BLOCKS
+    return block_rows, block_cols, num_warps, max(1, rows // (block_rows * BACKWARD_GROUPS))
 
 
 def supported(vocab: int) -> bool:
@@ -224,17 +221,13 @@ def _label_logits(x, b, ids):
     return jnp.take_along_axis(x, ids[..., None], axis=-1)[..., 0] + b[ids]
 
 
-def _decode(h, table):
-    return jnp.einsum("...e,ve->...v", h, table, preferred_element_type=jnp.float32)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _decode_xent(h, table, bias, ids, s: XentSettings):
     return _decode_xent_fwd(h, table, bias, ids, s)[0]
 
 
 def _decode_xent_fwd(h, table, bias, ids, s):
-    x = _decode(h, table)
+    x = decode(h, table)
     lse, top = _log_sum_exp(x, bias, s)
     label = _label_logits(x, bias, ids)
     out = (lse - label, (label >= top).astype(jnp.float32))
@@ -245,10 +238,8 @@ def _decode_xent_bwd(s, saved, cotangents):
     h, table, bias, ids, x, lse = saved
     g = cotangents[0].astype(jnp.float32)  # d loss / d nll; ``correct`` has no gradient
     dz, sums = _logit_gradient(x, bias, ids, lse, g, h.dtype, s)
-    dh = jnp.einsum("...v,ve->...e", dz, table, preferred_element_type=jnp.float32)
-    dtable = jnp.einsum("...v,...e->ve", dz, h, preferred_element_type=jnp.float32)
-    return (dh.astype(h.dtype), dtable.astype(table.dtype),
-            jnp.sum(sums, axis=0).astype(bias.dtype), np.zeros(ids.shape, jax.dtypes.float0))
+    return (*decode_grads(h, table, dz), jnp.sum(sums, axis=0).astype(bias.dtype),
+            np.zeros(ids.shape, jax.dtypes.float0))
 
 
 _decode_xent.defvjp(_decode_xent_fwd, _decode_xent_bwd)
@@ -287,22 +278,7 @@ def decode_cross_entropy(h, table, bias, ids, *, block_rows: int | None = None,
 
 
 def reference(h, table, bias, ids):
-    """The same values with jax.numpy and optax (tests, benchmarks): the XLA path, the
-    decoder matmul as ``heads.decode`` (its backward casts the float32 logit gradient to the
-    compute dtype)."""
-    import optax
-
-    from bert_jax.modeling.heads import decode
-
-    z = decode(h, table) + bias.astype(jnp.float32)
-    label = _label_logits(z, jnp.zeros_like(bias, jnp.float32), ids)
-    nll = optax.softmax_cross_entropy_with_integer_labels(z, ids)
-    return nll, (label >= jnp.max(z, axis=-1)).astype(jnp.float32)
-
-
-def traffic_bytes(rows: int, vocab: int, dtype=jnp.bfloat16) -> tuple[int, int]:
-    """Minimum HBM bytes of the (forward, backward) kernels: one float32 read of the logits;
-    the backward also writes ``dz`` (benchmarks)."""
-    logits = rows * vocab * 4
-    return logits, logits + rows * vocab * jnp.dtype(dtype).itemsize
+    """The same values through XLA (tests, benchmarks): ``heads.decode`` (its backward casts
+    the float32 logit gradient to the compute dtype), then ``heads.logits_cross_entropy``."""
+    return logits_cross_entropy(decode(h, table) + bias.astype(jnp.float32), ids)
 

@@ -53,12 +53,18 @@ def _decode_fwd(h, table):
     return decode(h, table), (h, table)
 
 
-def _decode_bwd(residuals, g):
-    h, table = residuals
+def decode_grads(h, table, g):
+    """(dh, dtable) of ``decode`` for the logit gradient ``g``, cast to the compute dtype
+    first: two matmuls in h's dtype with float32 accumulation (also ``fused_xent``'s
+    backward, whose kernel writes ``g`` in that dtype)."""
     g = g.astype(h.dtype)
     dh = jnp.einsum("...v,ve->...e", g, table, preferred_element_type=jnp.float32)
     dtable = jnp.einsum("...v,...e->ve", g, h, preferred_element_type=jnp.float32)
     return dh.astype(h.dtype), dtable.astype(table.dtype)
+
+
+def _decode_bwd(residuals, g):
+    return decode_grads(*residuals, g)
 
 
 decode.defvjp(_decode_fwd, _decode_bwd)
@@ -97,12 +103,25 @@ class MaskedLMHead(nn.Module):
         h = layer_norm(cfg, "transform_norm")(h)
         bias = self.param("bias", zeros(("vocab",)), (cfg.padded_vocab_size,),
                           cfg.param_dtype)
-        table = embedding_table.astype(h.dtype)
-        if not logits:
-            return MLMDecoder(h, table, masked_bias(bias, cfg.vocab_size))
-        # [..., padded_vocab]: decode against the tied word embeddings
-        out = decode(h, table) + bias.astype(jnp.float32)
-        return mask_padded_vocab(out, cfg.vocab_size)  # [..., padded_vocab] float32
+        decoder = MLMDecoder(h, embedding_table.astype(h.dtype),
+                             masked_bias(bias, cfg.vocab_size))
+        return decoder_logits(decoder, cfg.vocab_size) if logits else decoder
+
+
+def decoder_logits(decoder: MLMDecoder, vocab_size: int):
+    """[..., padded_vocab] float32 logits: decode against the tied word embeddings, plus the
+    bias; the padding entries exactly ``NEG_INF``."""
+    return mask_padded_vocab(decode(decoder.hidden, decoder.table) + decoder.bias, vocab_size)
+
+
+def logits_cross_entropy(logits, ids):
+    """(nll, correct) float32 of [..., vocab] logits and integer labels: optax's softmax
+    cross-entropy, and 1.0 where the label's logit is the maximum (ties count as correct; no
+    argmax pass over the vocabulary, the max is shared with the loss's logsumexp)."""
+    logits = logits.astype(jnp.float32)
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, ids)
+    label_logit = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
+    return nll, (label_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
 
 
 # The MLM loss as ``fused_xent.decode_cross_entropy`` (the decoder matmul and the softmax
@@ -136,12 +155,7 @@ def mlm_cross_entropy(outputs: dict[str, Any], ids):
         from bert_jax.modeling import fused_xent
 
         return fused_xent.decode_cross_entropy(decoder.hidden, decoder.table, decoder.bias, ids)
-    logits = outputs["mlm_logits"].astype(jnp.float32)  # [..., padded_vocab]
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, ids)
-    # The label's logit is the maximum: no argmax pass over the vocabulary (the max is shared
-    # with the loss's logsumexp).
-    label_logit = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
-    return nll, (label_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+    return logits_cross_entropy(outputs["mlm_logits"], ids)
 
 
 class PairHead(nn.Module):
@@ -176,8 +190,7 @@ class BertForPreTraining(nn.Module):
         decoder = MaskedLMHead(self.config, name="mlm")(seq, bert.word_embedding_table(),
                                                        logits=False)
         out["mlm_decoder"] = decoder
-        out["mlm_logits"] = mask_padded_vocab(decode(decoder.hidden, decoder.table)
-                                              + decoder.bias, self.config.vocab_size)
+        out["mlm_logits"] = decoder_logits(decoder, self.config.vocab_size)
         if self.pair_head:
             out["nsp_logits"] = PairHead(self.config, name="nsp")(out["pooled_output"])
         return out
