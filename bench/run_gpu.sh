@@ -8,6 +8,7 @@
 #                                              gelu | fused | tune | final | nodrop |
 #                                              packed | verify | gemmnorm | normtune |
 #                                              normshort | gradsums | xent | pairs |
+#                                              plain | plain-large |
 #                                              remaining |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
@@ -85,6 +86,9 @@
 #                           sweep, $OUT/xent.jsonl), then --mlm-loss kernel (default) vs xla
 #                           on base/128 and large/512; a profile of the default base/128 step
 #   pairs          ~8 min   bert-jax and transformers at base/128 b256 and large/128 b256
+#   plain          ~9 min   bert-jax, the plain Flax step (bench/plain_flax.py) and
+#                           transformers: base/128 b256, large/512 b32 (BUDGET_S=570)
+#   plain-large    ~9 min   the same triple at large/128 b256, then the classify pair
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -404,6 +408,32 @@ stage_pairs() {  # the bert-jax/transformers pairs at base/128 and large/128 (th
   if torch_gpu; then peer 150 pretrain "$LARGE" "$S128" "$B256"; fi
 }
 
+plain() {  # plain EST TAG MODEL SEQ BATCH [plain_flax options...]: the plain Flax step
+  local est=$1 tag=$2 model=$3 seq=$4 batch=$5
+  shift 5
+  run_case "$est" "$tag" pretrain "$model" "$seq" "$batch" -- "${JAX_ENV[@]}" \
+    "$PY" bench/plain_flax.py --model "$model" --seq-len "$seq" --batch-size "$batch" \
+    "${TIMING[@]}" --tag "$tag" --out "$RESULTS" "$@"
+}
+
+triple() {  # triple EST_JAX EST_PLAIN EST_PEER MODEL SEQ BATCH: bert-jax, plain Flax, peer
+  pretrain "$1" core "$4" "$5" "$6"
+  plain "$2" plain "$4" "$5" "$6"
+  if torch_gpu; then peer "$3" pretrain "$4" "$5" "$6"; fi
+}
+
+stage_plain() {  # eleventh session: bert-jax, the plain Flax step (bench/plain_flax.py) and
+  # transformers on one card, base/128 b256 then large/512 b32 (~9 min: BUDGET_S=570)
+  triple 60 50 120 "$BASE" "$S128" "$B256"
+  triple 100 80 150 "$LARGE" "$S512" "$B32"
+}
+
+stage_plain_large() {  # the same triple at large/128 b256, then the classify pair (~9 min)
+  triple 150 100 150 "$LARGE" "$S128" "$B256"
+  classify 60 core
+  if torch_gpu; then peer 100 classify "$BASE" "$S128" "$B32"; fi
+}
+
 stage_qkv() {  # the query/key/value projection: split (default) vs fused
   pretrain 60 qkv:fused "$BASE" "$S128" "$B256" --qkv fused
   classify 40 qkv:fused --qkv fused
@@ -704,6 +734,8 @@ run_stage() {
     gradsums) stage_gradsums ;;
     xent) stage_xent ;;
     pairs) stage_pairs ;;
+    plain) stage_plain ;;
+    plain-large) stage_plain_large ;;
     normshort) stage_normshort ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -714,7 +746,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|pairs|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|pairs|plain|plain-large|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

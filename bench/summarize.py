@@ -35,7 +35,8 @@ def _key(r: dict) -> tuple:
 
 
 def _run_kind(r: dict) -> tuple:
-    """(tag, workload): peer runs carry no tag (their error records carry ``peer``)."""
+    """(tag, workload): peer runs carry no tag (their error records carry ``peer``); plain
+    Flax runs carry ``plain``."""
     tag = "peer" if r.get("framework") == "transformers" else r.get("tag")
     return (tag, *_key(r))
 
@@ -74,6 +75,31 @@ def core_table(records: list[dict]) -> list[str]:
     return lines
 
 
+def plain_table(records: list[dict]) -> list[str]:
+    """bert-jax's core runs against ``bench/plain_flax.py``'s plain Flax step (the issue's
+    reference: bert-jax must be clearly better than it) in the same records."""
+    ours = {_key(r): r for r in records if r.get("framework") == "bert-jax"
+            and r.get("tag") == "core" and "seq_per_s" in r}
+    plain = {_key(r): r for r in records if r.get("framework") == "plain-flax"
+             and r.get("tag") == "plain" and "seq_per_s" in r}
+    if not plain:
+        return []
+    lines = ["| task | model | seq | batch | bert-jax seq/s | MFU | peak GiB | plain-Flax "
+             "seq/s | MFU | peak GiB | plain dropout | bert-jax / plain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(set(ours) | set(plain), key=lambda k: tuple(str(x) for x in k)):
+        a, b = ours.get(key), plain.get(key)
+        ratio = a["seq_per_s"] / b["seq_per_s"] if a and b else None
+        dropout = "—" if b is None else f"hidden {b.get('hidden_dropout_rate', 0):g}, attention 0"
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | "
+            f"{_fmt(a and a['seq_per_s'])} | {_pct(a and a['mfu'])} | "
+            f"{_fmt(a and a.get('peak_memory_gib'), '.1f')} | {_fmt(b and b['seq_per_s'])} | "
+            f"{_pct(b and b['mfu'])} | {_fmt(b and b.get('peak_memory_gib'), '.1f')} | "
+            f"{dropout} | {_fmt(ratio, '.2f')} |")
+    return lines
+
+
 def _achieved_tflops(r: dict) -> float | None:
     """Model TFLOP/s per device of a record (MFU x its own measured peak)."""
     if r.get("mfu") is None or not r.get("matmul_peak_tflops"):
@@ -95,7 +121,7 @@ def common_peak_lines(records: list[dict]) -> list[str]:
         achieved = _achieved_tflops(r)
         if achieved is None or r.get("device") not in top or "seq_per_s" not in r:
             continue
-        if not (r.get("framework") == "transformers"
+        if not (r.get("framework") in ("transformers", "plain-flax")
                 or (r.get("framework") == "bert-jax" and r.get("tag") == "core")):
             continue
         rows.append(f"| {r['framework']} | {r.get('task')} | {r.get('model')} | "
@@ -168,7 +194,9 @@ def scaling_tables(records: list[dict]) -> list[str]:
 def other_table(records: list[dict]) -> list[str]:
     """Every completed run the tables above leave out (the A/B stages' tagged runs: tag
     ``name:variant``), in record order."""
-    rows = [r for r in records if "seq_per_s" in r and r.get("framework") == "bert-jax"
+    rows = [r for r in records if "seq_per_s" in r and (
+        r.get("framework") == "bert-jax" or (r.get("framework") == "plain-flax"
+                                             and r.get("tag") != "plain"))
             and r.get("tag") != "core" and not str(r.get("tag", "")).startswith(
                 ("lever:", "scaling")) and r.get("task") != "pretrain_loop"]
     lines = ["| tag | task | model | seq | batch | seq/s | MFU | peak GiB |",
@@ -188,6 +216,9 @@ def render(records: list[dict]) -> str:
         out.append(f"Measured bf16 matmul peak: {min(peaks):.0f}–{max(peaks):.0f} TFLOP/s "
                    f"over {len(peaks)} runs (MFU uses each run's own)")
     out += ["", "## bert-jax vs transformers", ""] + core_table(records)
+    plain = plain_table(records)
+    if plain:
+        out += ["", "## bert-jax vs the plain Flax step (`bench/plain_flax.py`)", ""] + plain
     common = common_peak_lines(records)
     if common:
         out += ["", "MFU against one ceiling per device: the highest matmul peak any run here "

@@ -139,6 +139,14 @@ def test_summarize_ratio_and_targets(tmp_path):
     assert "| qkv:packed | pretrain | base | 128 | 256 | 5,255 | 50.0% | 12.1 |" in others
     assert "core" not in others and "lever:" not in others
     assert "Other runs" not in summarize.render(summarize.load([str(path)]))
+    # the plain Flax step gets its own comparison and a row against the common peak
+    plain = [dict(common, framework="plain-flax", tag="plain", seq_per_s=4800.0, mfu=0.45,
+                  peak_memory_gib=20.0, hidden_dropout_rate=0.0)]
+    text = summarize.render(summarize.load([str(path)]) + plain)
+    assert ("| pretrain | base | 128 | 256 | 6,000 | 56.0% | 30.0 | 4,800 | 45.0% | 20.0 | "
+            "hidden 0, attention 0 | 1.25 |") in text.split("plain Flax step")[1]
+    assert "| plain-flax | pretrain | base | 128 | 256 | 315 | 45.0% (700) |" in text
+    assert "plain Flax step" not in summarize.render(summarize.load([str(path)]))
 
 
 def test_loop_helpers(tmp_path):
