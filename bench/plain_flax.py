@@ -8,6 +8,9 @@ the same card in the same call as ``bench/bench_pretrain.py`` and ``bench/peer_h
 instead of being compared with numbers from another machine:
 
 * float32 parameters, bfloat16 activations (``dtype``), Flax ``LayerNorm`` and ``Dense``;
+  embedding lookups in float32 (``nn.Embed``'s default; in bfloat16 their backward is a
+  bfloat16 scatter-add, which made the first version of this step 2.6x slower than the
+  issue's plain step on an H200), the sum's LayerNorm in bfloat16;
 * attention through ``jax.nn.dot_product_attention`` (``implementation="cudnn"`` on GPUs,
   padding passed as key lengths), which has no attention dropout;
 * the GELU as ``nn.gelu(approximate=False)`` (BERT's erf form), hidden dropout
@@ -105,12 +108,13 @@ class PlainBertForPreTraining(nn.Module):
     @nn.compact
     def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
                  deterministic: bool = True):
-        word = nn.Embed(self.vocab, self.hidden, dtype=self.dtype, embedding_init=INIT,
-                        name="word_embeddings")
-        position = nn.Embed(self.max_positions, self.hidden, dtype=self.dtype,
-                            embedding_init=INIT, name="position_embeddings")
-        segment = nn.Embed(2, self.hidden, dtype=self.dtype, embedding_init=INIT,
-                           name="token_type_embeddings")
+        # Lookups in the tables' float32 (nn.Embed's default dtype): a lookup in bfloat16
+        # differentiates into a bfloat16 scatter-add, whose atomics serialize on GPUs (2.5x
+        # slower steps at Base/128); the LayerNorm returns bfloat16.
+        word = nn.Embed(self.vocab, self.hidden, embedding_init=INIT, name="word_embeddings")
+        position = nn.Embed(self.max_positions, self.hidden, embedding_init=INIT,
+                            name="position_embeddings")
+        segment = nn.Embed(2, self.hidden, embedding_init=INIT, name="token_type_embeddings")
         x = (word(input_ids) + position(jnp.arange(input_ids.shape[1]))[None]
              + segment(segment_ids))
         x = _norm(self.dtype, "embeddings_norm")(x)
@@ -125,7 +129,8 @@ class PlainBertForPreTraining(nn.Module):
         h = nn.gelu(_dense(self.hidden, self.dtype, "transform")(h), approximate=False)
         h = _norm(self.dtype, "transform_norm")(h)
         bias = self.param("mlm_bias", nn.initializers.zeros, (self.vocab,), jnp.float32)
-        mlm_logits = word.attend(h).astype(jnp.float32) + bias
+        table = word.embedding.astype(self.dtype)
+        mlm_logits = (h @ table.T).astype(jnp.float32) + bias
         return mlm_logits, nsp_logits.astype(jnp.float32)
 
 
