@@ -8,7 +8,7 @@
 #                                              gelu | fused | tune | final | nodrop |
 #                                              packed | verify | gemmnorm | normtune |
 #                                              normshort | gradsums | xent | pairs |
-#                                              plain | plain-large |
+#                                              plain | plain-large | plain-dropout |
 #                                              remaining |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
@@ -89,6 +89,9 @@
 #   plain          ~9 min   bert-jax, the issue's plain Flax step (bench/plain_flax.py) and
 #                           transformers: base/128 b256, large/512 b32 (BUDGET_S=570)
 #   plain-large    ~9 min   the same triple at large/128 b256, then the classify pair
+#   plain-dropout  ~8 min   like for like with the plain step: bert-jax with no dropout and
+#                           with hidden dropout only, the plain step with hidden dropout;
+#                           base/128 b256 and large/512 b32
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
@@ -428,6 +431,18 @@ stage_plain() {  # eleventh session: bert-jax, the plain Flax step (bench/plain_
   triple 100 80 150 "$LARGE" "$S512" "$B32"
 }
 
+stage_plain_dropout() {  # like for like with the plain Flax step: bert-jax without any dropout
+  # (cuDNN attention, as the plain step) and with hidden dropout only, against the plain step
+  # with hidden dropout; base/128 b256 and large/512 b32 (~8 min)
+  local w model seq batch est
+  for w in "$BASE $S128 $B256 65" "$LARGE $S512 $B32 105"; do
+    read -r model seq batch est <<<"$w"
+    pretrain "$est" nodrop "$model" "$seq" "$batch" --attention-dropout 0 --hidden-dropout-rate 0
+    pretrain "$est" hidden-only "$model" "$seq" "$batch" --attention-dropout 0
+    plain "$est" plain:hidden "$model" "$seq" "$batch" --hidden-dropout 0.1
+  done
+}
+
 stage_plain_large() {  # the same triple at large/128 b256, then the classify pair (~9 min)
   triple 150 100 150 "$LARGE" "$S128" "$B256"
   classify 60 core
@@ -736,6 +751,7 @@ run_stage() {
     pairs) stage_pairs ;;
     plain) stage_plain ;;
     plain-large) stage_plain_large ;;
+    plain-dropout) stage_plain_dropout ;;
     normshort) stage_normshort ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -746,7 +762,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|pairs|plain|plain-large|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|pairs|plain|plain-large|plain-dropout|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"
