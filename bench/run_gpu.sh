@@ -435,8 +435,9 @@ stage_plain_dropout() {  # like for like with the plain Flax step: bert-jax with
   # (cuDNN attention, as the plain step) and with hidden dropout only, against the plain step
   # with hidden dropout; base/128 b256 and large/512 b32 (~8 min)
   local w model seq batch est
-  for w in "$BASE $S128 $B256 65" "$LARGE $S512 $B32 105"; do
-    read -r model seq batch est <<<"$w"
+  # PLAIN_WORKLOADS="large:128:256:150" runs other workloads (MODEL:SEQ:BATCH:EST_S each)
+  for w in ${PLAIN_WORKLOADS:-"$BASE:$S128:$B256:65" "$LARGE:$S512:$B32:105"}; do
+    IFS=: read -r model seq batch est <<<"$w"
     pretrain "$est" nodrop "$model" "$seq" "$batch" --attention-dropout 0 --hidden-dropout-rate 0
     pretrain "$est" hidden-only "$model" "$seq" "$batch" --attention-dropout 0
     plain "$est" plain:hidden "$model" "$seq" "$batch" --hidden-dropout 0.1
