@@ -49,54 +49,54 @@ def _pct(value) -> str:
     return "—" if value is None else f"{100 * value:.1f}%"
 
 
+def _runs(records: list[dict], framework: str, tag: str | None = None) -> dict[tuple, dict]:
+    """Completed runs of ``framework`` (with ``tag`` when given) by workload; the last wins."""
+    return {_key(r): r for r in records if r.get("framework") == framework
+            and (tag is None or r.get("tag") == tag) and "seq_per_s" in r}
+
+
+def _pairs(ours: dict[tuple, dict], other: dict[tuple, dict]):
+    """(workload, bert-jax run, other run, seq/s ratio) for every workload either side ran."""
+    for key in sorted(set(ours) | set(other), key=lambda k: tuple(str(x) for x in k)):
+        a, b = ours.get(key), other.get(key)
+        yield key, a, b, (a["seq_per_s"] / b["seq_per_s"] if a and b else None)
+
+
+def _pair_cells(key: tuple, a: dict | None, b: dict | None) -> str:
+    """The workload, then seq/s, MFU and peak GiB of each side (a missing side as dashes)."""
+    return f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(
+        f"{_fmt(r and r['seq_per_s'])} | {_pct(r and r['mfu'])} | "
+        f"{_fmt(r and r.get('peak_memory_gib'), '.1f')}" for r in (a, b))
+
+
 def core_table(records: list[dict]) -> list[str]:
-    ours = {_key(r): r for r in records if r.get("framework") == "bert-jax"
-            and r.get("tag") == "core" and "seq_per_s" in r}
-    peer = {_key(r): r for r in records if r.get("framework") == "transformers"
-            and "seq_per_s" in r}
     lines = ["| task | model | seq | batch | bert-jax seq/s | MFU | peak GiB | transformers "
              "seq/s | MFU | peak GiB | ratio | target |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key in sorted(set(ours) | set(peer), key=lambda k: tuple(str(x) for x in k)):
-        a, b = ours.get(key), peer.get(key)
-        ratio = a["seq_per_s"] / b["seq_per_s"] if a and b else None
+    for key, a, b, ratio in _pairs(_runs(records, "bert-jax", "core"),
+                                   _runs(records, "transformers")):
         target = TARGETS.get(key[:3])
         met = ""
         if target and ratio is not None:
             ok = ratio >= target[0] and (target[1] is None or a["mfu"] >= target[1])
             met = ("met" if ok else "missed") + f" (≥{target[0]}x" + (
                 f", ≥{target[1]:.0%} MFU)" if target[1] else ")")
-        lines.append(
-            f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | "
-            f"{_fmt(a and a['seq_per_s'])} | {_pct(a and a['mfu'])} | "
-            f"{_fmt(a and a.get('peak_memory_gib'), '.1f')} | {_fmt(b and b['seq_per_s'])} | "
-            f"{_pct(b and b['mfu'])} | {_fmt(b and b.get('peak_memory_gib'), '.1f')} | "
-            f"{_fmt(ratio, '.2f')} | {met} |")
+        lines.append(f"{_pair_cells(key, a, b)} | {_fmt(ratio, '.2f')} | {met} |")
     return lines
 
 
 def plain_table(records: list[dict]) -> list[str]:
     """bert-jax's core runs against ``bench/plain_flax.py``'s plain Flax step (the issue's
     reference: bert-jax must be clearly better than it) in the same records."""
-    ours = {_key(r): r for r in records if r.get("framework") == "bert-jax"
-            and r.get("tag") == "core" and "seq_per_s" in r}
-    plain = {_key(r): r for r in records if r.get("framework") == "plain-flax"
-             and r.get("tag") == "plain" and "seq_per_s" in r}
+    plain = _runs(records, "plain-flax", "plain")
     if not plain:
         return []
     lines = ["| task | model | seq | batch | bert-jax seq/s | MFU | peak GiB | plain-Flax "
              "seq/s | MFU | peak GiB | plain dropout | bert-jax / plain |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key in sorted(set(ours) | set(plain), key=lambda k: tuple(str(x) for x in k)):
-        a, b = ours.get(key), plain.get(key)
-        ratio = a["seq_per_s"] / b["seq_per_s"] if a and b else None
+    for key, a, b, ratio in _pairs(_runs(records, "bert-jax", "core"), plain):
         dropout = "—" if b is None else f"hidden {b.get('hidden_dropout_rate', 0):g}, attention 0"
-        lines.append(
-            f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | "
-            f"{_fmt(a and a['seq_per_s'])} | {_pct(a and a['mfu'])} | "
-            f"{_fmt(a and a.get('peak_memory_gib'), '.1f')} | {_fmt(b and b['seq_per_s'])} | "
-            f"{_pct(b and b['mfu'])} | {_fmt(b and b.get('peak_memory_gib'), '.1f')} | "
-            f"{dropout} | {_fmt(ratio, '.2f')} |")
+        lines.append(f"{_pair_cells(key, a, b)} | {dropout} | {_fmt(ratio, '.2f')} |")
     return lines
 
 
