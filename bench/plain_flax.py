@@ -42,7 +42,15 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+import optax  # noqa: E402
 
+from bench.bench_pretrain import (  # noqa: E402
+    environment,
+    matmul_peak_tflops,
+    peak_memory_gib,
+    random_pretraining_batch,
+    time_steps,
+)
 from bench.common import (  # noqa: E402
     MODELS,
     VOCAB,
@@ -136,8 +144,6 @@ class PlainBertForPreTraining(nn.Module):
 
 def pretraining_loss(model, params, batch, rng, deterministic: bool = False):
     """Mean MLM cross-entropy over the weighted predictions + mean NSP cross-entropy."""
-    import optax
-
     mlm_logits, nsp_logits = model.apply(
         {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
         batch["masked_lm_positions"], deterministic=deterministic, rngs={"dropout": rng})
@@ -150,8 +156,6 @@ def pretraining_loss(model, params, batch, rng, deterministic: bool = False):
 
 
 def make_optimizer(learning_rate: float = 1e-4, warmup: int = 1_000, total: int = 100_000):
-    import optax
-
     schedule = optax.join_schedules(
         [optax.linear_schedule(0.0, learning_rate, warmup),
          optax.linear_schedule(learning_rate, 0.0, total - warmup)], [warmup])
@@ -160,8 +164,6 @@ def make_optimizer(learning_rate: float = 1e-4, warmup: int = 1_000, total: int 
 
 def make_train_step(model, tx, dropout: float):
     """``(params, opt_state), batch, rng -> ((params, opt_state), loss)``, not yet jitted."""
-    import optax
-
     def step(state, batch, rng):
         params, opt_state = state
         loss, grads = jax.value_and_grad(
@@ -234,14 +236,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
-    from bench.bench_pretrain import (
-        environment,
-        matmul_peak_tflops,
-        peak_memory_gib,
-        random_pretraining_batch,
-        time_steps,
-    )
-
     args = parse_args(argv)
     layers, hidden, heads, intermediate = MODELS[args.model]
     model = PlainBertForPreTraining(layers, hidden, heads, intermediate,
