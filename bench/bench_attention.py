@@ -40,6 +40,23 @@ TUNINGS = {
              (64, 128, 32, 128, 4, 2, "split"), (64, 128, 64, 64, 4, 3, "split"),
              (128, 128, 128, 128, 8, 3, "split"), (64, 128, 64, 64, 8, 2, "split")],
 }
+# forward kernel alone (block_q, block_k, num_warps, num_stages), the current default first
+FORWARD_TUNINGS = [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
+                   (128, 64, 4, 2), (128, 64, 4, 4), (64, 128, 4, 3), (128, 32, 4, 3),
+                   (64, 32, 4, 3), (128, 128, 4, 3), (128, 64, 8, 2), (64, 64, 4, 2),
+                   (128, 128, 8, 2), (32, 64, 4, 3)]
+
+# the split backward (length 512): the dK/dV kernel (block_q_bwd step, block_k_bwd tile, warps,
+# stages) with the dQ kernel at its default, then the dQ kernel (block_q tile, block_k step,
+# warps, stages) with the dK/dV kernel at its default; the defaults first
+DKDV_TUNINGS = [(64, 64, 4, 3), (32, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3),
+                (64, 128, 8, 3), (32, 128, 4, 3), (64, 32, 4, 3), (128, 128, 8, 3),
+                (64, 64, 4, 2), (64, 64, 4, 4), (32, 64, 4, 4), (128, 64, 8, 3),
+                (16, 64, 4, 3), (32, 32, 4, 3)]
+DQ_TUNINGS = [(64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3),
+              (64, 128, 4, 3), (128, 32, 4, 3), (32, 64, 4, 3), (128, 128, 8, 3),
+              (64, 64, 4, 2), (64, 64, 4, 4), (128, 64, 4, 2), (32, 32, 4, 3),
+              (64, 16, 4, 3), (128, 32, 8, 3)]
 
 
 def timed(fn, *args, repeats=5, inner=10):
@@ -111,7 +128,11 @@ def run_shape(shape: str, args) -> None:
         except Exception as e:  # noqa: BLE001 (report and go on)
             record = {**base, "impl": name, "error": f"{type(e).__name__}: {e}"[:400]}
         write_result(args.out, record)
-    for tune in TUNINGS[args.tune]:
+    if args.tune == "fwd":
+        forward_sweep(q, k, v, lengths, salt, base, args)
+    if args.tune == "bwd":
+        backward_sweep(grad_of, q, k, v, lengths, salt, base, args)
+    for tune in TUNINGS.get(args.tune, []):
         if tune[-1] == "fused" and s > 256:
             continue
 
@@ -132,12 +153,66 @@ def run_shape(shape: str, args) -> None:
         write_result(args.out, record)
 
 
+def forward_sweep(q, k, v, lengths, salt, base, args) -> None:
+    """The forward kernel alone (with dropout, packed off) at each of FORWARD_TUNINGS."""
+    import dataclasses
+
+    import jax
+
+    from bert_jax.modeling import flash
+
+    b, s, h, d = q.shape
+    settings, bias, salt = flash._prepare(b, s, s, h, d, lengths, salt, args.rate,
+                                          (None, None, None, 64), 4, 3, "auto", None,
+                                          "rowcol", False, False)
+    for bq, bk, warps, stages in FORWARD_TUNINGS:
+        tuned = dataclasses.replace(settings, block_q=flash.fit_block(bq, s),
+                                    block_k=flash.fit_block(bk, s), num_warps=warps,
+                                    num_stages=stages)
+        fwd = jax.jit(lambda q, k, v, tuned=tuned: flash._forward((q, k, v), bias, salt,
+                                                                  tuned))
+        try:
+            record = {**base, "impl": "flash_dropout_forward",
+                      "tune_fwd": [bq, bk, warps, stages], "fwd_ms": 1e3 * timed(fwd, q, k, v)}
+        except Exception as e:  # noqa: BLE001
+            record = {**base, "impl": "flash_dropout_forward", "tune_fwd": [bq, bk, warps, stages],
+                      "error": f"{type(e).__name__}: {e}"[:400]}
+        write_result(args.out, record)
+
+
+def backward_sweep(grad_of, q, k, v, lengths, salt, base, args) -> None:
+    """The split backward's two kernels, one at a time (DKDV_TUNINGS, DQ_TUNINGS); warps and
+    stages of the dK/dV kernel apply to the forward too, so ``fwd_ms`` is recorded with each."""
+    import jax
+
+    from bert_jax.modeling import flash
+
+    runs = [("dkdv", t, None) for t in DKDV_TUNINGS] + [("dq", None, t) for t in DQ_TUNINGS]
+    for kernel, dkdv, dq in runs:
+        bqb, bkb, warps, stages = dkdv or (64, 64, 4, 3)
+
+        def fn(q, k, v, bqb=bqb, bkb=bkb, warps=warps, stages=stages, dq=dq):
+            return flash.flash_attention(q, k, v, lengths, salt=salt, dropout_rate=args.rate,
+                                         block_q_bwd=bqb, block_k_bwd=bkb, num_warps=warps,
+                                         num_stages=stages, backward="split", dq_kernel=dq)
+        record = {**base, "impl": "flash_dropout_split", "kernel": kernel,
+                  "tune_bwd": list(dkdv or dq)}
+        try:
+            record.update(fwd_bwd_ms=1e3 * timed(grad_of(fn), q, k, v),
+                          fwd_ms=1e3 * timed(jax.jit(fn), q, k, v))
+        except Exception as e:  # noqa: BLE001
+            record["error"] = f"{type(e).__name__}: {e}"[:400]
+        write_result(args.out, record)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="256x128x12x64,32x512x16x64,256x128x16x64",
                     help="comma list of batch x seq x heads x head_dim")
     ap.add_argument("--rate", type=float, default=0.1)
-    ap.add_argument("--tune", default="small", choices=sorted(TUNINGS))
+    ap.add_argument("--tune", default="small", choices=sorted([*TUNINGS, "fwd", "bwd"]),
+                    help="block settings to sweep (fwd: the forward kernel alone; bwd: the "
+                    "split backward's kernels one at a time)")
     ap.add_argument("--impls", default="all",
                     help="comma list of the implementations to time (all: every one)")
     ap.add_argument("--out", required=True)

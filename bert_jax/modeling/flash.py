@@ -42,6 +42,10 @@ from bert_jax.modeling.dropout import salt_from_rng as _salts
 
 LOG2E = math.log2(math.e)
 FUSED_BACKWARD_MAX_KV = 128  # ``backward="auto"``: one-pass backward up to this many keys
+# The split backward's dQ kernel: 128-query tiles stepping over 64 keys, 4 warps, 3 stages
+# (twelfth session's sweep on an H100: 0.816 vs 0.857 ms fwd+bwd at 32 x 512 x 16 x 64 with the
+# dK/dV kernel's 64 x 64); () would give it the dK/dV kernel's blocks, warps and stages.
+SPLIT_DQ_KERNEL = (128, 64, 4, 3)
 BACKWARDS = ("auto", "fused", "split")
 MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 gives 0)
 
@@ -63,6 +67,17 @@ class FlashSettings:
     mask_hash: str = "rowcol"
     bias_grads: bool = False  # the backward kernels also write partial sums of dQ, dK, dV
     packed: bool = False  # q/k/v are slots 0/1/2 of one [b, s, 3, heads, d] array (and dQKV)
+    # The split backward's dQ kernel: (block_q, block_k, num_warps, num_stages); () = the
+    # dK/dV kernel's (block_q_bwd, block_k_bwd, num_warps, num_stages).
+    dq_kernel: tuple = ()
+
+    def for_dq(self) -> FlashSettings:
+        """The settings the split backward's dQ kernel runs with."""
+        if not self.dq_kernel:
+            return self
+        block_q, block_k, warps, stages = self.dq_kernel
+        return dataclasses.replace(self, block_q_bwd=block_q, block_k_bwd=block_k,
+                                   num_warps=warps, num_stages=stages)
 
 
 def supported(seq_len: int, kv_seq_len: int, head_dim: int) -> bool:
@@ -412,6 +427,8 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
     )(*_sources(srcs, s), bias, salt, do, lse, delta)
     kv_grads, kv_sums = dkdv[:n_kv], dkdv[n_kv:]
 
+    s = s.for_dq()
+    block_q = s.block_q_bwd
     sources, q_tile, _, bias_spec, salt_spec, row_tile = _specs(
         q_len, kv_len, head_dim, block_q, None, s.packed)
     spec, shape = sums(q_len // block_q)
@@ -479,7 +496,7 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
                     block_q_bwd: int | None = None, block_k_bwd: int = 64,
                     num_warps: int = 4, num_stages: int = 3,
                     backward: str = "auto", interpret: bool | None = None,
-                    mask_hash: str = "rowcol", qkv_bias=None):
+                    mask_hash: str = "rowcol", qkv_bias=None, dq_kernel=None):
     """Attention over [batch, seq, heads, head_dim] with right padding given as key lengths
     and, when ``dropout_rate > 0``, dropout on the probabilities driven by ``salt``
     (int32 [batch, heads], e.g. ``salt_from_rng``) through the counter hash ``mask_hash``
@@ -493,10 +510,12 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
     ``backward``: ``split`` (one kernel per key block for dK/dV, one per query block for dQ,
     any length), ``fused`` (one kernel per (example, head) holding every key: no recomputed
     probabilities; for short sequences) or ``auto`` (fused up to FUSED_BACKWARD_MAX_KV keys,
-    split beyond). Defaults (``None``) follow the backward, as the H100 sweeps in
-    docs/performance.md found fastest: fused (length 128): forward 128 queries x 128 keys,
-    backward 16 queries per step; split (length 512): 64 x 64 blocks everywhere; both with 3
-    pipeline stages.
+    split beyond). Defaults (``None``) are what the H100 sweeps in docs/performance.md found
+    fastest: the forward 128 queries per program stepping over 32 keys (fused backward,
+    length 128) or 64 keys (split, length 512); the fused backward 16 queries per step; the
+    split backward's dK/dV kernel 64 keys per program stepping over 64 queries, its dQ kernel
+    ``SPLIT_DQ_KERNEL``; 4 warps and 3 pipeline stages throughout. ``dq_kernel``: (block_q,
+    block_k, num_warps, num_stages) of the split backward's dQ kernel, overriding that.
     """
     batch, q_len, heads, head_dim = query.shape
     if qkv_bias is not None:
@@ -507,7 +526,7 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
     settings, bias, salt = _prepare(
         batch, q_len, key.shape[1], heads, head_dim, kv_lengths, salt, dropout_rate,
         (block_q, block_k, block_q_bwd, block_k_bwd), num_warps, num_stages, backward,
-        interpret, mask_hash, qkv_bias is not None, packed=False)
+        interpret, mask_hash, qkv_bias is not None, packed=False, dq_kernel=dq_kernel)
     return _flash((query, key, value), bias, salt, qkv_bias, settings)
 
 
@@ -516,7 +535,7 @@ def flash_attention_packed(qkv, kv_lengths, *, salt=None, dropout_rate: float = 
                            block_q_bwd: int | None = None, block_k_bwd: int = 64,
                            num_warps: int = 4, num_stages: int = 3, backward: str = "auto",
                            interpret: bool | None = None, mask_hash: str = "rowcol",
-                           qkv_bias=None):
+                           qkv_bias=None, dq_kernel=None):
     """``flash_attention`` over query, key and value packed as one [batch, seq, 3, heads,
     head_dim] array (slots 0, 1, 2), as one matmul with the [embed, 3, heads, head_dim] kernel
     makes them: the kernels read the slots in place (no slice copies) and the gradient comes
@@ -536,12 +555,13 @@ def flash_attention_packed(qkv, kv_lengths, *, salt=None, dropout_rate: float = 
     settings, bias, salt = _prepare(
         batch, q_len, q_len, heads, head_dim, kv_lengths, salt, dropout_rate,
         (block_q, block_k, block_q_bwd, block_k_bwd), num_warps, num_stages, backward,
-        interpret, mask_hash, qkv_bias is not None, packed=True)
+        interpret, mask_hash, qkv_bias is not None, packed=True, dq_kernel=dq_kernel)
     return _flash((qkv,), bias, salt, qkv_bias, settings)
 
 
 def _prepare(batch, q_len, kv_len, heads, head_dim, kv_lengths, salt, dropout_rate, blocks,
-             num_warps, num_stages, backward, interpret, mask_hash, bias_grads, packed):
+             num_warps, num_stages, backward, interpret, mask_hash, bias_grads, packed,
+             dq_kernel=None):
     """Checks the arguments; returns (FlashSettings, padding bias [batch, kv_len], salt)."""
     if not supported(q_len, kv_len, head_dim):
         raise ValueError(f"flash attention needs lengths divisible by 16 and a power-of-two "
@@ -563,16 +583,24 @@ def _prepare(batch, q_len, kv_len, heads, head_dim, kv_lengths, salt, dropout_ra
     fused = backward == "fused"
     block_q, block_k, block_q_bwd, block_k_bwd = blocks
     if block_q is None:
-        block_q = 128 if fused else 64
+        block_q = 128
     if block_q_bwd is None:
         block_q_bwd = 16 if fused else 64
     if block_k is None:
-        block_k = 128 if fused else 64
+        block_k = 32 if fused else 64
     fitted = [fit_block(b, n) for b, n in ((block_q, q_len), (block_k, kv_len),
                                        (block_q_bwd, q_len), (block_k_bwd, kv_len))]
+    if dq_kernel is None:
+        dq_kernel = SPLIT_DQ_KERNEL if backward == "split" else ()
+    if dq_kernel:
+        if len(dq_kernel) != 4:
+            raise ValueError(f"dq_kernel must be (block_q, block_k, num_warps, num_stages), "
+                             f"got {dq_kernel!r}")
+        dq_kernel = (fit_block(dq_kernel[0], q_len), fit_block(dq_kernel[1], kv_len),
+                     int(dq_kernel[2]), int(dq_kernel[3]))
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *fitted,
                              num_warps, num_stages, bool(interpret), backward, mask_hash,
-                             bias_grads, packed)
+                             bias_grads, packed, tuple(dq_kernel))
     return settings, bias, salt.astype(jnp.int32)
 
 

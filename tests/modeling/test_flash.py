@@ -34,7 +34,9 @@ BLOCKS = [dict(backward="fused"), dict(block_q=32, block_k=16, block_q_bwd=16, b
                                       backward="split"),
           dict(block_q=16, block_k=64, block_q_bwd=64, block_k_bwd=16, backward="split"),
           dict(block_q_bwd=16, backward="fused"),
-          dict(block_q=16, block_q_bwd=16, block_k_bwd=16, num_stages=3, backward="split")]
+          dict(block_q=16, block_q_bwd=16, block_k_bwd=16, num_stages=3, backward="split"),
+          # the dQ kernel with its own tiling (16 queries x 32-key steps; dK/dV: 32 x 16)
+          dict(block_q_bwd=16, block_k_bwd=32, dq_kernel=(16, 32, 4, 2), backward="split")]
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.1, 0.5])
@@ -183,6 +185,8 @@ def test_unsupported_shapes_and_missing_salt_are_refused():
     q, k, v, lengths, _ = _inputs(0)
     with pytest.raises(ValueError, match="salt"):
         flash.flash_attention(q, k, v, lengths, dropout_rate=0.1)
+    with pytest.raises(ValueError, match="dq_kernel"):
+        flash.flash_attention(q, k, v, lengths, backward="split", dq_kernel=(64, 64))
     # auto picks the explicit path off GPU and for unsupported shapes
     assert resolve_dropout_implementation("auto", q, k) in ("explicit", "flash")
     assert resolve_dropout_implementation("auto", q[:, :40], k[:, :40]) == "explicit"
