@@ -154,26 +154,34 @@ def use_fused_norm_blocks(spec: str) -> None:
 
 
 def use_flash_settings(spec: str) -> None:
-    """``--flash BACKWARD[:BQ:BK:BQB:BKB:WARPS:STAGES]``: the flash kernel's backward variant
-    (``fused`` or ``split``; see ``flash.flash_attention``) and optionally
-    its blocks, warps and pipeline stages, for every call in the process (call before the
-    model is traced)."""
+    """``--flash BACKWARD[:BQ:BK:BQB:BKB:WARPS:STAGES[:DQ_BQ:DQ_BK:DQ_WARPS:DQ_STAGES]]``: the
+    flash kernel's backward variant (``fused`` or ``split``; see ``flash.flash_attention``)
+    and optionally its blocks, warps and pipeline stages, and the split backward's dQ kernel's
+    (four zeros: the dK/dV kernel's, as before the twelfth session), for every call in the
+    process (call before the model is traced)."""
     import functools
 
     from bert_jax.modeling import flash
 
     parts = spec.split(":")
     names = ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "num_warps", "num_stages")
-    if parts[0] not in flash.BACKWARDS or len(parts) not in (1, 1 + len(names)):
-        raise SystemExit(f"--flash {spec!r}: expected BACKWARD or "
-                         f"BACKWARD:{':'.join(n.upper() for n in names)}, BACKWARD one of "
-                         f"{flash.BACKWARDS}")
+    if parts[0] not in flash.BACKWARDS or len(parts) not in (1, 1 + len(names),
+                                                             5 + len(names)):
+        raise SystemExit(f"--flash {spec!r}: expected BACKWARD, "
+                         f"BACKWARD:{':'.join(n.upper() for n in names)} or that plus "
+                         f":DQ_BQ:DQ_BK:DQ_WARPS:DQ_STAGES, BACKWARD one of {flash.BACKWARDS}")
     try:
-        settings = dict(zip(names, (int(p) for p in parts[1:]), strict=False))
+        numbers = [int(p) for p in parts[1:]]
     except ValueError:
         raise SystemExit(f"--flash {spec!r}: blocks, warps and stages are integers") from None
+    settings = dict(zip(names, numbers, strict=False))
+    if len(numbers) > len(names):
+        dq = tuple(numbers[len(names):])
+        settings["dq_kernel"] = () if not any(dq) else dq
     flash.flash_attention = functools.partial(flash.flash_attention, backward=parts[0],
                                               **settings)
+    flash.flash_attention_packed = functools.partial(flash.flash_attention_packed,
+                                                     backward=parts[0], **settings)
 
 
 def model_dropout_impl(dropout_impl: str) -> str:

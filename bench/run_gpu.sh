@@ -9,6 +9,7 @@
 #                                              packed | verify | gemmnorm | normtune |
 #                                              normshort | gradsums | xent | pairs |
 #                                              plain | plain-large | plain-dropout |
+#                                              blocks12 |
 #                                              remaining |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
@@ -86,6 +87,9 @@
 #                           sweep, $OUT/xent.jsonl), then --mlm-loss kernel (default) vs xla
 #                           on base/128 and large/512; a profile of the default base/128 step
 #   pairs          ~8 min   bert-jax and transformers at base/128 b256 and large/128 b256
+#   blocks12       ~9 min   twelfth session's A/B (BUDGET_S=585): the flash kernel's new
+#                           blocks (default) against the eleventh session's (--flash ...)
+#                           at base/128 b256, large/512 b32, large/128 b256
 #   plain          ~9 min   bert-jax, the plain Flax step (bench/plain_flax.py) and
 #                           transformers: base/128 b256, large/512 b32 (BUDGET_S=570)
 #   plain-large    ~9 min   the same triple at large/128 b256, then the classify pair
@@ -425,6 +429,17 @@ triple() {  # triple EST_JAX EST_PLAIN EST_PEER MODEL SEQ BATCH: bert-jax, plain
   if torch_gpu; then peer "$3" pretrain "$4" "$5" "$6"; fi
 }
 
+stage_blocks12() {  # twelfth session: the flash kernel's blocks (forward 128 x 32 / 128 x 64,
+  # the split backward's dQ kernel 128 x 64) against the eleventh session's (~9 min)
+  local old128=fused:128:128:16:64:4:3 old512=split:64:64:64:64:4:3:0:0:0:0
+  pretrain 55 blocks12:new "$BASE" "$S128" "$B256"
+  pretrain 55 blocks12:old "$BASE" "$S128" "$B256" --flash "$old128"
+  pretrain 90 blocks12:new "$LARGE" "$S512" "$B32"
+  pretrain 90 blocks12:old "$LARGE" "$S512" "$B32" --flash "$old512"
+  pretrain 120 blocks12:new "$LARGE" "$S128" "$B256"
+  pretrain 120 blocks12:old "$LARGE" "$S128" "$B256" --flash "$old128"
+}
+
 stage_plain() {  # eleventh session: bert-jax, the plain Flax step (bench/plain_flax.py) and
   # transformers on one card, base/128 b256 then large/512 b32 (~9 min: BUDGET_S=570)
   triple 60 50 120 "$BASE" "$S128" "$B256"
@@ -753,6 +768,7 @@ run_stage() {
     plain) stage_plain ;;
     plain-large) stage_plain_large ;;
     plain-dropout) stage_plain_dropout ;;
+    blocks12) stage_blocks12 ;;
     normshort) stage_normshort ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -763,7 +779,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|pairs|plain|plain-large|plain-dropout|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|pairs|plain|plain-large|plain-dropout|blocks12|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

@@ -169,3 +169,28 @@ def test_loop_helpers(tmp_path):
 
 def test_run_gpu_script_parses():
     subprocess.run(["bash", "-n", os.path.join(ROOT, "bench", "run_gpu.sh")], check=True)
+
+
+def test_flash_lever_patches_both_entry_points(monkeypatch):
+    """``--flash``: blocks, warps and stages (and the dQ kernel's, zeros meaning the dK/dV
+    kernel's) reach the separate and the packed entry points (the model's default projection
+    is packed), and the patched kernels still compute the reference attention."""
+    from bench import levers
+    from bert_jax.modeling import flash
+
+    for name in ("flash_attention", "flash_attention_packed"):
+        monkeypatch.setattr(flash, name, getattr(flash, name))
+    levers.use_flash_settings("split:16:16:16:32:4:2:0:0:0:0")
+    for fn in (flash.flash_attention, flash.flash_attention_packed):
+        assert fn.keywords == dict(backward="split", block_q=16, block_k=16, block_q_bwd=16,
+                                   block_k_bwd=32, num_warps=4, num_stages=2, dq_kernel=())
+    levers.use_flash_settings("split:16:16:16:32:4:2:32:16:4:2")
+    assert flash.flash_attention_packed.keywords["dq_kernel"] == (32, 16, 4, 2)
+    ks = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(kk, (2, 64, 2, 16)) for kk in ks)
+    lengths = jnp.array([64, 40])
+    got = flash.flash_attention_packed(jnp.stack([q, k, v], axis=2), lengths)
+    np.testing.assert_allclose(got, flash.reference_attention(q, k, v, lengths), atol=1e-5)
+    for bad in ("split:16:16", "split:16:16:16:32:4:2:1", "sideways", "split:a:16:16:32:4:2"):
+        with pytest.raises(SystemExit, match="--flash"):
+            levers.use_flash_settings(bad)
