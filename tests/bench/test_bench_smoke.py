@@ -194,3 +194,43 @@ def test_flash_lever_patches_both_entry_points(monkeypatch):
     for bad in ("split:16:16", "split:16:16:16:32:4:2:1", "sideways", "split:a:16:16:32:4:2"):
         with pytest.raises(SystemExit, match="--flash"):
             levers.use_flash_settings(bad)
+
+
+def test_mgpu_probe_records_every_implementation(tmp_path):
+    """bench/probe_mgpu_attention.py on the CPU: ours and the XLA/cuDNN path are timed (the
+    flash kernels in interpret mode); JAX's Mosaic GPU kernel needs a Hopper GPU, so its
+    tilings are recorded as errors instead of stopping the probe."""
+    from bench import probe_mgpu_attention
+
+    out = tmp_path / "p.jsonl"
+    assert probe_mgpu_attention.main(["--shapes", "2x128x2x64", "--out", str(out)]) == 0
+    records = {r["impl"]: r for r in map(json.loads, out.read_text().splitlines())}
+    for impl in ("cudnn_no_dropout", "flash_no_dropout", "flash_dropout"):
+        assert records[impl]["fwd_bwd_ms"] > 0 and "error" not in records[impl]
+    # the two dropout-free paths agree to bf16 rounding; dropout changes the gradients
+    assert records["flash_no_dropout"]["max_abs_grad_diff_vs_first"] < 2e-2
+    assert records["flash_dropout"]["max_abs_grad_diff_vs_first"] > 1e-1
+    mgpu = [r for name, r in records.items() if name.startswith("mgpu_")]
+    assert len(mgpu) == 5 and all("error" in r for r in mgpu)
+
+
+def test_attention_sweeps_time_each_kernel_setting(tmp_path, monkeypatch):
+    """bench_attention.py --tune fwd / bwd on the CPU (interpret mode): one record per setting,
+    each timed; the dQ kernel's settings are its own (a 4-tuple that is not the dK/dV
+    kernel's)."""
+    from bench import bench_attention
+
+    monkeypatch.setattr(bench_attention, "FORWARD_TUNINGS", [(64, 64, 4, 3), (32, 16, 4, 2)])
+    monkeypatch.setattr(bench_attention, "DKDV_TUNINGS", [(64, 64, 4, 3), (16, 32, 4, 2)])
+    monkeypatch.setattr(bench_attention, "DQ_TUNINGS", [(32, 16, 4, 2)])
+    for tune, count in (("fwd", 2), ("bwd", 3)):
+        out = tmp_path / f"{tune}.jsonl"
+        bench_attention.main(["--shapes", "2x64x2x16", "--tune", tune, "--impls", "none",
+                              "--out", str(out)])
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        sweep = [r for r in records if "tune_fwd" in r or "tune_bwd" in r]
+        assert len(sweep) == count and all(r["fwd_ms"] > 0 for r in sweep), sweep
+        assert records[0]["check"] == "flash_vs_reference_grad_rel_err"
+        assert max(records[0]["dq_dk_dv"]) < 1e-4
+    assert [r["kernel"] for r in sweep] == ["dkdv", "dkdv", "dq"]
+    assert all(r["fwd_bwd_ms"] > r["fwd_ms"] for r in sweep)
