@@ -59,19 +59,24 @@ def test_pretraining_parity(config_name, tmp_path):
                        token_type_ids=torch.tensor(segments), output_hidden_states=True,
                        output_attentions=True)
     valid = mask[..., None].astype(bool)
-    assert _max_diff(out["sequence_output"], ref.hidden_states[-1], valid) <= TOL
-    for ours, theirs in zip(out["hidden_states"], ref.hidden_states, strict=True):
-        assert _max_diff(ours, theirs, valid) <= TOL
-    # Attention probabilities of real queries (padded keys carry zero weight in both).
-    query_valid = mask[:, None, :, None].astype(bool)
-    for ours, theirs in zip(out["attentions"], ref.attentions, strict=True):
-        assert _max_diff(ours, theirs, query_valid) <= TOL
+    query_valid = mask[:, None, :, None].astype(bool)  # attention rows of real queries
     pooled = hf_model.bert.pooler(ref.hidden_states[-1]).detach()
-    assert _max_diff(out["pooled_output"], pooled) <= TOL
     mlm = np.asarray(out["mlm_logits"])
     assert mlm.shape == (*ids.shape, config.padded_vocab_size)
-    assert _max_diff(mlm[..., :config.vocab_size], ref.prediction_logits) <= TOL
-    assert _max_diff(out["nsp_logits"], ref.seq_relationship_logits) <= TOL
+    pairs = [("sequence_output", out["sequence_output"], ref.hidden_states[-1], valid),
+             *((f"hidden_states[{i}]", a, b, valid) for i, (a, b) in enumerate(
+                 zip(out["hidden_states"], ref.hidden_states, strict=True))),
+             # padded keys carry zero weight in both
+             *((f"attentions[{i}]", a, b, query_valid) for i, (a, b) in enumerate(
+                 zip(out["attentions"], ref.attentions, strict=True))),
+             ("pooled_output", out["pooled_output"], pooled, None),
+             ("mlm_logits", mlm[..., :config.vocab_size], ref.prediction_logits, None),
+             ("nsp_logits", out["nsp_logits"], ref.seq_relationship_logits, None)]
+    # Every output is checked and the failures are named with their scale (a CI run once saw
+    # 2.2e-4 here where this machine gives ~3e-6; the message says where, next time).
+    failures = [f"{name}: max |diff| {d:.3g}, max |ref| {float(np.abs(np.asarray(b)).max()):.3g}"
+                for name, a, b, v in pairs if (d := _max_diff(a, b, v)) > TOL]
+    assert not failures, failures
 
 
 def test_gathered_mlm_positions_match(tmp_path):
