@@ -162,9 +162,10 @@ def forward_sweep(q, k, v, lengths, salt, base, args) -> None:
     from bert_jax.modeling import flash
 
     b, s, h, d = q.shape
-    settings, bias, salt = flash._prepare(b, s, s, h, d, lengths, salt, args.rate,
-                                          (None, None, None, 64), 4, 3, "auto", None,
-                                          "rowcol", False, False)
+    settings, bias, salt = flash._prepare(
+        b, s, s, h, d, lengths, salt, args.rate, blocks=(None, None, None, 64), num_warps=4,
+        num_stages=3, backward="auto", interpret=None, mask_hash="rowcol", bias_grads=False,
+        packed=False)
     for bq, bk, warps, stages in FORWARD_TUNINGS:
         tuned = dataclasses.replace(settings, block_q=flash.fit_block(bq, s),
                                     block_k=flash.fit_block(bk, s), num_warps=warps,

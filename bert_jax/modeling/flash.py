@@ -525,8 +525,9 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
                              f"arrays, got {[getattr(b, 'shape', b) for b in qkv_bias]}")
     settings, bias, salt = _prepare(
         batch, q_len, key.shape[1], heads, head_dim, kv_lengths, salt, dropout_rate,
-        (block_q, block_k, block_q_bwd, block_k_bwd), num_warps, num_stages, backward,
-        interpret, mask_hash, qkv_bias is not None, packed=False, dq_kernel=dq_kernel)
+        blocks=(block_q, block_k, block_q_bwd, block_k_bwd), num_warps=num_warps,
+        num_stages=num_stages, backward=backward, interpret=interpret, mask_hash=mask_hash,
+        bias_grads=qkv_bias is not None, packed=False, dq_kernel=dq_kernel)
     return _flash((query, key, value), bias, salt, qkv_bias, settings)
 
 
@@ -554,12 +555,13 @@ def flash_attention_packed(qkv, kv_lengths, *, salt=None, dropout_rate: float = 
                              f"{head_dim}], got {qkv_bias.shape}")
     settings, bias, salt = _prepare(
         batch, q_len, q_len, heads, head_dim, kv_lengths, salt, dropout_rate,
-        (block_q, block_k, block_q_bwd, block_k_bwd), num_warps, num_stages, backward,
-        interpret, mask_hash, qkv_bias is not None, packed=True, dq_kernel=dq_kernel)
+        blocks=(block_q, block_k, block_q_bwd, block_k_bwd), num_warps=num_warps,
+        num_stages=num_stages, backward=backward, interpret=interpret, mask_hash=mask_hash,
+        bias_grads=qkv_bias is not None, packed=True, dq_kernel=dq_kernel)
     return _flash((qkv,), bias, salt, qkv_bias, settings)
 
 
-def _prepare(batch, q_len, kv_len, heads, head_dim, kv_lengths, salt, dropout_rate, blocks,
+def _prepare(batch, q_len, kv_len, heads, head_dim, kv_lengths, salt, dropout_rate, *, blocks,
              num_warps, num_stages, backward, interpret, mask_hash, bias_grads, packed,
              dq_kernel=None):
     """Checks the arguments; returns (FlashSettings, padding bias [batch, kv_len], salt)."""
