@@ -13,6 +13,7 @@ times are medians of 5 repeats of 10 calls of a jitted grad, per layer.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -73,6 +74,17 @@ def timed(fn, *args, repeats=5, inner=10):
     return median_time(run, repeats)[0] / inner
 
 
+def value_and_grad_of(attn, cot):
+    """Jitted (loss, (dq, dk, dv)) of ``sum(attn(q, k, v) * cot)`` in float32: one forward and
+    one backward of the attention ``attn``."""
+    import jax
+    import jax.numpy as jnp
+
+    def loss(q, k, v):
+        return jnp.sum(attn(q, k, v).astype(jnp.float32) * cot.astype(jnp.float32))
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+
 def run_shape(shape: str, args) -> None:
     """Correctness check, the implementations and the kernel tunings at one shape; each
     record is appended to ``args.out`` as soon as it is measured."""
@@ -91,10 +103,7 @@ def run_shape(shape: str, args) -> None:
     cot = jax.random.normal(ks[3], q.shape, dtype)
     salt = flash.salt_from_rng(ks[4], b, h)
 
-    def grad_of(attn):
-        def loss(q, k, v):
-            return jnp.sum(attn(q, k, v).astype(jnp.float32) * cot.astype(jnp.float32))
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    grad_of = functools.partial(value_and_grad_of, cot=cot)
 
     # correctness on the device: the kernel vs the reference with the same mask
     ref = grad_of(lambda q, k, v: flash.reference_attention(

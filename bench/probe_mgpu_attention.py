@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_attention import timed  # noqa: E402
+from bench.bench_attention import timed, value_and_grad_of  # noqa: E402
 from bench.common import write_result  # noqa: E402
 
 
@@ -43,16 +43,11 @@ def probe_shape(shape: str, out_path: str) -> None:
 
     b, s, h, d = (int(x) for x in shape.split("x"))
     ks = jax.random.split(jax.random.key(0), 5)
-    q0, k0, v0 = q, k, v = [jax.random.normal(kk, (b, s, h, d), jnp.bfloat16)
-                            for kk in ks[:3]]
-    cot = jax.random.normal(ks[3], q.shape, jnp.bfloat16)
+    inputs = [jax.random.normal(kk, (b, s, h, d), jnp.bfloat16) for kk in ks[:3]]
+    half = [x.astype(jnp.float16) for x in inputs]  # the stock kernel's backward is f16 only
+    cot = jax.random.normal(ks[3], inputs[0].shape, jnp.bfloat16)
     full = jnp.full((b,), s, jnp.int32)
     salt = flash.salt_from_rng(ks[4], b, h)
-
-    def grad_of(attn):
-        def loss(q, k, v):
-            return jnp.sum(attn(q, k, v).astype(jnp.float32) * cot.astype(jnp.float32))
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
     impls = {
         "cudnn_no_dropout": lambda q, k, v: fused_attention(q, k, v, full, "auto"),
@@ -70,12 +65,11 @@ def probe_shape(shape: str, out_path: str) -> None:
         impls[f"mgpu_{bq}_{bkv}_{steps}_{bwd}"] = (
             lambda q, k, v, cfg=cfg: mg.attention(q, k, v, cfg))
     ref = None
-    half = tuple(x.astype(jnp.float16) for x in (q, k, v))  # the stock backward is f16
     for name, fn in impls.items():
-        q, k, v = half if name.startswith("mgpu") else (q0, k0, v0)
+        q, k, v = half if name.startswith("mgpu") else inputs
         base = {"shape": shape, "device": jax.devices()[0].device_kind, "impl": name}
         try:
-            g = grad_of(fn)
+            g = value_and_grad_of(fn, cot)
             out = g(q, k, v)
             if ref is None:
                 ref = out

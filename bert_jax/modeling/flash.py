@@ -427,8 +427,8 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
     )(*_sources(srcs, s), bias, salt, do, lse, delta)
     kv_grads, kv_sums = dkdv[:n_kv], dkdv[n_kv:]
 
-    s = s.for_dq()
-    block_q = s.block_q_bwd
+    s_dq = s.for_dq()  # its own blocks, warps and stages
+    block_q = s_dq.block_q_bwd
     sources, q_tile, _, bias_spec, salt_spec, row_tile = _specs(
         q_len, kv_len, head_dim, block_q, None, s.packed)
     spec, shape = sums(q_len // block_q)
@@ -438,13 +438,13 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
         args.append(kv_grads[0])
         extra["input_output_aliases"] = {len(args) - 1: 0}
     dq, *q_sums = pl.pallas_call(
-        functools.partial(_dq_kernel, s=s),
+        functools.partial(_dq_kernel, s=s_dq),
         grid=(batch, heads, q_len // block_q),
         in_specs=[*sources, bias_spec, salt_spec, q_tile, row_tile, row_tile]
         + [_whole_spec()] * int(s.packed),
         out_specs=[_whole_spec() if s.packed else q_tile] + [spec] * n_sums,
         out_shape=grads[:1] + [shape] * n_sums,
-        interpret=s.interpret, name="bert_flash_dq", **extra, **_compiler_params(s),
+        interpret=s.interpret, name="bert_flash_dq", **extra, **_compiler_params(s_dq),
     )(*args)
     return ((dq,) if s.packed else (dq, *kv_grads)), (*q_sums, *kv_sums)
 
