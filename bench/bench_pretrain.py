@@ -51,8 +51,7 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps (first compiles)")
     ap.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn"],
-                    help="fused attention backend (used when attention dropout is off, or "
-                         "with --dropout-impl cudnn)")
+                    help="fused attention backend (used when attention dropout is off)")
     ap.add_argument("--attention-dropout", type=float, default=0.1,
                     help="attention_probs_dropout_prob (BERT: 0.1; 0 lets the fused kernel run)")
     ap.add_argument("--hidden-dropout-rate", type=float, default=0.1,
@@ -61,7 +60,8 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--dropout-impl", default="auto",
                     choices=["auto", "explicit", "flash", "cudnn"],
                     help="attention with dropout: model.dropout_attention_impl (auto = the "
-                         "flash kernel on GPU, explicit = einsum path) or cudnn (bench patch)")
+                         "flash kernel on GPU, explicit = einsum path, cudnn = cuDNN's kernel "
+                         "with its Philox dropout)")
     add_model_choice_arguments(ap)
     ap.add_argument("--gelu", default="kernel", choices=["kernel", "erf", "erfc"],
                     help="kernel (default): the MLP's bias + GELU as fused_gelu's Pallas "

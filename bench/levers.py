@@ -1,9 +1,6 @@
 """Performance levers the benchmarks can toggle without touching the model or the engine.
 
 * XLA flag presets (must be applied before jax is imported: :func:`apply_xla_flags`).
-* Attention dropout through cuDNN's fused kernel (:func:`use_cudnn_dropout_attention`): the
-  model runs the explicit einsum attention whenever attention dropout is active, so in
-  training the fused kernels are never used. This patches that path for the benchmark only.
 * Non-finite skip through ``lax.cond`` instead of ``jnp.where`` over every parameter and
   optimizer-state leaf (:func:`make_cond_skip_train_step`).
 * The model's runtime choices passed straight to ``BertConfig`` (:data:`MODEL_CHOICES`:
@@ -78,35 +75,6 @@ def apply_xla_flags(preset: str) -> str:
     value = " ".join(v for v in (os.environ.get("XLA_FLAGS", ""), flags) if v)
     os.environ["XLA_FLAGS"] = value
     return value
-
-
-def cudnn_dropout_attention(query, key, value, kv_lengths, *, dropout_rng=None,
-                            dropout_rate=0.0, implementation="auto"):
-    """Drop-in for ``bert_jax.modeling.attention.dropout_attention`` that runs cuDNN's
-    fused attention with dropout inside the kernel (no [B, heads, S, S] tensor in memory).
-
-    Caveat: JAX's cuDNN API takes the dropout seed as a compile-time integer
-    (``dropout_rng`` cannot be passed through), so the masks may repeat from step to step;
-    a speed measurement only. bert-jax's own answer is the flash kernel
-    (``bert_jax/modeling/flash.py``), whose mask follows the dropout key.
-    """
-    import jax.numpy as jnp
-    from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
-
-    del dropout_rng, implementation
-    batch, q_len = query.shape[0], query.shape[1]
-    return dot_product_attention(
-        query, key, value, None, None, jnp.full((batch,), q_len, jnp.int32),
-        kv_lengths.astype(jnp.int32), scale=float(query.shape[-1]) ** -0.5,
-        mask_type=MaskType.PADDING, dropout_rate=float(dropout_rate))
-
-
-def use_cudnn_dropout_attention() -> None:
-    """Routes the model's dropout-attention path through :func:`cudnn_dropout_attention`
-    (process-wide; call before the model is traced)."""
-    from bert_jax.modeling import encoder
-
-    encoder.dropout_attention = cudnn_dropout_attention
 
 
 def use_erfc_gelu() -> None:
@@ -185,18 +153,16 @@ def use_flash_settings(spec: str) -> None:
 
 
 def model_dropout_impl(dropout_impl: str) -> str:
-    """``--dropout-impl`` -> ``model.dropout_attention_impl`` (``cudnn`` is a process patch,
-    :func:`apply_process_levers`, under the model's default)."""
-    return "auto" if dropout_impl == "cudnn" else dropout_impl
+    """``--dropout-impl`` -> ``model.dropout_attention_impl`` (every choice is the model's
+    own since ``cudnn`` became an engine option in the thirteenth session)."""
+    return dropout_impl
 
 
 def apply_process_levers(args) -> None:
-    """The process-wide levers, before anything is traced: ``--xla-flags``, the cuDNN
-    dropout patch, ``--gelu``, ``--fused-norm-blocks``, ``--norm-sum-blocks``, ``--flash``,
+    """The process-wide levers, before anything is traced: ``--xla-flags``, ``--gelu``,
+    ``--fused-norm-blocks``, ``--norm-sum-blocks``, ``--flash``,
     ``--qkv-bias-grad xla``, ``--residual-grad``, ``--weight-grad`` and ``--mlm-loss``."""
     apply_xla_flags(args.xla_flags)
-    if args.dropout_impl == "cudnn":
-        use_cudnn_dropout_attention()
     gelu = getattr(args, "gelu", "kernel")
     if gelu == "erfc":
         use_erfc_gelu()
