@@ -30,7 +30,6 @@ from bench.levers import (  # noqa: E402
     apply_process_levers,
     model_choice_fields,
     model_choice_record,
-    model_dropout_impl,
 )
 
 NUM_LABELS = 2
@@ -49,7 +48,7 @@ def model_config(args):
                       attention_impl=args.attention,
                       attention_probs_dropout_prob=float(args.attention_dropout),
                       hidden_dropout_prob=float(args.hidden_dropout_rate),
-                      dropout_attention_impl=model_dropout_impl(args.dropout_impl),
+                      dropout_attention_impl=args.dropout_impl,
                       **model_choice_fields(args),
                       scan_layers=bool(args.scan), remat_policy=args.remat,
                       vocab_pad_multiple=int(args.vocab_pad))

@@ -35,7 +35,6 @@ from bench.levers import (  # noqa: E402
     apply_process_levers,
     model_choice_fields,
     model_choice_record,
-    model_dropout_impl,
 )
 
 EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -93,7 +92,7 @@ def loop_overrides(args, data_dir: str, peak: float) -> list[str]:
         "model.preset": args.model, "model.dtype": "bfloat16", "model.param_dtype": "float32",
         "model.attention_impl": args.attention,
         "model.attention_probs_dropout_prob": args.attention_dropout,
-        "model.dropout_attention_impl": model_dropout_impl(args.dropout_impl),
+        "model.dropout_attention_impl": args.dropout_impl,
         **{f"model.{field}": value for field, value in model_choice_fields(args).items()},
         "model.scan_layers": args.scan, "model.remat_policy": args.remat,
         "model.vocab_pad_multiple": args.vocab_pad,

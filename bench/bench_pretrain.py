@@ -11,7 +11,7 @@ against a bf16 matmul peak measured in the same process.
   python bench/bench_pretrain.py --model large --seq-len 512 --batch-size 32 --out r.jsonl
 
 Levers (each off = the engine's default): --attention, --attention-dropout,
---dropout-impl cudnn, --scan, --remat, --vocab-pad, --microbatches, --xla-flags, --no-donate,
+--dropout-impl, --scan, --remat, --vocab-pad, --microbatches, --xla-flags, --no-donate,
 --skip cond, --mesh fsdp. CPU validation: --model tiny --steps 2 --repeats 1.
 """
 
@@ -36,7 +36,6 @@ from bench.levers import (  # noqa: E402
     apply_process_levers,
     model_choice_fields,
     model_choice_record,
-    model_dropout_impl,
 )
 
 
@@ -58,10 +57,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                     help="hidden_dropout_prob (BERT: 0.1); with --attention-dropout 0 this is "
                          "the issue's dropout-free plain-Flax comparison")
     ap.add_argument("--dropout-impl", default="auto",
-                    choices=["auto", "explicit", "flash", "cudnn"],
+                    choices=["auto", "explicit", "flash"],
                     help="attention with dropout: model.dropout_attention_impl (auto = the "
-                         "flash kernel on GPU, explicit = einsum path, cudnn = cuDNN's kernel "
-                         "with its Philox dropout)")
+                         "flash kernel on GPU, explicit = einsum path)")
     add_model_choice_arguments(ap)
     ap.add_argument("--gelu", default="kernel", choices=["kernel", "erf", "erfc"],
                     help="kernel (default): the MLP's bias + GELU as fused_gelu's Pallas "
@@ -224,7 +222,7 @@ def experiment_config(args: argparse.Namespace):
     c.model.attention_impl = args.attention
     c.model.attention_probs_dropout_prob = float(args.attention_dropout)
     c.model.hidden_dropout_prob = float(args.hidden_dropout_rate)
-    c.model.dropout_attention_impl = model_dropout_impl(args.dropout_impl)
+    c.model.dropout_attention_impl = args.dropout_impl
     c.model.update(model_choice_fields(args))
     c.model.scan_layers = bool(args.scan)
     c.model.remat_policy = args.remat

@@ -152,12 +152,6 @@ def use_flash_settings(spec: str) -> None:
                                                      backward=parts[0], **settings)
 
 
-def model_dropout_impl(dropout_impl: str) -> str:
-    """``--dropout-impl`` -> ``model.dropout_attention_impl`` (every choice is the model's
-    own since ``cudnn`` became an engine option in the thirteenth session)."""
-    return dropout_impl
-
-
 def apply_process_levers(args) -> None:
     """The process-wide levers, before anything is traced: ``--xla-flags``, ``--gelu``,
     ``--fused-norm-blocks``, ``--norm-sum-blocks``, ``--flash``,

@@ -1,9 +1,12 @@
-"""Probe: cuDNN's fused attention with its own dropout (``dropout_attention_impl='cudnn'``),
-its speed next to the flash kernel, and what its masks are.
+"""Probe: cuDNN's fused attention with its own dropout, its speed next to the flash kernel,
+and what its masks are.
 
 JAX's cuDNN API takes the dropout seed as a compile-time integer and XLA advances each
 compiled call's Philox offset by a fixed step per execution, so the masks cannot be drawn
-from a JAX key. This probe measures, on the device, what that means:
+from a JAX key. This probe measures, on the device, what that means (thirteenth session,
+docs/performance.md; the same function ran in the model as ``dropout_attention_impl='cudnn'``
+at commit c7cc0ff and was removed: slower than the flash kernel, and its masks repeat
+shifted from one step to the next):
 
 * ``masks``: the kept fraction; that the forward's mask is the one the backward uses (the
   output and the three gradients against an einsum reference with the recovered mask, plain
@@ -15,7 +18,8 @@ from a JAX key. This probe measures, on the device, what that means:
 * ``speed``: forward + backward and forward alone of cuDNN with dropout, cuDNN without
   dropout and the flash kernel with and without dropout, at BERT's shapes.
 
-  python bench/probe_cudnn_dropout.py --out probe.jsonl
+  XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL \
+      python bench/probe_cudnn_dropout.py --out probe.jsonl
   python bench/probe_cudnn_dropout.py --emulate --mask-shape 2x64x2x16 --shapes "" \\
       --out /tmp/p.jsonl          # CPU: the analysis on the flash reference's hash masks
 """
@@ -32,6 +36,27 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_attention import timed, value_and_grad_of  # noqa: E402
 from bench.common import write_result  # noqa: E402
 
+# XLA (jax 0.11.2) aborts when it records cuDNN's dropout graph into a CUDA graph
+# ("Check failed: local_device_ordinal.has_value()"): command buffers without CUDNN.
+COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL"
+
+
+def cudnn_dropout_attention(query, key, value, kv_lengths, *, dropout_rate: float, seed: int):
+    """cuDNN's fused attention with dropout inside the kernel (GPU, half precision), padding
+    as key lengths. The mask is a function of (``seed``, how many times this compiled call
+    has run in the process, the element's position), not of a JAX key."""
+    import jax.numpy as jnp
+    from jax._src.cudnn.fused_attention_stablehlo import MaskType
+    from jax._src.cudnn.fused_attention_stablehlo import (
+        dot_product_attention as cudnn_attention,
+    )
+
+    batch, q_len = query.shape[:2]
+    return cudnn_attention(
+        query, key, value, q_seqlen=jnp.full((batch,), q_len, jnp.int32),
+        kv_seqlen=kv_lengths.astype(jnp.int32), scale=float(query.shape[-1]) ** -0.5,
+        mask_type=MaskType.PADDING, seed=int(seed), dropout_rate=float(dropout_rate))
+
 
 def attention_for(seed: int, rate: float, lengths, emulate: bool):
     """(q, k, v) -> context with dropout ``rate``: cuDNN's kernel with ``seed``, or (emulate,
@@ -39,7 +64,6 @@ def attention_for(seed: int, rate: float, lengths, emulate: bool):
     import jax
 
     from bert_jax.modeling import flash
-    from bert_jax.modeling.attention import cudnn_dropout_attention
 
     if emulate:
         def attn(q, k, v):
@@ -170,7 +194,7 @@ def speed(shape: str, rate: float, out_path: str) -> None:
     import jax.numpy as jnp
 
     from bert_jax.modeling import flash
-    from bert_jax.modeling.attention import cudnn_dropout_attention, fused_attention
+    from bert_jax.modeling.attention import fused_attention
 
     b, s, h, d = (int(x) for x in shape.split("x"))
     ks = jax.random.split(jax.random.key(0), 5)
@@ -210,6 +234,9 @@ def main(argv=None) -> int:
                     help="the flash reference's hash masks instead of cuDNN (CPU tests)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if not args.emulate and COMMAND_BUFFER_FLAG not in os.environ.get("XLA_FLAGS", ""):
+        # before the backend starts (the first device use below)
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {COMMAND_BUFFER_FLAG}"
 
     for shape in filter(None, args.mask_shapes.split(",")):
         try:

@@ -90,9 +90,8 @@
 #   blocks12       ~9 min   twelfth session's A/B (BUDGET_S=585): the flash kernel's new
 #                           blocks (default) against the eleventh session's (--flash ...)
 #                           at base/128 b256, large/512 b32, large/128 b256
-#   cudnndrop      ~9 min   thirteenth session: bench/probe_cudnn_dropout.py ($OUT/probe.jsonl),
-#                           then --dropout-impl cudnn against the flash kernel: large/512,
-#                           base/128, and large/128 (cudnn only)
+#   cudnndrop      ~2 min   thirteenth session: bench/probe_cudnn_dropout.py, cuDNN's attention
+#                           with its own dropout: masks and speed ($OUT/probe.jsonl)
 #   plain          ~9 min   bert-jax, the plain Flax step (bench/plain_flax.py) and
 #                           transformers: base/128 b256, large/512 b32 (BUDGET_S=570)
 #   plain-large    ~9 min   the same triple at large/128 b256, then the classify pair
@@ -444,21 +443,13 @@ stage_blocks12() {  # twelfth session: the flash kernel's blocks (forward 128 x 
 }
 
 stage_cudnndrop() {  # thirteenth session: cuDNN's fused attention with its own dropout
-  # (model.dropout_attention_impl=cudnn): bench/probe_cudnn_dropout.py (masks and kernel
-  # speed, $OUT/probe.jsonl), then the step against the flash kernel (~9 min)
+  # (bench/probe_cudnn_dropout.py: masks and kernel speed, $OUT/probe.jsonl). The step A/B
+  # of that call ran the same function as model.dropout_attention_impl=cudnn, which commit
+  # c7cc0ff had and the next commit removed (~2 min)
   local probe=()
   [ "$SMOKE" = 1 ] && probe=(--emulate --mask-shapes 2x32x2x16 --shapes "" --executions 2)
-  # cuDNN's dropout graphs abort XLA when recorded into a CUDA graph (the device's jax
-  # 0.11.2): command buffers without CUDNN, for both sides of the A/B
-  local XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL"
-  export XLA_FLAGS
   run_case 100 probe probe "$BASE" "$S128" 0 -- "${JAX_ENV[@]}" \
     "$PY" bench/probe_cudnn_dropout.py "${probe[@]}" --out "$OUT/probe.jsonl"
-  pretrain 90 cudnndrop:flash "$LARGE" "$S512" "$B32"
-  pretrain 90 cudnndrop:cudnn "$LARGE" "$S512" "$B32" --dropout-impl cudnn
-  pretrain 55 cudnndrop:flash "$BASE" "$S128" "$B256"
-  pretrain 55 cudnndrop:cudnn "$BASE" "$S128" "$B256" --dropout-impl cudnn
-  pretrain 120 cudnndrop:cudnn "$LARGE" "$S128" "$B256" --dropout-impl cudnn
 }
 
 stage_plain() {  # eleventh session: bert-jax, the plain Flax step (bench/plain_flax.py) and

@@ -14,10 +14,7 @@ from bert_jax.errors import BertJaxError
 
 ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
 # Attention while attention dropout is active (training): fused kernels above have no dropout.
-# cudnn: cuDNN's fused kernel with its own Philox dropout (GPU; masks from a per-layer
-# compile-time seed and XLA's per-call counter, not from the JAX dropout key; see
-# attention.cudnn_dropout_attention).
-DROPOUT_ATTENTION_IMPLS = ("explicit", "flash", "cudnn", "auto")
+DROPOUT_ATTENTION_IMPLS = ("explicit", "flash", "auto")
 # Hidden-state dropout masks: hash (counter hash, recomputed in the backward pass) | prng
 # (Flax nn.Dropout, threefry Bernoulli mask); bert_jax/modeling/dropout.py.
 HIDDEN_DROPOUT_IMPLS = ("hash", "prng")
@@ -121,10 +118,6 @@ class BertConfig:
             bad("layer_norm_impl", "'fused' draws its dropout mask from the rowcol hash: it "
                 "needs hidden_dropout_impl='hash' and dropout_hash='rowcol' (got "
                 f"{self.hidden_dropout_impl!r}, {self.dropout_hash!r})")
-        if self.dropout_attention_impl == "cudnn" and (self.scan_layers or self.share_layers):
-            bad("dropout_attention_impl", "'cudnn' pairs each layer's forward and backward "
-                "kernel calls by how often each has run, which needs one call per layer and "
-                "step: not with scan_layers or share_layers (use 'flash')")
         if not 0 <= self.pad_token_id < self.vocab_size:
             bad("pad_token_id", f"{self.pad_token_id} is outside the vocabulary "
                 f"[0, {self.vocab_size})")

@@ -73,35 +73,8 @@ def resolve_dropout_implementation(name: str, query, key) -> str:
     return "flash" if ok and jax.default_backend() == "gpu" else "explicit"
 
 
-def cudnn_dropout_attention(query, key, value, kv_lengths, *, dropout_rate: float, seed: int):
-    """cuDNN's fused attention with dropout inside the kernel (GPU, half precision).
-
-    The mask is not drawn from a JAX key: JAX's cuDNN API takes ``seed`` as a compile-time
-    integer, and XLA advances the Philox offset of each compiled call by a fixed step every
-    time the call runs (each device keeps its own counter). So the mask of one layer is a
-    function of (``seed``, how many times this compiled step has run in this process, the
-    element's local position), and the forward and backward calls of a layer stay paired
-    only if each runs exactly once per step (``BertConfig`` refuses ``scan_layers`` and
-    ``share_layers`` with it). See ``dropout_attention_impl='cudnn'`` in docs/performance.md.
-    """
-    from jax._src.cudnn.fused_attention_stablehlo import MaskType
-    from jax._src.cudnn.fused_attention_stablehlo import (
-        dot_product_attention as cudnn_attention,
-    )
-
-    if jax.default_backend() != "gpu":
-        raise ValueError("dropout_attention_impl='cudnn' needs a CUDA GPU (cuDNN's fused "
-                         f"attention); this backend is {jax.default_backend()!r}")
-    batch, q_len = query.shape[:2]
-    return cudnn_attention(
-        query, key, value, q_seqlen=jnp.full((batch,), q_len, jnp.int32),
-        kv_seqlen=kv_lengths.astype(jnp.int32), scale=float(query.shape[-1]) ** -0.5,
-        mask_type=MaskType.PADDING, seed=int(seed), dropout_rate=float(dropout_rate))
-
-
 def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rate: float,
-                      implementation: str = "auto", mask_hash: str = "rowcol", qkv_bias=None,
-                      cudnn_seed: int = 0):
+                      implementation: str = "auto", mask_hash: str = "rowcol", qkv_bias=None):
     """Training-time attention with dropout on the probabilities. Returns the context.
 
     ``flash`` runs the Pallas kernel of ``bert_jax.modeling.flash`` (dropout in the kernel,
@@ -117,9 +90,6 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
     if impl == "explicit":
         return explicit_attention(query, key, value, kv_lengths, dropout_rng=dropout_rng,
                                   dropout_rate=dropout_rate, deterministic=False)[0]
-    if impl == "cudnn":
-        return cudnn_dropout_attention(query, key, value, kv_lengths,
-                                       dropout_rate=dropout_rate, seed=cudnn_seed)
     if impl != "flash":
         raise ValueError(f"unknown dropout attention implementation {impl!r}")
     from bert_jax.modeling import flash

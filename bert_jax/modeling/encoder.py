@@ -8,7 +8,6 @@ runs in ``config.dtype`` (e.g. bfloat16) with parameters kept in ``config.param_
 from __future__ import annotations
 
 import functools
-import zlib
 from typing import Any
 
 import flax.linen as nn
@@ -349,16 +348,11 @@ class BertSelfAttention(nn.Module):
                 query, key, value, kv_lengths, dropout_rng=self.make_rng("dropout"),
                 dropout_rate=cfg.attention_probs_dropout_prob,
                 implementation=cfg.dropout_attention_impl, mask_hash=cfg.dropout_hash,
-                qkv_bias=qkv_bias, cudnn_seed=self._cudnn_seed()), None
+                qkv_bias=qkv_bias), None
         else:
             context, probs = fused_attention(query, key, value, kv_lengths,
                                              cfg.attention_impl), None
         return self._output(context, probs)
-
-    def _cudnn_seed(self) -> int:
-        """The compile-time seed of ``dropout_attention_impl='cudnn'``: one per layer (from
-        the module's path), so that layers draw different masks."""
-        return zlib.crc32("/".join(self.scope.path).encode()) & 0x7FFFFFFF
 
     def _flash_runs(self, x) -> bool:
         """Whether dropout attention over ``x``'s shape resolves to the flash kernel."""

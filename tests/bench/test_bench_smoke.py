@@ -214,6 +214,30 @@ def test_mgpu_probe_records_every_implementation(tmp_path):
     assert len(mgpu) == 5 and all("error" in r for r in mgpu)
 
 
+def test_cudnn_dropout_probe_analysis(tmp_path):
+    """bench/probe_cudnn_dropout.py's mask analysis on the CPU, on the flash reference's hash
+    masks (``--emulate``; cuDNN needs a GPU): the mask recovered through one-hot values is
+    the one the output and gradients used, ~10% is dropped and padding stays zero, another
+    seed draws another mask, and a mask that repeats from one execution to the next is
+    reported as such (agreement 1, where cuDNN's moves)."""
+    from bench import probe_cudnn_dropout
+
+    out = tmp_path / "p.jsonl"
+    assert probe_cudnn_dropout.main(["--emulate", "--mask-shapes", "3x64x2x16", "--shapes", "",
+                                     "--executions", "2", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 6 and not any("error" in r for r in records)
+    for r in records:
+        assert r["out_rel_err"] < 1e-5 and max(r["dq_dk_dv_rel_err"]) < 1e-5
+        assert 0.8 < r["kept_fraction"] < 0.97 and r["padding_zero"]
+        assert 0.6 < r["rows_agree"] < 0.95 and 0.6 < r["heads_agree"] < 0.95
+    other_seed = next(r for r in records if r["seed"] == 8 and not r["remat"])
+    assert other_seed["seed7_agree"] < 0.95
+    second = next(r for r in records if r["execution"] == 1 and not r["remat"])
+    assert second["previous_agree"] == 1.0  # the emulation's mask does not move
+    assert second["previous_best_shift"]["agreement"] < 0.95
+
+
 def test_attention_sweeps_time_each_kernel_setting(tmp_path, monkeypatch):
     """bench_attention.py --tune fwd / bwd on the CPU (interpret mode): one record per setting,
     each timed; the dQ kernel's settings are its own (a 4-tuple that is not the dK/dV
