@@ -101,8 +101,9 @@
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
-#   scaling-levers ~3 min   DP and FSDP on all N GPUs with SCALING_LEVER_ARGS (default
-#                           --param-gather compute_dtype --xla-flags collectives)
+#   scaling-levers ~8 min   DP at 1 and N GPUs and FSDP at N (all N present), first with the
+#                           default flags, then with SCALING_LEVER_ARGS (default: bf16
+#                           parameter gathers + the collective-overlap XLA flags)
 # Each stage stops starting new runs when its budget (BUDGET_S, default 540 s) would be
 # exceeded; skipped runs are listed in the summary, rerun them with a later call.
 #
@@ -734,15 +735,19 @@ stage_scaling() {  # SCALING_COUNTS=1,2 limits the device counts (default: 1, 2,
     "$PY" bench/bench_scaling.py "${SCALE[@]}" "${extra[@]}" --out "$RESULTS" "${pass[@]}"
 }
 
-stage_scaling_levers() {  # the FSDP levers at the largest device count, with a DP run of the
-  # same flags: SCALING_LEVER_ARGS (default: bf16 parameter gathers + collective overlap)
+stage_scaling_levers() {  # the FSDP levers at the largest device count N against the default
+  # flags in the same call: DP at 1 and N GPUs and FSDP at N, first with the default flags,
+  # then with SCALING_LEVER_ARGS (default: bf16 parameter gathers + collective overlap)
   local n extra=() RUN_TIMEOUT_S=$(( BUDGET_S > 590 ? BUDGET_S : 590 ))
   [ "$SMOKE" = 1 ] && extra=(--model "$LARGE" --seq-len "$S128")
   if [ "$SMOKE" = 1 ]; then n=2; else n=$(nvidia-smi -L | grep -c '^GPU'); fi
   # shellcheck disable=SC2206  # options, word-split on purpose
   local pass=(${SCALING_LEVER_ARGS:---param-gather compute_dtype --xla-flags collectives})
   run_case 240 scaling scaling_summary "$LARGE" "$S128" 0 -- "${JAX_ENV[@]}" \
-    "$PY" bench/bench_scaling.py "${SCALE[@]}" "${extra[@]}" --device-counts "$n" \
+    "$PY" bench/bench_scaling.py "${SCALE[@]}" "${extra[@]}" --device-counts "1,$n" \
+    --out "$RESULTS"
+  run_case 240 scaling-levers scaling_summary "$LARGE" "$S128" 0 -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_scaling.py "${SCALE[@]}" "${extra[@]}" --device-counts "1,$n" \
     --out "$RESULTS" -- "${pass[@]}"
 }
 

@@ -170,9 +170,11 @@ def loop_table(records: list[dict]) -> list[str]:
 
 def scaling_tables(records: list[dict]) -> list[str]:
     lines = []
-    for s in (r for r in records if r.get("task") == "scaling_summary"):
+    # (a skipped or failed scaling run leaves an error record: the "Failed runs" list has it)
+    for s in (r for r in records if r.get("task") == "scaling_summary" and "dp" in r):
+        extra = " ".join(s.get("extra_args") or []) or "default flags"
         lines += [f"Scaling: {s['model']}/{s['seq_len']}, {s['per_device_batch']} sequences "
-                  f"per device, {s.get('device')}", "",
+                  f"per device, {s.get('device')}, {extra}", "",
                   "| devices | DP seq/s | DP efficiency | FSDP seq/s | FSDP cost | "
                   "state GiB/device FSDP (DP) | peak GiB FSDP (DP) |",
                   "|---|---|---|---|---|---|---|"]

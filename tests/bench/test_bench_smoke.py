@@ -100,6 +100,25 @@ def test_cond_skip_step_matches_engine_and_skips_non_finite():
         np.testing.assert_array_equal(np.asarray(a), b)
 
 
+def test_summarize_scaling_tables_skip_failed_runs():
+    """One table per scaling summary, labelled with its extra flags; the error record of a
+    scaling run the stage budget skipped goes to the failed list, not into a table."""
+    summary = {"task": "scaling_summary", "model": "large", "seq_len": 128,
+               "per_device_batch": 128, "device": "NVIDIA H200",
+               "extra_args": ["--xla-flags", "collectives"],
+               "dp": {"1": {"seq_per_s": 1850.0, "efficiency": 1.0},
+                      "4": {"seq_per_s": 6850.0, "efficiency": 0.923}},
+               "fsdp": {"4": {"seq_per_s": 6960.0, "throughput_cost": -0.015,
+                              "state_gib_per_device": 0.94, "dp_state_gib_per_device": 3.76,
+                              "peak_memory_gib": 14.6, "dp_peak_memory_gib": 17.3}}}
+    skipped = {"tag": "scaling-levers", "task": "scaling_summary", "model": "large",
+               "seq_len": 128, "batch_size": 0, "error": "skipped: stage budget"}
+    text = summarize.render([skipped, summary])
+    assert "128 sequences per device, NVIDIA H200, --xla-flags collectives" in text
+    assert "| 4 | 6,850 | 92.3% | 6,960 | -1.5% | 0.94 (3.76) |" in text
+    assert "scaling-levers large/128: skipped: stage budget" in text
+
+
 def test_summarize_ratio_and_targets(tmp_path):
     common = {"task": "pretrain", "model": "base", "seq_len": 128, "batch_size": 256,
               "device": "NVIDIA H100 80GB HBM3", "matmul_peak_tflops": 700.0}
