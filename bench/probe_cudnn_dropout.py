@@ -18,9 +18,8 @@ shifted from one step to the next):
 * ``speed``: forward + backward and forward alone of cuDNN with dropout, cuDNN without
   dropout and the flash kernel with and without dropout, at BERT's shapes.
 
-  XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL \
-      python bench/probe_cudnn_dropout.py --out probe.jsonl
-  python bench/probe_cudnn_dropout.py --emulate --mask-shape 2x64x2x16 --shapes "" \\
+  python bench/probe_cudnn_dropout.py --out probe.jsonl     # GPU (sets the flag below)
+  python bench/probe_cudnn_dropout.py --emulate --mask-shapes 2x64x2x16 --shapes "" \\
       --out /tmp/p.jsonl          # CPU: the analysis on the flash reference's hash masks
 """
 
