@@ -74,6 +74,23 @@ def timed(fn, *args, repeats=5, inner=10):
     return median_time(run, repeats)[0] / inner
 
 
+def timed_record(record: dict, inputs, **fns) -> dict:
+    """``record`` plus ``{name}_ms`` for each jitted ``fns[name]`` timed on ``inputs``, or
+    plus the error that stopped one (reported in the record; the sweep goes on)."""
+    try:
+        return {**record, **{f"{name}_ms": 1e3 * timed(fn, *inputs) for name, fn in fns.items()}}
+    except Exception as e:  # noqa: BLE001 (report and go on)
+        return {**record, "error": f"{type(e).__name__}: {e}"[:600]}
+
+
+def rel_err(a, r) -> float:
+    """max |a - r| / max |r| in float32."""
+    import numpy as np
+
+    a, r = np.asarray(a, np.float32), np.asarray(r, np.float32)
+    return float(np.max(np.abs(a - r)) / (np.max(np.abs(r)) + 1e-6))
+
+
 def value_and_grad_of(attn, cot):
     """Jitted (loss, (dq, dk, dv)) of ``sum(attn(q, k, v) * cot)`` in float32: one forward and
     one backward of the attention ``attn``."""
@@ -110,9 +127,7 @@ def run_shape(shape: str, args) -> None:
         q, k, v, lengths, salt=salt, dropout_rate=args.rate))(q, k, v)
     mine = grad_of(lambda q, k, v: flash.flash_attention(
         q, k, v, lengths, salt=salt, dropout_rate=args.rate))(q, k, v)
-    errors = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - r.astype(jnp.float32))) /
-                    (float(jnp.max(jnp.abs(r.astype(jnp.float32)))) + 1e-6))
-              for a, r in zip(mine[1], ref[1], strict=True)]
+    errors = [rel_err(a, r) for a, r in zip(mine[1], ref[1], strict=True)]
     base = {"shape": shape, "device": jax.devices()[0].device_kind, "rate": args.rate}
     write_result(args.out, {**base, "check": "flash_vs_reference_grad_rel_err",
                             "dq_dk_dv": errors})
@@ -131,12 +146,8 @@ def run_shape(shape: str, args) -> None:
     for name, fn in impls.items():
         if args.impls != "all" and name not in args.impls.split(","):
             continue
-        try:
-            t = timed(grad_of(fn), q, k, v)
-            record = {**base, "impl": name, "fwd_bwd_ms": 1e3 * t}
-        except Exception as e:  # noqa: BLE001 (report and go on)
-            record = {**base, "impl": name, "error": f"{type(e).__name__}: {e}"[:400]}
-        write_result(args.out, record)
+        write_result(args.out, timed_record({**base, "impl": name}, (q, k, v),
+                                            fwd_bwd=grad_of(fn)))
     if args.tune == "fwd":
         forward_sweep(q, k, v, lengths, salt, base, args)
     if args.tune == "bwd":
@@ -151,15 +162,9 @@ def run_shape(shape: str, args) -> None:
                                          block_q=bq, block_k=bk, block_q_bwd=bqb,
                                          block_k_bwd=bkb, num_warps=warps,
                                          num_stages=stages, backward=backward)
-        try:
-            fwd = jax.jit(fn)
-            record = {**base, "impl": "flash_dropout", "tune": list(tune),
-                      "fwd_bwd_ms": 1e3 * timed(grad_of(fn), q, k, v),
-                      "fwd_ms": 1e3 * timed(fwd, q, k, v)}
-        except Exception as e:  # noqa: BLE001
-            record = {**base, "impl": "flash_dropout", "tune": list(tune),
-                      "error": f"{type(e).__name__}: {e}"[:400]}
-        write_result(args.out, record)
+        write_result(args.out, timed_record(
+            {**base, "impl": "flash_dropout", "tune": list(tune)}, (q, k, v),
+            fwd_bwd=grad_of(fn), fwd=jax.jit(fn)))
 
 
 def forward_sweep(q, k, v, lengths, salt, base, args) -> None:
@@ -181,13 +186,9 @@ def forward_sweep(q, k, v, lengths, salt, base, args) -> None:
                                     num_stages=stages)
         fwd = jax.jit(lambda q, k, v, tuned=tuned: flash._forward((q, k, v), bias, salt,
                                                                   tuned))
-        try:
-            record = {**base, "impl": "flash_dropout_forward",
-                      "tune_fwd": [bq, bk, warps, stages], "fwd_ms": 1e3 * timed(fwd, q, k, v)}
-        except Exception as e:  # noqa: BLE001
-            record = {**base, "impl": "flash_dropout_forward", "tune_fwd": [bq, bk, warps, stages],
-                      "error": f"{type(e).__name__}: {e}"[:400]}
-        write_result(args.out, record)
+        write_result(args.out, timed_record(
+            {**base, "impl": "flash_dropout_forward", "tune_fwd": [bq, bk, warps, stages]},
+            (q, k, v), fwd=fwd))
 
 
 def backward_sweep(grad_of, q, k, v, lengths, salt, base, args) -> None:
@@ -205,14 +206,9 @@ def backward_sweep(grad_of, q, k, v, lengths, salt, base, args) -> None:
             return flash.flash_attention(q, k, v, lengths, salt=salt, dropout_rate=args.rate,
                                          block_q_bwd=bqb, block_k_bwd=bkb, num_warps=warps,
                                          num_stages=stages, backward="split", dq_kernel=dq)
-        record = {**base, "impl": "flash_dropout_split", "kernel": kernel,
-                  "tune_bwd": list(dkdv or dq)}
-        try:
-            record.update(fwd_bwd_ms=1e3 * timed(grad_of(fn), q, k, v),
-                          fwd_ms=1e3 * timed(jax.jit(fn), q, k, v))
-        except Exception as e:  # noqa: BLE001
-            record["error"] = f"{type(e).__name__}: {e}"[:400]
-        write_result(args.out, record)
+        write_result(args.out, timed_record(
+            {**base, "impl": "flash_dropout_split", "kernel": kernel,
+             "tune_bwd": list(dkdv or dq)}, (q, k, v), fwd_bwd=grad_of(fn), fwd=jax.jit(fn)))
 
 
 def main(argv=None) -> int:

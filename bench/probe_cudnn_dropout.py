@@ -32,7 +32,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_attention import timed, value_and_grad_of  # noqa: E402
+from bench.bench_attention import rel_err, timed_record, value_and_grad_of  # noqa: E402
 from bench.common import write_result  # noqa: E402
 
 # XLA (jax 0.11.2) aborts when it records cuDNN's dropout graph into a CUDA graph
@@ -92,7 +92,7 @@ def recover(attn, q, k, v, cot, remat: bool):
 
 
 def reference(q, k, v, lengths, keep, rate, cot):
-    """The einsum attention with the given keep mask [b, q, h, k], float32: out, grads."""
+    """The einsum attention with the given keep mask [b, q, h, k], float32: (out, grads)."""
     import jax
     import jax.numpy as jnp
 
@@ -104,14 +104,7 @@ def reference(q, k, v, lengths, keep, rate, cot):
 
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
     out, vjp = jax.vjp(fn, *f32)
-    return out, vjp(cot.astype(jnp.float32)), fn
-
-
-def rel_err(a, r) -> float:
-    import numpy as np
-
-    a, r = np.asarray(a, np.float32), np.asarray(r, np.float32)
-    return float(np.max(np.abs(a - r)) / (np.max(np.abs(r)) + 1e-6))
+    return out, vjp(cot.astype(jnp.float32))
 
 
 def agreement(a, b, valid) -> float:
@@ -166,7 +159,7 @@ def mask_report(shape: str, rate: float, emulate: bool, executions: int, out_pat
                 continue
             probs, out, grads = run(q, k, v, cot)
             keep = np.asarray(probs.astype(jnp.float32)) != 0
-            ref_out, ref_grads, _ = reference(q, k, v, lengths, keep, rate, cot)
+            ref_out, ref_grads = reference(q, k, v, lengths, keep, rate, cot)
             record = {**base, "seed": seed, "remat": remat, "execution": execution,
                       "kept_fraction": float(np.mean(keep[valid])),
                       "padding_zero": bool(not np.any(keep[~valid])),
@@ -214,13 +207,9 @@ def speed(shape: str, rate: float, out_path: str) -> None:
     base = {"probe": "cudnn_dropout_speed", "shape": shape, "rate": rate,
             "device": jax.devices()[0].device_kind}
     for name, fn in impls.items():
-        try:
-            record = {**base, "impl": name,
-                      "fwd_bwd_ms": 1e3 * timed(value_and_grad_of(fn, cot), q, k, v),
-                      "fwd_ms": 1e3 * timed(jax.jit(fn), q, k, v)}
-        except Exception as e:  # noqa: BLE001 (report and go on)
-            record = {**base, "impl": name, "error": f"{type(e).__name__}: {e}"[:600]}
-        write_result(out_path, record)
+        write_result(out_path, timed_record({**base, "impl": name}, (q, k, v),
+                                            fwd_bwd=value_and_grad_of(fn, cot),
+                                            fwd=jax.jit(fn)))
 
 
 def main(argv=None) -> int:

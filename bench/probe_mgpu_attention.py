@@ -80,8 +80,7 @@ def probe_shape(shape: str, out_path: str) -> None:
                    "fwd_ms": 1e3 * timed(fwd, q, k, v), "max_abs_grad_diff_vs_first": err}
         except Exception as e:  # noqa: BLE001 (report and go on)
             rec = {**base, "error": f"{type(e).__name__}: {e}"[:600]}
-        print(rec, flush=True)
-        write_result(out_path, rec)
+        write_result(out_path, rec)  # (also printed)
 
 
 if __name__ == "__main__":

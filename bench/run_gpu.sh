@@ -101,9 +101,11 @@
 #   qkv            ~1 min   base/128 pretrain and classify with --qkv fused (split is default)
 #   scaling        ~8 min   needs 2+ GPUs (nvidia-h100-x2 / -x4): large/128, 128 per device,
 #                           DP on 1..N GPUs and FSDP on 2..N
-#   scaling-levers ~8 min   DP at 1 and N GPUs and FSDP at N (all N present), first with the
+#   scaling-levers ~13 min  DP at 1 and N GPUs and FSDP at N (all N present), first with the
 #                           default flags, then with SCALING_LEVER_ARGS (default: bf16
-#                           parameter gathers + the collective-overlap XLA flags)
+#                           parameter gathers + the collective-overlap XLA flags); one half per
+#                           10-minute call: BUDGET_S=400 runs the first, the second needs a
+#                           call of its own (thirteenth session: bench_scaling.py directly)
 # Each stage stops starting new runs when its budget (BUDGET_S, default 540 s) would be
 # exceeded; skipped runs are listed in the summary, rerun them with a later call.
 #
@@ -743,12 +745,15 @@ stage_scaling_levers() {  # the FSDP levers at the largest device count N agains
   if [ "$SMOKE" = 1 ]; then n=2; else n=$(nvidia-smi -L | grep -c '^GPU'); fi
   # shellcheck disable=SC2206  # options, word-split on purpose
   local pass=(${SCALING_LEVER_ARGS:---param-gather compute_dtype --xla-flags collectives})
-  run_case 240 scaling scaling_summary "$LARGE" "$S128" 0 -- "${JAX_ENV[@]}" \
-    "$PY" bench/bench_scaling.py "${SCALE[@]}" "${extra[@]}" --device-counts "1,$n" \
-    --out "$RESULTS"
-  run_case 240 scaling-levers scaling_summary "$LARGE" "$S128" 0 -- "${JAX_ENV[@]}" \
-    "$PY" bench/bench_scaling.py "${SCALE[@]}" "${extra[@]}" --device-counts "1,$n" \
-    --out "$RESULTS" -- "${pass[@]}"
+  scaling_half 390 scaling "$n" "${extra[@]}"  # ~6.5 min each on 4 H200s
+  scaling_half 390 scaling-levers "$n" "${extra[@]}" -- "${pass[@]}"
+}
+
+scaling_half() {  # scaling_half EST TAG N [bench_scaling options...]: DP at 1 and N, FSDP at N
+  local est=$1 tag=$2 n=$3
+  shift 3
+  run_case "$est" "$tag" scaling_summary "$LARGE" "$S128" 0 -- "${JAX_ENV[@]}" \
+    "$PY" bench/bench_scaling.py "${SCALE[@]}" --device-counts "1,$n" --out "$RESULTS" "$@"
 }
 
 run_stage() {
