@@ -8,6 +8,14 @@ accessed and temporaries:
   XLA_FLAGS=--xla_force_host_platform_device_count=4 \\
     python bench/collectives.py --model base --layers 1 --batch-size 128 --mesh fsdp
 
+``--hlo FILE`` reads an optimized HLO dump instead (``XLA_FLAGS=--xla_dump_to=DIR``; the
+``*after_optimizations.txt`` file, gzipped or not) and adds the schedule: for each async
+collective of the entry computation, how much work XLA placed between its start and its done,
+which is what overlaps it (the fourteenth session found DP's gradient all-reduces each
+overlapping one weight-gradient GEMM at the end of the backward pass on the GPU):
+
+  python bench/collectives.py --hlo DIR/module_*.jit_train_step.*gpu_after_optimizations.txt
+
 Under FSDP the expected picture is parameter-shaped all-gathers (kernels, LayerNorm vectors,
 the word table) and gradient reductions; an all-gather whose shape starts with
 [batch, seq] means activations are gathered over the batch (the bug the fourth session
@@ -50,6 +58,72 @@ def census(hlo_text: str) -> list[dict]:
              "op": o, "count": n} for (k, d, s, o), n in sorted(counts.items())]
 
 
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
+               "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+ASYNC = re.compile(r"^\s*(?:ROOT )?(%?[\w.-]+) = (.*?) ([\w-]+)\((.*)$")
+MATMUL = re.compile(r'custom_call_target="__cublas|custom_call_target="__cudnn|'
+                    r"calls=%?gemm_fusion|calls=%?triton_gemm")
+
+
+def _entry_lines(hlo_text: str) -> list[str]:
+    """The instructions of the ENTRY computation, in schedule order (a scheduled module
+    lists them in the order they run)."""
+    match = re.search(r"\nENTRY [^\n]*\{\n(.*?)\n\}", hlo_text, re.S)
+    if not match:
+        raise ValueError("no ENTRY computation in the HLO text")
+    return match.group(1).split("\n")
+
+
+def _bytes(shape_text: str) -> int:
+    total = 0
+    for dtype, dims in ARRAY.findall(shape_text):
+        n = 1
+        for d in (x for x in dims.split(",") if x):
+            n *= int(d)
+        total += n * DTYPE_BYTES.get(dtype, 4)
+    return total
+
+
+def overlap(hlo_text: str) -> dict:
+    """The async collectives of a scheduled module's entry computation: for each, its
+    position, its bytes (the done's result), and the instructions and matmuls (cuBLAS and
+    cuDNN calls, GEMM fusions) scheduled between its start and its done; plus the
+    instruction count, so positions read as a fraction of the step."""
+    lines = _entry_lines(hlo_text)
+    starts, records = {}, []
+    for i, line in enumerate(lines):
+        match = ASYNC.match(line)
+        if not match:
+            continue
+        name, result, op, operands = match.groups()
+        kind = re.search(r"(all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)",
+                         name if op == "async-start" or op == "async-done" else op)
+        if op.endswith("-start") and kind:
+            starts[name.lstrip("%")] = (i, kind.group(1))
+        elif op.endswith("-done"):
+            source = re.match(r"%?([\w.-]+)", operands)
+            if source and source.group(1) in starts:
+                begin, collective = starts.pop(source.group(1))
+                window = lines[begin + 1:i]
+                records.append({"collective": collective, "start": begin, "done": i,
+                                "bytes": _bytes(result),
+                                "between": len(window),
+                                "matmuls_between": sum(bool(MATMUL.search(w)) for w in window)})
+    return {"instructions": len(lines), "collectives": records}
+
+
+def overlap_summary(report: dict) -> dict:
+    """The totals that say whether the collectives can hide: bytes whose window holds at
+    most one matmul, and where the first start sits in the schedule."""
+    recs = report["collectives"]
+    total = sum(r["bytes"] for r in recs)
+    thin = sum(r["bytes"] for r in recs if r["matmuls_between"] <= 1)
+    first = min((r["start"] for r in recs), default=None)
+    return {"collectives": len(recs), "gib": total / 2 ** 30,
+            "fraction_with_at_most_one_matmul": thin / total if total else None,
+            "first_start_at": first / report["instructions"] if first is not None else None}
+
+
 def batch_activations(records: list[dict], batch: int, seq: int) -> list[dict]:
     """All-gathers of [batch, seq, ...] arrays wider than one value per token."""
     return [r for r in records if r["collective"] == "all-gather"
@@ -72,7 +146,11 @@ def main(argv=None) -> int:
     add_common_arguments(ap, batch_size=128)
     ap.add_argument("--layers", type=int, default=0, help="num_hidden_layers (0: preset's)")
     add_param_gather_argument(ap)
+    ap.add_argument("--hlo", default=None,
+                    help="an optimized HLO dump (.txt or .txt.gz) to read instead of compiling")
     args = ap.parse_args(argv)
+    if args.hlo:
+        return report_dump(args.hlo, args.out)
     import jax
     import numpy as np
 
@@ -113,6 +191,29 @@ def main(argv=None) -> int:
                             "collectives": records,
                             "batch_activation_gathers": len(gathered)}) + "\n")
     return 1 if gathered else 0
+
+
+def report_dump(path: str, out: str) -> int:
+    """``--hlo``: the census and the overlap schedule of a dumped optimized module."""
+    import gzip
+
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        text = f.read()
+    records, report = census(text), overlap(text)
+    summary = overlap_summary(report)
+    print(f"{path}: {report['instructions']} instructions in the entry computation")
+    print("| # | collective | MiB | start | done | instructions between | matmuls between |")
+    print("|---|---|---|---|---|---|---|")
+    for k, r in enumerate(report["collectives"]):
+        print(f"| {k} | {r['collective']} | {r['bytes'] / 2 ** 20:.1f} | {r['start']} | "
+              f"{r['done']} | {r['between']} | {r['matmuls_between']} |")
+    print(json.dumps(summary))
+    with open(out, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"tool": "collectives", "hlo": os.path.basename(path),
+                            "collectives": records, "overlap": report,
+                            "overlap_summary": summary}) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

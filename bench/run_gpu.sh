@@ -9,7 +9,7 @@
 #                                              packed | verify | gemmnorm | normtune |
 #                                              normshort | gradsums | xent | pairs |
 #                                              plain | plain-large | plain-dropout |
-#                                              blocks12 | cudnndrop |
+#                                              blocks12 | cudnndrop | gemmgelu |
 #                                              remaining |
 #                                              layernorm | pending | finetune | hash | all
 #   bash bench/run_gpu.sh "finetune loop"   several stages in one call, in order
@@ -92,6 +92,9 @@
 #                           at base/128 b256, large/512 b32, large/128 b256
 #   cudnndrop      ~2 min   thirteenth session: bench/probe_cudnn_dropout.py, cuDNN's attention
 #                           with its own dropout: masks and speed ($OUT/probe.jsonl)
+#   gemmgelu       ~4 min   fourteenth session: bench/probe_gemm_gelu.py, the MLP's bias + GELU
+#                           in the epilogues of a Pallas GEMM against cuBLAS + fused_gelu
+#                           ($OUT/probe.jsonl)
 #   plain          ~9 min   bert-jax, the plain Flax step (bench/plain_flax.py) and
 #                           transformers: base/128 b256, large/512 b32 (BUDGET_S=570)
 #   plain-large    ~9 min   the same triple at large/128 b256, then the classify pair
@@ -105,7 +108,8 @@
 #                           default flags, then with SCALING_LEVER_ARGS (default: bf16
 #                           parameter gathers + the collective-overlap XLA flags); one half per
 #                           10-minute call: BUDGET_S=400 runs the first, the second needs a
-#                           call of its own (thirteenth session: bench_scaling.py directly)
+#                           call of its own (thirteenth session: bench_scaling.py directly);
+#                           SCALING_HALF_ARGS=--no-fsdp (DP only, both halves: ~4.5 min each)
 # Each stage stops starting new runs when its budget (BUDGET_S, default 540 s) would be
 # exceeded; skipped runs are listed in the summary, rerun them with a later call.
 #
@@ -455,6 +459,14 @@ stage_cudnndrop() {  # thirteenth session: cuDNN's fused attention with its own 
     "$PY" bench/probe_cudnn_dropout.py "${probe[@]}" --out "$OUT/probe.jsonl"
 }
 
+stage_gemmgelu() {  # fourteenth session: the MLP's bias + GELU fused into a Pallas GEMM's
+  # epilogues, against cuBLAS + the fused_gelu kernel pair (bench/probe_gemm_gelu.py, ~4 min)
+  local probe=()
+  [ "$SMOKE" = 1 ] && probe=(--check)
+  run_case 240 probe probe "$BASE" "$S128" 0 -- "${JAX_ENV[@]}" \
+    "$PY" bench/probe_gemm_gelu.py "${probe[@]}" --out "$OUT/probe.jsonl"
+}
+
 stage_plain() {  # eleventh session: bert-jax, the plain Flax step (bench/plain_flax.py) and
   # transformers on one card, base/128 b256 then large/512 b32 (~9 min: BUDGET_S=570)
   triple 60 50 120 "$BASE" "$S128" "$B256"
@@ -745,8 +757,12 @@ stage_scaling_levers() {  # the FSDP levers at the largest device count N agains
   if [ "$SMOKE" = 1 ]; then n=2; else n=$(nvidia-smi -L | grep -c '^GPU'); fi
   # shellcheck disable=SC2206  # options, word-split on purpose
   local pass=(${SCALING_LEVER_ARGS:---param-gather compute_dtype --xla-flags collectives})
-  scaling_half 390 scaling "$n" "${extra[@]}"  # ~6.5 min each on 4 H200s
-  scaling_half 390 scaling-levers "$n" "${extra[@]}" -- "${pass[@]}"
+  # shellcheck disable=SC2206  # options for both halves (--no-fsdp: DP only, ~4.5 min each)
+  extra+=(${SCALING_HALF_ARGS:-})
+  local est=390
+  [[ " ${extra[*]} " == *" --no-fsdp "* ]] && est=270
+  scaling_half "$est" scaling "$n" "${extra[@]}"  # ~6.5 min each on 4 H200s
+  scaling_half "$est" scaling-levers "$n" "${extra[@]}" -- "${pass[@]}"
 }
 
 scaling_half() {  # scaling_half EST TAG N [bench_scaling options...]: DP at 1 and N, FSDP at N
@@ -792,6 +808,7 @@ run_stage() {
     plain-dropout) stage_plain_dropout ;;
     blocks12) stage_blocks12 ;;
     cudnndrop) stage_cudnndrop ;;
+    gemmgelu) stage_gemmgelu ;;
     normshort) stage_normshort ;;
     final) stage_final ;;
     tune) stage_tune ;;
@@ -802,7 +819,7 @@ run_stage() {
     pending) stage_pending ;;
     finetune) stage_finetune ;;
     hash) stage_hash ;;
-    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|pairs|plain|plain-large|plain-dropout|blocks12|cudnndrop|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
+    *) echo "unknown stage $name (env|core|peer|levers|levers-large|loop|scaling|scaling-levers|dropout|profile|profile-large|attention-tune|flash-tune|batch|remaining|large128|biasgrad|qkv|packed|verify|gemmnorm|normtune|normshort|gradsums|xent|pairs|plain|plain-large|plain-dropout|blocks12|cudnndrop|gemmgelu|gelu|fused|tune|final|nodrop|layernorm|pending|finetune|hash|all)" >&2
        exit 2 ;;
   esac
   echo "### stage $name done in $(( $(date +%s) - STAGE_START ))s"

@@ -56,6 +56,59 @@ def test_collectives_census(tmp_path):
                for r in record["collectives"])  # the MLP kernel is gathered
 
 
+SCHEDULED = """HloModule m, is_scheduled=true
+
+ENTRY %main (p: bf16[8,8]) -> bf16[8,8] {
+  %p = bf16[8,8]{1,0} parameter(0)
+  %all-reduce-start = ((bf16[1024]{0}), bf16[1024]{0}) async-start(%p), calls=%ar
+  %f.1 = bf16[8,8]{1,0} fusion(%p), kind=kCustom, calls=%gemm_fusion_dot.1
+  %c.2 = (bf16[8,8]{1,0}, s8[4]{0}) custom-call(%p, %p), custom_call_target="__cublas$lt$matmul"
+  %f.3 = bf16[8,8]{1,0} fusion(%p), kind=kLoop, calls=%loop_add
+  %all-reduce-done = bf16[1024]{0} async-done(%all-reduce-start)
+  %all-gather-start.1 = (f32[16]{0}, f32[64]{0}) all-gather-start(%p), dimensions={0}
+  %all-gather-done.1 = f32[64]{0} all-gather-done(%all-gather-start.1)
+  ROOT %r = bf16[8,8]{1,0} copy(%p)
+}
+"""
+
+
+def test_collectives_overlap_schedule(tmp_path):
+    """bench/collectives.py --hlo: each async collective of a scheduled module's entry
+    computation with its bytes and the work between its start and its done (both the
+    async-start/async-done and the all-gather-start/-done spellings), and the summary."""
+    report = collectives.overlap(SCHEDULED)
+    assert report["instructions"] == 9
+    assert report["collectives"] == [
+        {"collective": "all-reduce", "start": 1, "done": 5, "bytes": 2048, "between": 3,
+         "matmuls_between": 2},
+        {"collective": "all-gather", "start": 6, "done": 7, "bytes": 256, "between": 0,
+         "matmuls_between": 0}]
+    summary = collectives.overlap_summary(report)
+    assert summary["collectives"] == 2 and summary["first_start_at"] == 1 / 9
+    assert summary["fraction_with_at_most_one_matmul"] == 256 / (2048 + 256)
+    dump = tmp_path / "m.after_optimizations.txt"
+    dump.write_text(SCHEDULED)
+    out = tmp_path / "c.jsonl"
+    assert collectives.main(["--hlo", str(dump), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["overlap_summary"] == summary
+    with pytest.raises(ValueError, match="no ENTRY"):
+        collectives.overlap("HloModule m")
+
+
+def test_gemm_gelu_probe_matches_todays_path(tmp_path):
+    """bench/probe_gemm_gelu.py --check (interpret mode): the Pallas GEMM's bias + GELU
+    epilogue and its GELU-gradient epilogue (with the bias gradient's column sums) give
+    today's cuBLAS + fused_gelu results to bf16 rounding; a wrong epilogue fails this."""
+    from bench import probe_gemm_gelu
+
+    out = tmp_path / "p.jsonl"
+    assert probe_gemm_gelu.main(["--check", "--out", str(out)]) == 0
+    records = {r["impl"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert records["today"]["fwd_ms"] > 0 and "error" not in records["pallas"]
+    assert records["pallas"]["act_rel_err"] < 1e-2
+    assert records["pallas"]["dx_rel_err"] < 1e-2 and records["pallas"]["db_rel_err"] < 1e-2
+
+
 def test_finetune_record(tmp_path):
     r = bench_finetune.main(TINY + ["--out", str(tmp_path / "r.jsonl")])
     assert r["task"] == "classify" and math.isfinite(r["loss"]) and r["seq_per_s"] > 0
