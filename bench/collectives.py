@@ -60,7 +60,8 @@ def census(hlo_text: str) -> list[dict]:
 
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
                "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
-ASYNC = re.compile(r"^\s*(?:ROOT )?(%?[\w.-]+) = (.*?) ([\w-]+)\((.*)$")
+INSTRUCTION = re.compile(r"^\s*(?:ROOT )?(%?[\w.-]+) = (.*?) ([\w-]+)\((.*)$")
+KIND = re.compile(r"all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all")
 MATMUL = re.compile(r'custom_call_target="__cublas|custom_call_target="__cudnn|'
                     r"calls=%?gemm_fusion|calls=%?triton_gemm")
 
@@ -92,14 +93,14 @@ def overlap(hlo_text: str) -> dict:
     lines = _entry_lines(hlo_text)
     starts, records = {}, []
     for i, line in enumerate(lines):
-        match = ASYNC.match(line)
+        match = INSTRUCTION.match(line)
         if not match:
             continue
         name, result, op, operands = match.groups()
-        kind = re.search(r"(all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)",
-                         name if op == "async-start" or op == "async-done" else op)
-        if op.endswith("-start") and kind:
-            starts[name.lstrip("%")] = (i, kind.group(1))
+        if op.endswith("-start"):  # all-reduce-start(...), or async-start(...) named for it
+            kind = KIND.search(name if op == "async-start" else op)
+            if kind:
+                starts[name.lstrip("%")] = (i, kind.group(0))
         elif op.endswith("-done"):
             source = re.match(r"%?([\w.-]+)", operands)
             if source and source.group(1) in starts:

@@ -109,7 +109,8 @@
 #                           parameter gathers + the collective-overlap XLA flags); one half per
 #                           10-minute call: BUDGET_S=400 runs the first, the second needs a
 #                           call of its own (thirteenth session: bench_scaling.py directly);
-#                           SCALING_HALF_ARGS=--no-fsdp (DP only, both halves: ~4.5 min each)
+#                           SCALING_HALF_ARGS=--no-fsdp (DP only, both halves in one call:
+#                           ~3.5 min each on 4 H200s)
 # Each stage stops starting new runs when its budget (BUDGET_S, default 540 s) would be
 # exceeded; skipped runs are listed in the summary, rerun them with a later call.
 #
@@ -757,10 +758,10 @@ stage_scaling_levers() {  # the FSDP levers at the largest device count N agains
   if [ "$SMOKE" = 1 ]; then n=2; else n=$(nvidia-smi -L | grep -c '^GPU'); fi
   # shellcheck disable=SC2206  # options, word-split on purpose
   local pass=(${SCALING_LEVER_ARGS:---param-gather compute_dtype --xla-flags collectives})
-  # shellcheck disable=SC2206  # options for both halves (--no-fsdp: DP only, ~4.5 min each)
+  # shellcheck disable=SC2206  # options for both halves (--no-fsdp: DP only, ~3.5 min each)
   extra+=(${SCALING_HALF_ARGS:-})
   local est=390
-  [[ " ${extra[*]} " == *" --no-fsdp "* ]] && est=270
+  [[ " ${extra[*]} " == *" --no-fsdp "* ]] && est=240  # 204 and 178 s (fourteenth session)
   scaling_half "$est" scaling "$n" "${extra[@]}"  # ~6.5 min each on 4 H200s
   scaling_half "$est" scaling-levers "$n" "${extra[@]}" -- "${pass[@]}"
 }
