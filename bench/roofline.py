@@ -14,10 +14,14 @@ target ratio (the issue's 1.5x) requires:
   pre-activation and its gradient): the floor of a step built on custom fused GEMMs.
 
 Both floors are optimistic: every GEMM at the square-matmul peak, every pass at the full
-bandwidth, attention (with its backward recomputation) at the matmul peak.
+bandwidth, attention (with its backward recomputation) at the matmul peak. ``--attention-ms``
+replaces the last with a measured time (attention forward + backward per layer, e.g. from
+``bench/bench_attention.py`` or ``bench/probe_cudnn_dropout.py``): the floor with the fastest
+attention kernel there is instead of one that does not exist.
 
     python bench/roofline.py --peak 733 --bandwidth 3.35 \\
-        [--peer base:128:256=3862 --peer large:512:32=316 ...] [--json]
+        [--peer base:128:256=3862 --peer large:512:32=316 ...] \\
+        [--attention-ms large:128:256=0.581 ...] [--json]
 """
 
 from __future__ import annotations
@@ -91,6 +95,13 @@ def passes(model: str, seq_len: int, batch: int) -> list[Pass]:
     ]
 
 
+def attention_flops_per_sequence(model: str, seq_len: int) -> float:
+    """Attention's matmul FLOPs in one step (all layers): the counted 12 s^2 H per layer plus
+    the flash backward's recomputation."""
+    layers, hidden, _, _ = MODELS[model]
+    return 12 * layers * seq_len ** 2 * hidden + extra_flops_per_sequence(model, seq_len)
+
+
 def extra_flops_per_sequence(model: str, seq_len: int) -> float:
     """Matmul FLOPs the step runs beyond the counted ones: the flash backward recomputes
     Q K^T once (one kernel, length <= 128) or, split in two kernels, Q K^T twice and dO V^T
@@ -101,19 +112,24 @@ def extra_flops_per_sequence(model: str, seq_len: int) -> float:
 
 
 def floor(model: str, seq_len: int, batch: int, peak_tflops: float, bandwidth_tbs: float,
-          epilogues: bool = False) -> dict:
+          epilogues: bool = False, attention_ms: float | None = None) -> dict:
     """The floor of one step: times in ms, the rate in sequences/s, MFU (counted FLOPs over
-    the peak, the benchmark's definition)."""
+    the peak, the benchmark's definition). ``attention_ms``: attention's measured forward +
+    backward per layer, in place of its FLOPs at the peak."""
     layers, hidden, _, _ = MODELS[model]
     counted = batch * train_flops_per_sequence(layers, hidden, seq_len)
     flops = counted + batch * extra_flops_per_sequence(model, seq_len)
+    if attention_ms is not None:
+        flops -= batch * attention_flops_per_sequence(model, seq_len)
     matmul_ms = flops / (peak_tflops * 1e12) * 1e3
+    if attention_ms is not None:
+        matmul_ms += layers * attention_ms
     per_pass = {p.name: (p.epilogue_bytes if epilogues else p.bytes) / (bandwidth_tbs * 1e12)
                 * 1e3 for p in passes(model, seq_len, batch)}
     memory_ms = sum(per_pass.values())
     step_ms = matmul_ms + memory_ms
     return {"model": model, "seq_len": seq_len, "batch_size": batch,
-            "floor": "epilogues" if epilogues else "kernels",
+            "floor": "epilogues" if epilogues else "kernels", "attention_ms": attention_ms,
             "matmul_ms": matmul_ms, "memory_ms": memory_ms, "step_ms": step_ms,
             "seq_per_s": batch / step_ms * 1e3,
             "mfu": counted / (peak_tflops * 1e12) / (step_ms / 1e3),
@@ -126,16 +142,17 @@ def required_mfu(model: str, seq_len: int, rate: float, peak_tflops: float) -> f
     return rate * train_flops_per_sequence(layers, hidden, seq_len) / (peak_tflops * 1e12)
 
 
-def parse_peer(spec: str) -> tuple[str, int, int, float]:
-    """``MODEL:SEQ:BATCH=RATE`` -> (model, seq, batch, rate)."""
+def parse_peer(spec: str, option: str = "--peer",
+               unit: str = "SEQ_PER_S") -> tuple[str, int, int, float]:
+    """``MODEL:SEQ:BATCH=VALUE`` -> (model, seq, batch, value)."""
     try:
-        shape, rate = spec.split("=")
+        shape, value = spec.split("=")
         model, seq, batch = shape.split(":")
         if model not in MODELS:
             raise ValueError(model)
-        return model, int(seq), int(batch), float(rate)
+        return model, int(seq), int(batch), float(value)
     except ValueError:
-        raise SystemExit(f"--peer {spec!r}: expected MODEL:SEQ:BATCH=SEQ_PER_S with MODEL one "
+        raise SystemExit(f"{option} {spec!r}: expected MODEL:SEQ:BATCH={unit} with MODEL one "
                          f"of {sorted(MODELS)}") from None
 
 
@@ -146,17 +163,23 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--bandwidth", type=float, default=3.35, help="HBM bandwidth in TB/s")
     ap.add_argument("--peer", action="append", default=[],
                     help="MODEL:SEQ:BATCH=SEQ_PER_S, the peer's measured rate (repeatable)")
+    ap.add_argument("--attention-ms", action="append", default=[],
+                    help="MODEL:SEQ:BATCH=MS, attention forward + backward per layer as "
+                         "measured, in place of its FLOPs at the peak (repeatable)")
     ap.add_argument("--ratio", type=float, default=1.5, help="the target ratio over the peer")
     ap.add_argument("--workloads", default="base:128:256,large:128:256,large:512:32")
     ap.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     args = ap.parse_args(argv)
     peers = {(m, s, b): r for m, s, b, r in map(parse_peer, args.peer)}
+    attention = {(m, s, b): ms for m, s, b, ms in
+                 (parse_peer(a, "--attention-ms", "MS") for a in args.attention_ms)}
     rows = []
     for spec in args.workloads.split(","):
         model, seq, batch = spec.split(":")
         seq, batch = int(seq), int(batch)
         for epilogues in (False, True):
-            row = floor(model, seq, batch, args.peak, args.bandwidth, epilogues)
+            row = floor(model, seq, batch, args.peak, args.bandwidth, epilogues,
+                        attention.get((model, seq, batch)))
             peer = peers.get((model, seq, batch))
             if peer is not None:
                 row["peer_seq_per_s"] = peer
@@ -169,14 +192,15 @@ def main(argv=None) -> list[dict]:
             print(json.dumps(row))
         return rows
     print(f"peak {args.peak:g} TFLOP/s, bandwidth {args.bandwidth:g} TB/s\n")
-    print("| workload | floor | matmuls ms | passes ms | step ms | max seq/s | max MFU "
-          f"| peer seq/s | {args.ratio:g}x needs | {args.ratio:g}x MFU | max ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| workload | floor | attention | matmuls ms | passes ms | step ms | max seq/s "
+          f"| max MFU | peer seq/s | {args.ratio:g}x needs | {args.ratio:g}x MFU | max ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         peer = (f"{r['peer_seq_per_s']:,.0f} | {r['target_seq_per_s']:,.0f} | "
                 f"{r['target_mfu']:.1%} | {r['max_ratio']:.2f}x" if "peer_seq_per_s" in r
                 else "— | — | — | —")
-        print(f"| {r['model']}/{r['seq_len']} b{r['batch_size']} | {r['floor']} | "
+        attn = "at the peak" if r["attention_ms"] is None else f"{r['attention_ms']:g} ms/layer"
+        print(f"| {r['model']}/{r['seq_len']} b{r['batch_size']} | {r['floor']} | {attn} | "
               f"{r['matmul_ms']:.1f} | {r['memory_ms']:.1f} | {r['step_ms']:.1f} | "
               f"{r['seq_per_s']:,.0f} | {r['mfu']:.1%} | {peer} |")
     return rows

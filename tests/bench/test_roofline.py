@@ -65,3 +65,32 @@ def test_cli_rows_and_target(capsys):
 def test_bad_peer_is_named():
     with pytest.raises(SystemExit, match="--peer 'huge:128:256=1'"):
         roofline.main(["--peer", "huge:128:256=1"])
+
+
+def test_measured_attention_replaces_its_flops_at_the_peak():
+    """``attention_ms`` swaps attention's FLOPs at the peak (the counted 12 s^2 H per layer
+    plus the flash backward's recomputation) for the measured time per layer: at exactly the
+    peak's time it is the same floor, and each extra millisecond per layer adds ``layers``
+    milliseconds to the step."""
+    layers, hidden, _, _ = MODELS["large"]
+    at_peak = 32 * roofline.attention_flops_per_sequence("large", 512) / 733e12 * 1e3 / layers
+    plain = roofline.floor("large", 512, 32, 733.0, 4.8)
+    same = roofline.floor("large", 512, 32, 733.0, 4.8, attention_ms=at_peak)
+    assert same["step_ms"] == pytest.approx(plain["step_ms"])
+    slower = roofline.floor("large", 512, 32, 733.0, 4.8, attention_ms=at_peak + 1.0)
+    assert slower["step_ms"] == pytest.approx(plain["step_ms"] + layers)
+    # per layer and sequence, 12 s^2 H counted + 3 x 2 s^2 H recomputed at length 512
+    assert roofline.attention_flops_per_sequence("large", 512) == layers * 18 * 512 ** 2 * hidden
+
+
+def test_cli_attention_ms(capsys):
+    rows = roofline.main(["--peak", "733", "--bandwidth", "4.8", "--peer",
+                          "large:128:256=1550", "--attention-ms", "large:128:256=0.581",
+                          "--workloads", "large:128:256"])
+    # with attention at its measured H200 speed the kernels floor allows 1.43x the peer
+    assert rows[0]["attention_ms"] == 0.581
+    assert rows[0]["max_ratio"] == pytest.approx(1.43, abs=0.01)
+    assert "| large/128 b256 | kernels | 0.581 ms/layer |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--attention-ms 'large:128=1': expected "
+                                         "MODEL:SEQ:BATCH=MS"):
+        roofline.main(["--attention-ms", "large:128=1"])
