@@ -46,7 +46,8 @@ def census(hlo_text: str) -> list[dict]:
     """One record per (collective, dtype, shape, op) with its count, from optimized HLO."""
     counts: collections.Counter = collections.Counter()
     for line in hlo_text.splitlines():
-        match = COLLECTIVE.search(line)
+        # tuple shapes carry /*index=5*/ comments, whose "=" the pattern would stop at
+        match = COLLECTIVE.search(re.sub(r"/\*.*?\*/", "", line))
         if not match:
             continue
         result, kind, rest = match.groups()

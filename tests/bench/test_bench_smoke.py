@@ -46,6 +46,13 @@ def test_collectives_census(tmp_path):
         ("bf16", [64, 64], "bert/encoder/mlp_in/dot_general"),
         ("f32", [16, 32, 64], "bert/encoder/mlp_in/dot_general")]
     assert collectives.batch_activations(records, 16, 32) == [records[1]]
+    # a combined all-reduce's tuple shape carries /*index=N*/ comments (each "=" inside one
+    # used to end the match, so such all-reduces went uncounted)
+    combined = ('  %ar = (f32[2]{0}, f32[3]{0}, f32[4]{0}, f32[5]{0}, f32[6]{0}, /*index=5*/'
+                'f32[30592,128]{1,0}) all-reduce(%a, %b, %c, %d, %e, %f), to_apply=%add')
+    assert [(r["collective"], r["shape"]) for r in collectives.census(combined)] == [
+        ("all-reduce", [2]), ("all-reduce", [3]), ("all-reduce", [30592, 128]),
+        ("all-reduce", [4]), ("all-reduce", [5]), ("all-reduce", [6])]
     out = str(tmp_path / "c.jsonl")
     assert collectives.main(["--model", "tiny", "--seq-len", "32", "--batch-size", "16",
                              "--mesh", "fsdp", "--devices", "4", "--out", out]) == 0
