@@ -119,11 +119,11 @@ def floor(model: str, seq_len: int, batch: int, peak_tflops: float, bandwidth_tb
     layers, hidden, _, _ = MODELS[model]
     counted = batch * train_flops_per_sequence(layers, hidden, seq_len)
     flops = counted + batch * extra_flops_per_sequence(model, seq_len)
-    if attention_ms is not None:
-        flops -= batch * attention_flops_per_sequence(model, seq_len)
     matmul_ms = flops / (peak_tflops * 1e12) * 1e3
-    if attention_ms is not None:
-        matmul_ms += layers * attention_ms
+    if attention_ms is not None:  # the measured time instead of attention's FLOPs at the peak
+        attention_at_peak_ms = (batch * attention_flops_per_sequence(model, seq_len)
+                                / (peak_tflops * 1e12) * 1e3)
+        matmul_ms += layers * attention_ms - attention_at_peak_ms
     per_pass = {p.name: (p.epilogue_bytes if epilogues else p.bytes) / (bandwidth_tbs * 1e12)
                 * 1e3 for p in passes(model, seq_len, batch)}
     memory_ms = sum(per_pass.values())
@@ -142,7 +142,7 @@ def required_mfu(model: str, seq_len: int, rate: float, peak_tflops: float) -> f
     return rate * train_flops_per_sequence(layers, hidden, seq_len) / (peak_tflops * 1e12)
 
 
-def parse_peer(spec: str, option: str = "--peer",
+def parse_spec(spec: str, option: str = "--peer",
                unit: str = "SEQ_PER_S") -> tuple[str, int, int, float]:
     """``MODEL:SEQ:BATCH=VALUE`` -> (model, seq, batch, value)."""
     try:
@@ -170,9 +170,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--workloads", default="base:128:256,large:128:256,large:512:32")
     ap.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     args = ap.parse_args(argv)
-    peers = {(m, s, b): r for m, s, b, r in map(parse_peer, args.peer)}
+    peers = {(m, s, b): r for m, s, b, r in map(parse_spec, args.peer)}
     attention = {(m, s, b): ms for m, s, b, ms in
-                 (parse_peer(a, "--attention-ms", "MS") for a in args.attention_ms)}
+                 (parse_spec(a, "--attention-ms", "MS") for a in args.attention_ms)}
     rows = []
     for spec in args.workloads.split(","):
         model, seq, batch = spec.split(":")

@@ -450,22 +450,26 @@ stage_blocks12() {  # twelfth session: the flash kernel's blocks (forward 128 x 
   pretrain 120 blocks12:old "$LARGE" "$S128" "$B256" --flash "$old128"
 }
 
+run_probe() {  # run_probe EST SCRIPT [options under BENCH_SMOKE=1...]: one probe, its
+  # records in $OUT/probe.jsonl
+  local est=$1 script=$2 smoke=()
+  shift 2
+  [ "$SMOKE" = 1 ] && smoke=("$@")
+  run_case "$est" probe probe "$BASE" "$S128" 0 -- "${JAX_ENV[@]}" \
+    "$PY" "$script" "${smoke[@]}" --out "$OUT/probe.jsonl"
+}
+
 stage_cudnndrop() {  # thirteenth session: cuDNN's fused attention with its own dropout
-  # (bench/probe_cudnn_dropout.py: masks and kernel speed, $OUT/probe.jsonl). The step A/B
-  # of that call ran the same function as model.dropout_attention_impl=cudnn, which commit
-  # c7cc0ff had and the next commit removed (~2 min)
-  local probe=()
-  [ "$SMOKE" = 1 ] && probe=(--emulate --mask-shapes 2x32x2x16 --shapes "" --executions 2)
-  run_case 100 probe probe "$BASE" "$S128" 0 -- "${JAX_ENV[@]}" \
-    "$PY" bench/probe_cudnn_dropout.py "${probe[@]}" --out "$OUT/probe.jsonl"
+  # (bench/probe_cudnn_dropout.py: masks and kernel speed). The step A/B of that call ran
+  # the same function as model.dropout_attention_impl=cudnn, which commit c7cc0ff had and
+  # the next commit removed (~2 min)
+  run_probe 100 bench/probe_cudnn_dropout.py \
+    --emulate --mask-shapes 2x32x2x16 --shapes "" --executions 2
 }
 
 stage_gemmgelu() {  # fourteenth session: the MLP's bias + GELU fused into a Pallas GEMM's
   # epilogues, against cuBLAS + the fused_gelu kernel pair (bench/probe_gemm_gelu.py, ~4 min)
-  local probe=()
-  [ "$SMOKE" = 1 ] && probe=(--check)
-  run_case 240 probe probe "$BASE" "$S128" 0 -- "${JAX_ENV[@]}" \
-    "$PY" bench/probe_gemm_gelu.py "${probe[@]}" --out "$OUT/probe.jsonl"
+  run_probe 240 bench/probe_gemm_gelu.py --check
 }
 
 stage_plain() {  # eleventh session: bert-jax, the plain Flax step (bench/plain_flax.py) and
