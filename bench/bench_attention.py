@@ -1,5 +1,5 @@
 """Attention alone, forward + backward, on one device: the flash kernel with in-kernel dropout
-(``bert_jax/modeling/flash.py``) against the explicit einsum path with dropout and cuDNN's
+(``bert_jax/kernels/flash.py``) against the explicit einsum path with dropout and cuDNN's
 fused attention without dropout, at BERT's shapes; plus a correctness check of the kernel
 against the jax.numpy reference on the device (same mask).
 
@@ -108,7 +108,7 @@ def run_shape(shape: str, args) -> None:
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.modeling import flash
+    from bert_jax.kernels import flash
     from bert_jax.modeling.attention import explicit_attention, fused_attention
 
     on_gpu = jax.default_backend() == "gpu"
@@ -173,7 +173,7 @@ def forward_sweep(q, k, v, lengths, salt, base, args) -> None:
 
     import jax
 
-    from bert_jax.modeling import flash
+    from bert_jax.kernels import flash
 
     b, s, h, d = q.shape
     settings, bias, salt = flash._prepare(
@@ -196,7 +196,7 @@ def backward_sweep(grad_of, q, k, v, lengths, salt, base, args) -> None:
     stages of the dK/dV kernel apply to the forward too, so ``fwd_ms`` is recorded with each."""
     import jax
 
-    from bert_jax.modeling import flash
+    from bert_jax.kernels import flash
 
     runs = [("dkdv", t, None) for t in DKDV_TUNINGS] + [("dq", None, t) for t in DQ_TUNINGS]
     for kernel, dkdv, dq in runs:

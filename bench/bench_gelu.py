@@ -1,5 +1,5 @@
 """The MLP's epilogue alone: ``gelu_erf(y + b)``, forward and backward, as XLA compiles it
-(``ops.add_bias_activate``) against the Pallas kernel pair (``bert_jax/modeling/fused_gelu.py``)
+(``ops.add_bias_activate``) against the Pallas kernel pair (``bert_jax/kernels/fused_gelu.py``)
 at every tile (block_rows, block_cols, num_warps) and backward ``sum_blocks`` of a sweep. One
 JSON line per (shape, variant, pass): microseconds per call and the bytes the pass must move
 at least (bf16: forward reads y and writes the output; backward reads g and y and writes dx)
@@ -45,7 +45,7 @@ def main(argv=None) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.modeling import fused_gelu
+    from bert_jax.kernels import fused_gelu
     from bert_jax.modeling.ops import add_bias_activate
 
     interpret = jax.default_backend() != "gpu"

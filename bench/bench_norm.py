@@ -1,6 +1,6 @@
 """The end of a BERT sublayer alone: ``LayerNorm(residual + dropout(y + b))``, forward and
 backward, as XLA compiles it (``layer_norm_impl=two_stage``: add_bias + hash_dropout +
-TwoStageLayerNorm) against the fused Pallas kernel (``bert_jax/modeling/fused_norm.py``) at
+TwoStageLayerNorm) against the fused Pallas kernel (``bert_jax/kernels/fused_norm.py``) at
 every (block_rows, num_warps) of a sweep. One JSON line per (shape, variant): microseconds per
 forward + backward, and the bytes the fused kernels must move at least (residual, y, the
 output and the output gradient read or written once each way) over that time.
@@ -48,8 +48,8 @@ def main(argv=None) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.modeling import fused_norm
-    from bert_jax.modeling.dropout import hash_dropout, salt_from_rng
+    from bert_jax.kernels import fused_norm
+    from bert_jax.kernels.dropout import hash_dropout, salt_from_rng
     from bert_jax.modeling.ops import add_bias, layer_norm_two_stage
 
     interpret = jax.default_backend() != "gpu"

@@ -48,7 +48,8 @@ def main(argv=None) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.modeling import fused_xent, heads
+    from bert_jax.kernels import fused_xent
+    from bert_jax.modeling import heads
 
     interpret = jax.default_backend() != "gpu"
     records = []

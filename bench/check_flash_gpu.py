@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bert_jax.modeling import flash  # noqa: E402
+from bert_jax.kernels import flash  # noqa: E402
 
 SHAPES = {"base-128": (8, 128, 12, 64), "large-512": (2, 512, 16, 64),
           "tiny": (2, 32, 2, 16)}  # tiny: CPU smoke runs (interpret mode)

@@ -110,7 +110,7 @@ def use_fused_norm_blocks(spec: str) -> None:
     """``--fused-norm-blocks ROWS:WARPS[:hold]``: the fused LayerNorm kernel's settings for
     every shape (process-wide; ``hold`` keeps whole rows in registers in the backward
     pass instead of recomputing them)."""
-    from bert_jax.modeling import fused_norm
+    from bert_jax.kernels import fused_norm
 
     parts = spec.split(":")
     try:
@@ -129,7 +129,7 @@ def use_flash_settings(spec: str) -> None:
     process (call before the model is traced)."""
     import functools
 
-    from bert_jax.modeling import flash
+    from bert_jax.kernels import flash
 
     parts = spec.split(":")
     names = ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "num_warps", "num_stages")
@@ -164,7 +164,7 @@ def apply_process_levers(args) -> None:
     if getattr(args, "fused_norm_blocks", ""):
         use_fused_norm_blocks(args.fused_norm_blocks)
     if getattr(args, "norm_sum_blocks", 0):
-        from bert_jax.modeling import fused_norm
+        from bert_jax.kernels import fused_norm
 
         fused_norm.SUM_BLOCKS = int(args.norm_sum_blocks)
     if getattr(args, "flash", ""):

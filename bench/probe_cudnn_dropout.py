@@ -63,7 +63,7 @@ def attention_for(seed: int, rate: float, lengths, emulate: bool):
     for CPU tests) the flash reference with a mask fixed by ``seed``."""
     import jax
 
-    from bert_jax.modeling import flash
+    from bert_jax.kernels import flash
 
     if emulate:
         def attn(q, k, v):
@@ -187,7 +187,7 @@ def speed(shape: str, rate: float, out_path: str) -> None:
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.modeling import flash
+    from bert_jax.kernels import flash
     from bert_jax.modeling.attention import fused_attention
 
     b, s, h, d = (int(x) for x in shape.split("x"))

@@ -57,8 +57,8 @@ def _gemm_kernel(x_ref, w_ref, *refs, block_k: int, trans_w: bool, epilogue: str
     from jax import lax
     from jax.experimental import pallas as pl
 
-    from bert_jax.modeling.flash import _dot
-    from bert_jax.modeling.fused_gelu import _INV_SQRT_2PI, _cdf_and_gauss, _gelu
+    from bert_jax.kernels.flash import _dot
+    from bert_jax.kernels.fused_gelu import _INV_SQRT_2PI, _cdf_and_gauss, _gelu
 
     k = x_ref.shape[1]
 
@@ -132,7 +132,7 @@ def today_forward(x, w1, b):
     """The step's forward today: cuBLAS (through XLA) then the fused bias + GELU kernel."""
     import jax.numpy as jnp
 
-    from bert_jax.modeling.fused_gelu import bias_gelu
+    from bert_jax.kernels.fused_gelu import bias_gelu
 
     y = jnp.dot(x, w1, preferred_element_type=jnp.float32).astype(x.dtype)
     return bias_gelu(y, b)
@@ -144,7 +144,7 @@ def today_backward(dy, w2, y, b):
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.modeling.fused_gelu import bias_gelu
+    from bert_jax.kernels.fused_gelu import bias_gelu
 
     g = jnp.dot(dy, w2.T, preferred_element_type=jnp.float32).astype(dy.dtype)
     return jax.vjp(bias_gelu, y, b)[1](g)

@@ -38,7 +38,7 @@ def probe_shape(shape: str, out_path: str) -> None:
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.gpu import attention_mgpu as mg
 
-    from bert_jax.modeling import flash
+    from bert_jax.kernels import flash
     from bert_jax.modeling.attention import fused_attention
 
     b, s, h, d = (int(x) for x in shape.split("x"))

@@ -16,11 +16,11 @@ ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
 # Attention while attention dropout is active (training): fused kernels above have no dropout.
 DROPOUT_ATTENTION_IMPLS = ("explicit", "flash", "auto")
 # Hidden-state dropout masks: hash (counter hash, recomputed in the backward pass) | prng
-# (Flax nn.Dropout, threefry Bernoulli mask); bert_jax/modeling/dropout.py.
+# (Flax nn.Dropout, threefry Bernoulli mask); bert_jax/kernels/dropout.py.
 HIDDEN_DROPOUT_IMPLS = ("hash", "prng")
 # The counter hash behind hash dropout masks, hidden and (flash kernel) attention: rowcol (a
 # code per row and per column, one finalizer round per element) | flat (two rounds of the
-# flat element index); bert_jax/modeling/dropout.py.
+# flat element index); bert_jax/kernels/dropout.py.
 DROPOUT_HASHES = ("rowcol", "flat")
 # The query/key/value projection: one matmul into [.., 3, heads, head_dim] then slices
 # (fused), one matmul per slice of the same kernel (split), or (packed) one matmul whose
@@ -30,7 +30,7 @@ QKV_PROJECTIONS = ("split", "fused", "packed")
 # LayerNorm: two_stage (custom backward with two-stage column sums for the scale/bias
 # gradients; bert_jax/modeling/ops.py), Flax's nn.LayerNorm (autodiff backward), or fused:
 # each layer's bias + hidden dropout + residual add + LayerNorm as one Pallas kernel per
-# direction (bert_jax/modeling/fused_norm.py; GPU; needs hash dropout with the rowcol hash);
+# direction (bert_jax/kernels/fused_norm.py; GPU; needs hash dropout with the rowcol hash);
 # auto: fused on GPU where it applies, else two_stage.
 LAYER_NORM_IMPLS = ("two_stage", "flax", "fused", "auto")
 # The residual stream (LayerNorm outputs and the sums into them): the compute dtype, or float32
@@ -80,7 +80,7 @@ class BertConfig:
     param_dtype: str = "float32"
     attention_impl: str = "auto"  # xla | cudnn | splash | auto (cudnn on GPU, else xla)
     # With attention dropout active: explicit einsum | flash (Pallas kernel with in-kernel
-    # dropout, bert_jax/modeling/flash.py) | auto (flash on GPU where shapes allow).
+    # dropout, bert_jax/kernels/flash.py) | auto (flash on GPU where shapes allow).
     dropout_attention_impl: str = "auto"
     hidden_dropout_impl: str = "hash"  # hash | prng (see HIDDEN_DROPOUT_IMPLS)
     dropout_hash: str = "rowcol"  # rowcol | flat (see DROPOUT_HASHES)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from bert_jax.config import get_preset
+from bert_jax.kernels.splash import splash_attention
 from bert_jax.modeling import BertModel
 from bert_jax.modeling.attention import explicit_attention, fused_attention
-from bert_jax.modeling.splash import splash_attention
 
 
 def _inputs(seed, batch=2, seq=128, heads=2, dim=32):

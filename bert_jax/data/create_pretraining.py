@@ -320,7 +320,7 @@ class command:  # noqa: N801 - the CLI registry names this attribute
 
     @staticmethod
     def run(args) -> int:
-        from bert_jax.tokenization.base import load_tokenizer
+        from bert_jax.tokenization.factory import load_tokenizer
 
         if not os.path.exists(args.tokenizer):
             raise BertJaxError(f"--tokenizer {args.tokenizer}: no such file or directory")

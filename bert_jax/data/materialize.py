@@ -170,7 +170,7 @@ class command:  # noqa: N801 - the CLI registry names this attribute
     def run(args) -> int:
         tokenizer = None
         if args.tokenizer:
-            from bert_jax.tokenization.base import load_tokenizer
+            from bert_jax.tokenization.factory import load_tokenizer
 
             tokenizer = load_tokenizer(args.tokenizer)
         manifest = materialize_batches(

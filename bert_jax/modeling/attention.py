@@ -53,7 +53,7 @@ def fused_attention(query, key, value, kv_lengths, implementation: str):
     """``jax.nn.dot_product_attention`` (XLA or cuDNN) with padding given as key lengths."""
     impl = resolve_implementation(implementation)
     if impl == "splash":
-        from bert_jax.modeling.splash import splash_attention
+        from bert_jax.kernels.splash import splash_attention
 
         return splash_attention(query, key, value, kv_lengths)
     if impl == "cudnn" and query.dtype not in (jnp.bfloat16, jnp.float16):
@@ -65,7 +65,7 @@ def fused_attention(query, key, value, kv_lengths, implementation: str):
 
 def resolve_dropout_implementation(name: str, query, key) -> str:
     """``auto`` -> the flash kernel on GPU when its shapes are supported, else explicit."""
-    from bert_jax.modeling import flash
+    from bert_jax.kernels import flash
 
     if name != "auto":
         return name
@@ -77,7 +77,7 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
                       implementation: str = "auto", mask_hash: str = "rowcol", qkv_bias=None):
     """Training-time attention with dropout on the probabilities. Returns the context.
 
-    ``flash`` runs the Pallas kernel of ``bert_jax.modeling.flash`` (dropout in the kernel,
+    ``flash`` runs the Pallas kernel of ``bert_jax.kernels.flash`` (dropout in the kernel,
     probabilities never in memory, mask from the counter hash ``mask_hash``), split over the
     active mesh with ``shard_map`` because a Pallas call is not partitioned by XLA;
     ``explicit`` is the einsum path (a threefry Bernoulli mask).
@@ -92,7 +92,7 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
                                   dropout_rate=dropout_rate, deterministic=False)[0]
     if impl != "flash":
         raise ValueError(f"unknown dropout attention implementation {impl!r}")
-    from bert_jax.modeling import flash
+    from bert_jax.kernels import flash
 
     salt = _flash_salt(dropout_rng, query.shape[0], query.shape[2])
 
@@ -117,7 +117,7 @@ def dropout_attention_packed(qkv, kv_lengths, *, dropout_rng, dropout_rate: floa
         return dropout_attention(query, key, qkv[:, :, 2], kv_lengths, dropout_rng=dropout_rng,
                                  dropout_rate=dropout_rate, implementation=impl,
                                  mask_hash=mask_hash, qkv_bias=biases)
-    from bert_jax.modeling import flash
+    from bert_jax.kernels import flash
 
     salt = _flash_salt(dropout_rng, qkv.shape[0], qkv.shape[3])
 
@@ -130,7 +130,7 @@ def dropout_attention_packed(qkv, kv_lengths, *, dropout_rng, dropout_rate: floa
 
 def _flash_salt(dropout_rng, batch: int, heads: int):
     """The flash kernel's [batch, heads] salts (a warning off GPU, where it is interpreted)."""
-    from bert_jax.modeling import flash
+    from bert_jax.kernels import flash
 
     if jax.default_backend() != "gpu":
         warnings.warn("dropout_attention_impl='flash' off GPU runs the Pallas kernel in "

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
+from bert_jax.kernels.dropout import Dropout, salt_from_rng
 from bert_jax.modeling.attention import (
     dropout_attention,
     dropout_attention_packed,
@@ -23,7 +24,6 @@ from bert_jax.modeling.attention import (
     fused_attention,
     resolve_dropout_implementation,
 )
-from bert_jax.modeling.dropout import Dropout, salt_from_rng
 from bert_jax.modeling.ops import TwoStageLayerNorm, add_bias, add_bias_activate
 from bert_jax.parallel import constrain
 
@@ -79,7 +79,7 @@ def use_fused_norm(config: BertConfig) -> bool:
         return True
     if config.layer_norm_impl != "auto" or jax.default_backend() != "gpu":
         return False
-    from bert_jax.modeling import fused_norm
+    from bert_jax.kernels import fused_norm
 
     if config.hidden_dropout_impl != "hash" or config.dropout_hash != "rowcol":
         return False
@@ -96,7 +96,7 @@ SPLIT_NORM_GRADS = True
 
 class FusedResidualNorm(nn.Module):
     """``LayerNorm(residual + dropout(y + b))`` in one Pallas kernel each way
-    (``layer_norm_impl=fused``, :mod:`bert_jax.modeling.fused_norm`): the same ``scale`` and
+    (``layer_norm_impl=fused``, :mod:`bert_jax.kernels.fused_norm`): the same ``scale`` and
     ``bias`` parameters as the LayerNorm it replaces; ``b`` is the output projection's bias
     (``Projection(skip_bias_add=True)``). With ``split_output`` (and ``SPLIT_NORM_GRADS``)
     the output comes back as a pair (for the matmul, for the residual) of one array."""
@@ -106,7 +106,7 @@ class FusedResidualNorm(nn.Module):
 
     @nn.compact
     def __call__(self, residual, y, b, deterministic: bool):
-        from bert_jax.modeling.fused_norm import residual_dropout_layer_norm
+        from bert_jax.kernels.fused_norm import residual_dropout_layer_norm
 
         cfg = self.config
         features = (y.shape[-1],)

@@ -17,12 +17,10 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
 from bert_jax.config import BertConfig
+from bert_jax.kernels.reference import NEG_INF, decode, logits_cross_entropy
 from bert_jax.modeling.encoder import BertModel, dense, hidden_dropout, layer_norm, zeros
-
-NEG_INF = -1e9
 
 
 def gather_positions(sequence, positions):
@@ -38,36 +36,6 @@ def mask_padded_vocab(logits, vocab_size: int):
         return logits
     valid = jnp.arange(logits.shape[-1]) < vocab_size
     return jnp.where(valid, logits, NEG_INF)
-
-
-@jax.custom_vjp
-def decode(h, table):
-    """Logits ``h @ table.T`` in float32 (h, table in the compute dtype). The backward pass
-    casts the float32 logit gradient to the compute dtype before its two matmuls, as mixed
-    precision does everywhere else; autodiff would promote them to float32 (TF32 GEMMs of
-    [tokens, vocab], 1.6 ms of a Base/128 step on an H200)."""
-    return jnp.einsum("...e,ve->...v", h, table, preferred_element_type=jnp.float32)
-
-
-def _decode_fwd(h, table):
-    return decode(h, table), (h, table)
-
-
-def decode_grads(h, table, g):
-    """(dh, dtable) of ``decode`` for the logit gradient ``g``, cast to the compute dtype
-    first: two matmuls in h's dtype with float32 accumulation (also ``fused_xent``'s
-    backward, whose kernel writes ``g`` in that dtype)."""
-    g = g.astype(h.dtype)
-    dh = jnp.einsum("...v,ve->...e", g, table, preferred_element_type=jnp.float32)
-    dtable = jnp.einsum("...v,...e->ve", g, h, preferred_element_type=jnp.float32)
-    return dh.astype(h.dtype), dtable.astype(table.dtype)
-
-
-def _decode_bwd(residuals, g):
-    return decode_grads(*residuals, g)
-
-
-decode.defvjp(_decode_fwd, _decode_bwd)
 
 
 class MLMDecoder(NamedTuple):
@@ -114,16 +82,6 @@ def decoder_logits(decoder: MLMDecoder, vocab_size: int):
     return mask_padded_vocab(decode(decoder.hidden, decoder.table) + decoder.bias, vocab_size)
 
 
-def logits_cross_entropy(logits, ids):
-    """(nll, correct) float32 of [..., vocab] logits and integer labels: optax's softmax
-    cross-entropy, and 1.0 where the label's logit is the maximum (ties count as correct; no
-    argmax pass over the vocabulary, the max is shared with the loss's logsumexp)."""
-    logits = logits.astype(jnp.float32)
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, ids)
-    label_logit = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
-    return nll, (label_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
-
-
 # The MLM loss as ``fused_xent.decode_cross_entropy`` (the decoder matmul and the softmax
 # cross-entropy as one custom VJP whose passes over the logits are Pallas kernels): True (the
 # default) on GPUs where it applies (the vocabulary axis not split over a mesh); False: XLA's
@@ -135,7 +93,7 @@ FUSED_MLM_LOSS: bool | str = True
 def _use_fused_mlm_loss(decoder: MLMDecoder | None) -> bool:
     if decoder is None or not FUSED_MLM_LOSS:
         return False
-    from bert_jax.modeling import fused_xent
+    from bert_jax.kernels import fused_xent
 
     applies = fused_xent.supported(decoder.table.shape[0])
     if FUSED_MLM_LOSS == "force":
@@ -152,7 +110,7 @@ def mlm_cross_entropy(outputs: dict[str, Any], ids):
     ``outputs["mlm_logits"]`` (the same values up to float32 summation order)."""
     decoder = outputs.get("mlm_decoder")
     if _use_fused_mlm_loss(decoder):
-        from bert_jax.modeling import fused_xent
+        from bert_jax.kernels import fused_xent
 
         return fused_xent.decode_cross_entropy(decoder.hidden, decoder.table, decoder.bias, ids)
     return logits_cross_entropy(outputs["mlm_logits"], ids)

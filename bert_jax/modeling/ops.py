@@ -23,36 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-_SQRT_HALF = 0.7071067811865476
-_INV_SQRT_2PI = 0.3989422804014327
-
-
-def gelu_erf(x):
-    """Exact GELU as BERT and torch define it, ``x * Phi(x) = x/2 * (1 + erf(x / sqrt 2))``,
-    evaluated in float32 and returned in ``x.dtype``.
-
-    ``jax.nn.gelu(approximate=False)`` computes the same function through ``erfc``, which XLA
-    expands into two polynomial branches, an exponential and two divisions per element (and
-    their derivatives in the backward pass): on an H100 the Base/128 GELU forward and
-    backward fusions were compute-bound, 3.9 + 5.0 ms of a 54 ms pretraining step. ``erf``
-    is one clamped rational polynomial; its derivative here is ``Phi(x) + x * phi(x)``.
-    """
-    return _gelu_erf(x)
-
-
-@jax.custom_jvp
-def _gelu_erf(x):
-    xf = x.astype(jnp.float32)
-    return (xf * (0.5 + 0.5 * jax.lax.erf(xf * _SQRT_HALF))).astype(x.dtype)
-
-
-@_gelu_erf.defjvp
-def _gelu_erf_jvp(primals, tangents):
-    (x,), (t,) = primals, tangents
-    xf = x.astype(jnp.float32)
-    cdf = 0.5 + 0.5 * jax.lax.erf(xf * _SQRT_HALF)
-    slope = cdf + xf * (_INV_SQRT_2PI * jnp.exp(-0.5 * xf * xf))
-    return (xf * cdf).astype(x.dtype), (t.astype(jnp.float32) * slope).astype(t.dtype)
+from bert_jax.kernels.reference import gelu_erf
 
 
 def activation(name: str):
@@ -110,7 +81,7 @@ FUSED_GELU: bool | str = True
 def _use_fused_gelu(y, bias, name: str) -> bool:
     if name != "gelu" or not FUSED_GELU:
         return False
-    from bert_jax.modeling import fused_gelu
+    from bert_jax.kernels import fused_gelu
 
     applies = (y.ndim >= 2 and bias.shape == y.shape[-1:] and y.dtype == bias.dtype
                and fused_gelu.supported(y.shape[-1]))
@@ -127,7 +98,7 @@ def add_bias_activate(y, bias, name: str):
     [tokens, intermediate] arrays (three outputs for the erf GELU instead of one). With
     :data:`FUSED_GELU` the erf GELU runs as ``fused_gelu.bias_gelu``'s kernels instead."""
     if _use_fused_gelu(y, bias, name):
-        from bert_jax.modeling import fused_gelu
+        from bert_jax.kernels import fused_gelu
 
         return fused_gelu.bias_gelu(y, bias)
     return _add_bias_activate(y, bias, name)

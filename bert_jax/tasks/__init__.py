@@ -7,7 +7,7 @@ from bert_jax.tasks.registry import TASK_NAMES, get_task
 
 def read_tfds(name: str, split: str, data_dir: str | None = None, download: bool = False):
     """Examples of a task from tensorflow-datasets (imports TensorFlow only when called)."""
-    from bert_jax.data.tfds_tasks import read_tfds as _read
+    from bert_jax.tasks.tfds import read_tfds as _read
 
     return _read(name, split, data_dir=data_dir, download=download)
 

@@ -191,32 +191,3 @@ def truncate_pair(a: list, b: list | None, budget: int, strategy: str = "longest
         else:
             b.pop()
     return a, b
-
-
-def load_tokenizer(directory: str) -> Tokenizer:
-    """Loads a tokenizer saved with ``Tokenizer.save`` (or a bare ``vocab.txt``/``*.model``)."""
-    from bert_jax.tokenization.sentencepiece import SentencePieceTokenizer
-    from bert_jax.tokenization.wordpiece import WordPieceTokenizer
-
-    if os.path.isfile(directory):
-        if directory.endswith(".model"):
-            return SentencePieceTokenizer(directory)
-        return WordPieceTokenizer.from_vocab_file(directory)
-    meta_path = os.path.join(directory, TOKENIZER_JSON)
-    if os.path.exists(meta_path):
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
-        kind = meta.get("kind")
-        if kind == "wordpiece":
-            return WordPieceTokenizer.load(directory)
-        if kind == "sentencepiece":
-            return SentencePieceTokenizer.load(directory)
-        raise BertJaxError(f"{meta_path}: unknown tokenizer kind {kind!r}")
-    if os.path.exists(os.path.join(directory, "vocab.txt")):
-        return WordPieceTokenizer.from_vocab_file(os.path.join(directory, "vocab.txt"))
-    models = [f for f in os.listdir(directory) if f.endswith(".model")] if os.path.isdir(
-        directory) else []
-    if len(models) == 1:
-        return SentencePieceTokenizer(os.path.join(directory, models[0]))
-    raise BertJaxError(f"{directory}: no tokenizer found (expected {TOKENIZER_JSON}, vocab.txt "
-                       "or one SentencePiece .model file)")

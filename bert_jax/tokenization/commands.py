@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bert_jax.tokenization.base import load_tokenizer
+    from bert_jax.tokenization.factory import load_tokenizer
     from bert_jax.tokenization.sentencepiece import (
         MODEL_FILE,
         SentencePieceTokenizer,

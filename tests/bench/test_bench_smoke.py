@@ -255,7 +255,7 @@ def test_flash_lever_patches_both_entry_points(monkeypatch):
     kernel's) reach the separate and the packed entry points (the model's default projection
     is packed), and the patched kernels still compute the reference attention."""
     from bench import levers
-    from bert_jax.modeling import flash
+    from bert_jax.kernels import flash
 
     for name in ("flash_attention", "flash_attention_packed"):
         monkeypatch.setattr(flash, name, getattr(flash, name))

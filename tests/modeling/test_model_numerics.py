@@ -300,7 +300,8 @@ def test_gelu_erf_matches_the_definition():
     Phi(x) + x * phi(x), and lowers to erf, not to XLA's far costlier erfc expansion."""
     import math
 
-    from bert_jax.modeling.ops import activation, gelu_erf
+    from bert_jax.kernels.reference import gelu_erf
+    from bert_jax.modeling.ops import activation
 
     assert activation("gelu") is gelu_erf
     x = np.linspace(-9.0, 9.0, 20001)
@@ -321,7 +322,7 @@ def test_gelu_erf_matches_the_definition():
 def test_decoder_vjp():
     """The tied decoder's logit gradient: exact in float32; in bfloat16 the logit gradient is
     rounded to bfloat16 before the matmuls (relative error ~2**-8)."""
-    from bert_jax.modeling.heads import decode
+    from bert_jax.kernels.reference import decode
 
     h = jax.random.normal(jax.random.key(0), (2, 5, 32))
     table = jax.random.normal(jax.random.key(1), (300, 32))

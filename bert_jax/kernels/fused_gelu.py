@@ -1,0 +1,396 @@
+"""Bias + exact (erf) GELU, the MLP's epilogue, as a Pallas kernel pair (Triton on GPUs).
+
+The MLP's first projection ends in ``gelu_erf(y + b)`` (``ops.add_bias_activate``), ``y`` the
+matmul output [tokens, intermediate] and ``b`` its bias. XLA runs it as two memory-bound
+fusions at ~70-75% of an H100's HBM bandwidth: the forward reads ``y`` and writes the
+activation (169 us per call at [32768, 3072] bf16, Base/128 at batch 256), the backward reads
+the output gradient ``g`` and ``y`` and writes ``dx`` plus the first stage of the bias
+gradient's column sum (239 us). Here one forward kernel and one backward kernel do the same
+passes, aiming at ~85-90% of the bandwidth:
+
+* forward: ``out = x * Phi(x)`` in float32, written in ``y.dtype``, where ``x = y + b`` is
+  rounded to the inputs' dtype as the unfused ``y + b`` is (the same function of the same
+  ``x``);
+* backward: recomputes ``x`` from ``y`` and ``b`` (the forward saves only its inputs: no
+  [tokens, intermediate] array besides ``y``, which the matmul's backward keeps anyway) and
+  writes ``dx = g * (Phi(x) + x * phi(x))`` in ``y.dtype``, plus one float32 partial column
+  sum of ``dx`` per program ([programs, intermediate], summed by XLA into the bias gradient,
+  as ``fused_norm.py`` does for its parameter gradients). A program loops over ``sum_blocks``
+  row blocks (``lax.fori_loop``), carrying the column sums in registers as a tile added
+  elementwise and reduced over its rows once at the end, so the partial sums stay a small
+  fraction of the traffic.
+
+Each program handles one [block_rows, block_cols] tile (grid: row blocks x column tiles; the
+backward's tile is ``sum_blocks`` row blocks tall). Neither kernel needs a mask: the rows come
+in whole blocks (``block_rows``, a power of two, divides the rows per shard) and the
+intermediate axis in whole power-of-two column tiles (Triton's tensors are powers of two:
+3072 = 6 x 512, 4096 = 8 x 512), so every load and store is in bounds.
+
+Pallas' Triton lowering has no ``erf``, so the kernels evaluate their own (:func:`erf`): for
+``z = |x| / sqrt 2``, ``erf(z) = 1 - exp(-z^2) * (1 + u * S(u))`` with ``u = p z / (1 + p z)``
+and ``S`` a degree-4 polynomial (an erfc form like Abramowitz & Stegun 7.1.26, refitted in this
+variable: it computes ``erf`` as ``(1 - e) - e u S(u)``, which keeps float32 rounding small
+near 0). The backward's Gaussian density ``phi(x) = exp(-x^2/2) / sqrt(2 pi)`` reuses the same
+``exp(-z^2)``. Accuracy in float32 (measured on the CPU against float64 ``math.erf``): erf
+within 1.2e-7 absolute on [-8, 8] (the polynomial's own error is 2.4e-8, the rest is float32
+rounding), the normal CDF ``Phi`` within 8.4e-8 on [-12, 12] (XLA's ``0.5 + 0.5 * lax.erf`` in
+float32: 1.7e-7), the GELU within 1.2e-7 x max(|x|, 1) (XLA's ``gelu_erf``: 2.0e-7). On GPUs
+the exp2 and the division are the hardware's approximate ones (a few ulp).
+
+Measured (``bench/bench_gelu.py``, bf16, the default settings, XLA's fusions on the same
+machine): on an H100, [32768, 3072] forward 152 us against XLA's 170 (2.65 TB/s, 79% of the
+nominal 3.35), backward 242 against 253 (2.50 TB/s, 75%); [16384, 4096] (Large/512 at batch 32)
+forward 102 against 119, backward 186 against 170 (2 rows x 1024 columns x 4 warps: 173). On
+an H200 (4.8 TB/s) the best settings gave 140 against 163 and 203 against 224. So the forward
+gains 11-14%, the backward little or nothing: both kernels sit near the arithmetic limit of the
+erf evaluation as much as the memory limit (the H200's extra bandwidth buys XLA nothing), short
+of the 85-90% of the bandwidth hoped for. The switch (``ops.FUSED_GELU``, bench ``--gelu
+kernel``) stays off until a training step measures it.
+
+Under a device mesh the kernels run per batch shard (``shard_map``), the intermediate axis
+unsplit; the partial sums of all shards are summed by XLA. On the CPU the kernels run in
+Pallas interpret mode (tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from bert_jax.kernels.flash import fit_block
+from bert_jax.kernels.fused_norm import (
+    _flat,
+    per_shard,
+    rows_per_shard,
+    split_axes,
+    unsplit_row_spec,
+)
+
+_SQRT_HALF = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+
+# ---------------------------------------------------------------------------------------------
+# erf from exp, one division and a polynomial (the kernels' own; also used by the tests).
+#
+# erfc(z) = exp(-z^2) * erfcx(z), and erfcx (1 at z = 0, ~1/(z sqrt pi) for large z) is smooth
+# in u = p z / (1 + p z) in [0, 1): erfcx ~ 1 + u * S(u). S's coefficients minimize the largest
+# absolute error of erfc over z >= 0 (iteratively reweighted least squares, Lawson's method,
+# with p chosen by a scan): 2.4e-8. Writing erf(z) = (1 - e) - e * (u * S(u)), e = exp(-z^2),
+# rather than 1 - erfc, keeps the float32 result's error near z = 0, where erf is small, at
+# ~1e-7 (the erfc-first form's rounding reached 3-4e-7 there). The error is absolute, not
+# relative, in the tail too (erfc's relative error reaches 1e-3 at z = 4), and the kernels form
+# Phi and the GELU from 0.5 +- erf/2, which in float32 keeps ~3e-8 of absolute precision where
+# Phi is tiny (x < -4), as XLA's float32 ``0.5 + 0.5 * erf`` does.
+#
+# The kernels are near the GPU's arithmetic limit as much as its memory limit (XLA's own erf
+# GELU fusions are: an H200 runs them no faster than an H100), so the evaluation is trimmed to
+# ~20 operations: the 1/sqrt(2) and log2(e) scales are folded into the constants and the
+# exponential is one exp2 (``exp`` lowers to libdevice's longer ``__nv_expf``); the polynomial
+# gives erf/2 directly (S/2's coefficients); and the GELU is 0.5 x + |x| erf(|x|/sqrt 2) / 2,
+# with no select on the sign.
+_ERF_P = 0.4425
+_ERF_S = (-2.550007334, 2.556952847, -1.015667746, -0.2508743905, 0.27593787)
+_HALF_S = tuple(0.5 * c for c in _ERF_S)
+_ERF_Z_MAX = 10.0  # erf(10) = 1 in float32; the clamp keeps an infinite input from u = inf/inf
+_LOG2E = 1.4426950408889634
+
+
+def _half_erf_and_gauss(a, scale: float):
+    """``(erf(z) / 2, exp(-z^2))`` in float32 for ``z = a * scale``, ``a >= 0`` (any jax
+    array: kernel or not)."""
+    a = jnp.minimum(a, _ERF_Z_MAX / scale)
+    pz = (_ERF_P * scale) * a
+    u = pz / (1.0 + pz)
+    e = jnp.exp2((a * a) * (-_LOG2E * scale * scale))
+    s = _HALF_S[-1]
+    for c in _HALF_S[-2::-1]:  # Horner
+        s = s * u + c
+    return (0.5 - 0.5 * e) - e * (u * s), e
+
+
+def erf(x):
+    """float32 ``erf`` as the kernels compute it (max abs error 1.2e-7 in float32)."""
+    x = jnp.asarray(x, jnp.float32)
+    h, _ = _half_erf_and_gauss(jnp.abs(x), 1.0)
+    return jnp.where(x < 0, -2.0 * h, 2.0 * h)
+
+
+def _gelu(x):
+    """float32 ``x * Phi(x) = x/2 + |x| erf(|x|/sqrt 2) / 2``."""
+    a = jnp.abs(x)
+    h, _ = _half_erf_and_gauss(a, _SQRT_HALF)
+    return 0.5 * x + a * h
+
+
+def _cdf_and_gauss(x):
+    """float32 ``(Phi(x), exp(-x^2/2))``: the normal CDF, and the Gaussian without its
+    ``1/sqrt(2 pi)`` (``phi(x) = _INV_SQRT_2PI * exp(-x^2/2)``), sharing one exponential."""
+    h, e = _half_erf_and_gauss(jnp.abs(x), _SQRT_HALF)
+    return 0.5 + jnp.where(x < 0, -h, h), e
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings.
+
+@dataclasses.dataclass(frozen=True)
+class GeluSettings:
+    """Static kernel settings (hashable: a custom_vjp non-differentiable argument)."""
+    block_rows: int
+    block_cols: int  # a power of two dividing the width
+    num_warps: int
+    interpret: bool
+    # Backward: row blocks one program loops over, carrying the bias-gradient column sums;
+    # one [block_cols] float32 partial sum per program (XLA sums them afterwards).
+    sum_blocks: int = 1
+    # Backward: Triton's software pipelining of that loop (1: none).
+    num_stages: int = 1
+    # Launch order: column tiles fastest (consecutive programs stream consecutive memory).
+    cols_fastest: bool = True
+
+
+# Default tiles (block_rows, block_cols, num_warps), and the backward's row blocks per program
+# aimed at about BACKWARD_PROGRAMS row groups: enough programs to fill the GPU several times
+# over (x width / block_cols column tiles), few enough that the [row groups, width] float32
+# partial sums stay a few percent of the traffic (3 MB at [32768, 3072]: 8 row blocks per
+# program). From sweeps on an H100 and an H200 (module docstring): tiles of 2-4 rows x 512-1024
+# columns with 2-4 warps were within noise (+-5 us) of each other; 1-row and 2048-column
+# tiles were slower (10-20 us), and one row block per backward program (tens of MB of partial
+# sums) much slower. DEFAULT_BLOCKS (rows, cols, warps) and SUM_BLOCKS, when set, override them for
+# every shape (benchmarks).
+BLOCKS = (4, 512, 2)
+BACKWARD_PROGRAMS = 1024
+BACKWARD_STAGES = 2  # software pipelining of the backward's loop over row blocks
+DEFAULT_BLOCKS: tuple[int, int, int] | None = None
+SUM_BLOCKS: int | None = None
+COLS_FASTEST = True  # launch order (GeluSettings.cols_fastest)
+
+
+def blocks_for(rows: int) -> tuple[int, int, int, int]:
+    """The kernel settings (block_rows, block_cols, num_warps, sum_blocks) for ``rows`` tokens
+    per shard when the caller gives none (before fitting them to the shape)."""
+    block_rows, block_cols, num_warps = BLOCKS if DEFAULT_BLOCKS is None else DEFAULT_BLOCKS
+    sum_blocks = max(1, rows // (block_rows * BACKWARD_PROGRAMS))
+    if SUM_BLOCKS is not None:
+        sum_blocks = SUM_BLOCKS
+    return block_rows, block_cols, num_warps, sum_blocks
+
+
+def fit_tile(tuned, rows: int, width: int, given) -> tuple[int, int, int, int, int]:
+    """(block_rows, block_cols, num_warps, sum_blocks, num_stages) of a row-tiled kernel: each
+    of ``given``'s values where not None, else ``tuned``'s (a ``blocks_for`` result), with the
+    blocks fitted to powers of two dividing ``rows`` (and the row blocks) and ``width``
+    (here and in ``fused_xent.py``)."""
+    block_rows, block_cols, num_warps, sum_blocks, num_stages = (
+        int(g) if g is not None else t for g, t in zip(given, (*tuned, 1), strict=True))
+    block_rows = fit_block(block_rows, rows)
+    return (block_rows, fit_block(block_cols, width), num_warps,
+            fit_block(sum_blocks, rows // block_rows), num_stages)
+
+
+def supported(width: int) -> bool:
+    """Widths the kernels handle: a multiple of 16 (the column tile is then >= 16)."""
+    return width % 16 == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels. One program per tile of [block_rows (x sum_blocks), block_cols] elements, over
+# (row blocks, column tiles) (launched column tiles first: _grid). Refs: y/out/g/dx [R, C],
+# b [C]; partial sums [1, C].
+
+def _pre_activation(y, b):
+    """float32 ``x = y + b`` (``b`` [C] broadcast over the rows), rounded to the dtype of
+    ``y + b`` (bfloat16 for bfloat16 inputs) as the unfused ``gelu_erf(y + b)`` rounds it (XLA
+    does, on GPUs too: its bf16 outputs equal ``gelu_erf`` of the rounded sum bit for bit), so
+    that both compute the same function of the same ``x``."""
+    x = y.astype(jnp.float32) + b.astype(jnp.float32)[None, :]
+    sum_dtype = jnp.promote_types(y.dtype, b.dtype)
+    if jnp.finfo(sum_dtype).bits < 32:
+        x = x.astype(sum_dtype).astype(jnp.float32)
+    return x
+
+
+def _forward_kernel(y_ref, b_ref, o_ref):
+    o_ref[...] = _gelu(_pre_activation(y_ref[...], b_ref[...])).astype(o_ref.dtype)
+
+
+def column_sums_over_row_blocks(block, sums_ref, s):
+    """The backward kernels' loop (here and in ``fused_xent.py``): ``block(rows, acc)`` writes
+    one row block's gradient tile (rows: a slice of the program's ``s.sum_blocks`` blocks of
+    ``s.block_rows`` rows) and returns ``acc`` plus that float32 tile; the carried
+    [block_rows, block_cols] sums are reduced over their rows once at the end (one cross-warp
+    reduction per program, not per block) into ``sums_ref[0]``."""
+    from jax.experimental import pallas as pl
+
+    def step(j, acc):
+        rows = slice(None) if s.sum_blocks == 1 else pl.ds(j * s.block_rows, s.block_rows)
+        return block(rows, acc)
+
+    acc = jnp.zeros((s.block_rows, s.block_cols), jnp.float32)
+    if s.sum_blocks == 1:
+        acc = step(0, acc)
+    else:
+        acc = lax.fori_loop(0, s.sum_blocks, step, acc)
+    sums_ref[...] = jnp.sum(acc, axis=0)[None, :]
+
+
+def _backward_kernel(g_ref, y_ref, b_ref, dx_ref, sums_ref, *, s: GeluSettings):
+    """One program: ``s.sum_blocks`` blocks of ``s.block_rows`` rows of one column chunk.
+    Writes ``dx`` and ``sums_ref[0]``, the float32 column sums of ``dx`` over all its rows."""
+    b = b_ref[...]
+
+    def block(rs, acc):
+        x = _pre_activation(y_ref[rs, :], b)
+        cdf, gauss = _cdf_and_gauss(x)
+        dx = g_ref[rs, :].astype(jnp.float32) * (cdf + x * (_INV_SQRT_2PI * gauss))
+        dx_ref[rs, :] = dx.astype(dx_ref.dtype)
+        return acc + dx
+
+    column_sums_over_row_blocks(block, sums_ref, s)
+
+
+def compiler_params(s, num_stages: int = 1):
+    """Triton's settings for a kernel of settings ``s`` (``num_warps``; none in interpret
+    mode)."""
+    if s.interpret:
+        return {}
+    from jax.experimental.pallas import triton as plgpu
+
+    return {"compiler_params": plgpu.CompilerParams(num_warps=s.num_warps,
+                                                    num_stages=num_stages)}
+
+
+def _grid(rows: int, cols: int, s: GeluSettings):
+    """The launch grid over (row blocks, column tiles) and index maps in (row block, column
+    tile) order. With ``s.cols_fastest`` the column tiles come first, so that programs
+    launched one after another read consecutive memory (a row's tiles, then the next row's)."""
+    if s.cols_fastest:
+        return (cols, rows), lambda f: (lambda j, i: f(i, j))
+    return (rows, cols), lambda f: f
+
+
+def _forward_call(y, b, s: GeluSettings):
+    from jax.experimental import pallas as pl
+
+    n, width = y.shape
+    grid, order = _grid(n // s.block_rows, width // s.block_cols, s)
+    tile = pl.BlockSpec((s.block_rows, s.block_cols), order(lambda i, j: (i, j)))
+    return pl.pallas_call(
+        _forward_kernel,
+        grid=grid,
+        in_specs=[tile, pl.BlockSpec((s.block_cols,), order(lambda i, j: (j,)))],
+        out_specs=tile,
+        out_shape=jax.ShapeDtypeStruct((n, width), y.dtype),
+        interpret=s.interpret, name="bert_bias_gelu_forward", **compiler_params(s),
+    )(y, b)
+
+
+def _backward_call(g, y, b, s: GeluSettings):
+    from jax.experimental import pallas as pl
+
+    n, width = y.shape
+    rows = s.block_rows * s.sum_blocks
+    grid, order = _grid(n // rows, width // s.block_cols, s)
+    tile = pl.BlockSpec((rows, s.block_cols), order(lambda i, j: (i, j)))
+    return pl.pallas_call(
+        functools.partial(_backward_kernel, s=s),
+        grid=grid,
+        in_specs=[tile, tile, pl.BlockSpec((s.block_cols,), order(lambda i, j: (j,)))],
+        out_specs=[tile, pl.BlockSpec((1, s.block_cols), order(lambda i, j: (i, j)))],
+        out_shape=[jax.ShapeDtypeStruct((n, width), y.dtype),
+                   jax.ShapeDtypeStruct((n // rows, width), jnp.float32)],
+        interpret=s.interpret, name="bert_bias_gelu_backward",
+        **compiler_params(s, s.num_stages),
+    )(g, y, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per shard: [batch, ..., width] arrays flattened to rows; split over the mesh's batch axes.
+
+def mlp_split_axes():
+    """The mesh axes that split the intermediate (logical ``mlp``) axis under the entered mesh
+    (None: unsplit, split one way, or no mesh); the kernels need it unsplit."""
+    return split_axes("mlp")
+
+
+def _row_spec():
+    """(mesh, batch mesh axes) when the kernels must run per shard, else (None, None)."""
+    return unsplit_row_spec(
+        "mlp", "the fused bias + GELU kernel needs the intermediate axis unsplit (logical "
+        "axis 'mlp' is mapped to mesh axes {axes}); call ops.add_bias_activate with "
+        "ops.FUSED_GELU=True (it falls back to XLA there) or False (bench --gelu erf)")
+
+
+def _forward(y, b, s: GeluSettings):
+    def local(y, b):
+        return (_forward_call(_flat(y), b, s).reshape(y.shape),)
+
+    return per_shard(local, (y,), (b,), (y.ndim,), _row_spec)[0]
+
+
+def _backward(g, y, b, s: GeluSettings):
+    def local(g, y, b):
+        dx, sums = _backward_call(_flat(g), _flat(y), b, s)
+        return dx.reshape(y.shape), sums
+
+    return per_shard(local, (g, y), (b,), (y.ndim, 2), _row_spec)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _bias_gelu(y, b, s: GeluSettings):
+    return _forward(y, b, s)
+
+
+def _bias_gelu_fwd(y, b, s):
+    return _forward(y, b, s), (y, b)  # only the inputs: the backward recomputes x
+
+
+def _bias_gelu_bwd(s, saved, g):
+    y, b = saved
+    dx, sums = _backward(g, y, b, s)
+    return dx, jnp.sum(sums, axis=0).astype(b.dtype)
+
+
+_bias_gelu.defvjp(_bias_gelu_fwd, _bias_gelu_bwd)
+
+
+def bias_gelu(y, b, *, block_rows: int | None = None, block_cols: int | None = None,
+              num_warps: int | None = None, sum_blocks: int | None = None,
+              num_stages: int | None = None, interpret: bool | None = None):
+    """``gelu_erf(y + b)`` (``reference.gelu_erf``, exact erf GELU) computed in float32, returned in
+    ``y.dtype``, one kernel each way. ``y`` is [..., width] (e.g. [batch, seq, width]; under a
+    mesh the first axis is the batch), ``b`` [width]. The bias gradient comes back in
+    ``b.dtype``. The tile (``block_rows`` x ``block_cols``, ``num_warps``) and ``sum_blocks``
+    (row blocks per backward program) default to :func:`blocks_for` (rows per shard) and are
+    fitted to the shape (powers of two dividing the rows per shard and the width);
+    ``num_stages`` > 1 (default :data:`BACKWARD_STAGES`) software-pipelines the backward's
+    loop over row blocks. ``interpret``
+    (Pallas interpret mode) defaults to "not on a GPU"."""
+    if y.ndim < 2:
+        raise ValueError(f"bias_gelu needs y of shape [..., width] with a leading (row) axis; "
+                         f"got y {y.shape}")
+    width = y.shape[-1]
+    if b.shape != (width,):
+        raise ValueError(f"bias_gelu needs b of shape [width] = ({width},) for y {y.shape}; "
+                         f"got b {b.shape}")
+    if not supported(width):
+        raise ValueError(f"bias_gelu needs a width divisible by 16; got y {y.shape}")
+    if interpret is None:
+        interpret = jax.default_backend() != "gpu"
+    rows = rows_per_shard(y, _row_spec)
+    block_rows, block_cols, num_warps, sum_blocks, num_stages = fit_tile(
+        blocks_for(rows), rows, width, (block_rows, block_cols, num_warps, sum_blocks,
+                                        BACKWARD_STAGES if num_stages is None else num_stages))
+    s = GeluSettings(block_rows, block_cols, num_warps, bool(interpret), sum_blocks,
+                     num_stages, COLS_FASTEST)
+    return _bias_gelu(y, b, s)
+
+
+def reference(y, b):
+    """The same computation with jax.numpy (``reference.gelu_erf(y + b)``; tests)."""
+    from bert_jax.kernels.reference import gelu_erf
+
+    return gelu_erf(y + b)

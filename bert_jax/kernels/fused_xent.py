@@ -1,0 +1,284 @@
+"""The masked-LM decoder's softmax cross-entropy with its passes over the logits as Pallas
+kernels (Triton on GPUs).
+
+The MLM loss reads the float32 logits of every masked position over the whole (padded)
+vocabulary: [batch x predictions, 30,592] at BERT's vocabulary, 626 MB at Base/128 with batch
+256 (20 predictions per sequence). XLA runs the loss and its gradient as four passes over that
+array (the ninth session's profile on an H100, Base/128): the row max (0.22 ms) and the
+exponential sum (0.22 ms) of the forward's logsumexp, the backward's ``softmax - one_hot``
+that writes the bfloat16 logit gradient for the two decoder matmuls (0.41 ms), and the bias
+gradient's column sum over the float32 gradient (0.31 ms): 1.15 ms against the 0.47 ms that
+one read of the logits plus one bfloat16 write of their gradient take at the HBM bandwidth.
+
+Here the decoder matmul and the loss are one custom VJP (:func:`decode_cross_entropy`), so the
+logit gradient never exists in float32:
+
+* forward: the matmul (XLA, float32 output, as ``reference.decode``), then one kernel over
+  [block_rows, block_cols] tiles of the logits that writes each tile's row max and its sum of
+  ``exp(z - max)`` (``z = logits + bias``); XLA combines the per-tile pairs of a row into its
+  log-sum-exp (the partials are 1/64 of the logits' bytes at 128-column tiles). The label's
+  logit is a gather. ``nll = lse - z[label]``; ``correct = z[label] >= max z`` (ties count as
+  correct, as ``steps.loss_sums`` counts them);
+* backward: one kernel writes ``dz = g * (exp(z - lse) - one_hot(label))`` in the matmul's
+  input dtype (bfloat16 in training) and one float32 partial column sum of ``dz`` per program
+  (the bias gradient, summed by XLA; a program loops over ``sum_blocks`` row blocks, carrying
+  the sums in registers, as ``fused_gelu.py`` does); then XLA's two decoder matmuls.
+
+Values equal the XLA path's (``optax.softmax_cross_entropy_with_integer_labels`` over the
+masked logits) up to float32 summation order; ``correct`` bit for bit (same float32 sums
+``logits + bias``). Padded vocabulary entries are excluded by the caller's bias (``NEG_INF``
+there, ``heads.masked_bias``): their ``exp`` underflows to 0 and their gradient is 0.
+
+Measured on an H100 (``bench/bench_xent.py``, tenth session): the loss with its three gradients
+at Base/128's [5,120 predictions x 30,592] 2,322 -> 1,626 us (XLA's passes -> these kernels,
+the decoder matmuls included in both), at [2,432 x 30,592] (near Large/512 at batch 32, which
+has 2,560 predictions) 1,286 -> 967; in the step's profile the forward kernel reads the logits
+at 2.82 TB/s (0.22 ms) and the backward moves its 939 MB at 2.97 TB/s (0.32 ms), 84% and 89% of
+the nominal 3.35. The Base/128 step: +2.0%, 0.7 GiB less peak memory (the float32 logit
+gradient is gone). Every tile of the sweep (8-64 rows x 64-128 columns, 2-8 warps) was within
+3% of the default.
+
+Under a device mesh the kernels run per batch shard (``shard_map``) with the vocabulary axis
+unsplit (``vocab_split_axes``; ``heads.FUSED_MLM_LOSS`` falls back to XLA where it is split).
+On the CPU they run in Pallas interpret mode (tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from bert_jax.kernels.fused_gelu import (
+    _grid,
+    column_sums_over_row_blocks,
+    compiler_params,
+    fit_tile,
+)
+from bert_jax.kernels.fused_norm import (
+    _flat,
+    per_shard,
+    rows_per_shard,
+    split_axes,
+    unsplit_row_spec,
+)
+from bert_jax.kernels.reference import decode, decode_grads, logits_cross_entropy
+
+_LOG2E = 1.4426950408889634
+
+
+@dataclasses.dataclass(frozen=True)
+class XentSettings:
+    """Static kernel settings (hashable: a custom_vjp non-differentiable argument)."""
+    block_rows: int  # a power of two dividing the rows per shard
+    block_cols: int  # a power of two dividing the (padded) vocabulary
+    num_warps: int
+    interpret: bool
+    sum_blocks: int = 1  # backward: row blocks per program (one partial column sum each)
+    num_stages: int = 1  # backward: software pipelining of that loop
+    cols_fastest: bool = True  # launch order (``fused_gelu._grid``)
+
+
+# Default tile (block_rows, block_cols, num_warps) and the backward's row groups (programs
+# along the rows; sum_blocks = rows / (block_rows * BACKWARD_GROUPS)). BERT's padded vocabulary
+# (30,592 = 239 x 128) admits no power-of-two tile wider than 128 columns.
+BLOCKS = (16, 128, 4)
+BACKWARD_GROUPS = 32
+BACKWARD_STAGES = 2
+
+
+def blocks_for(rows: int) -> tuple[int, int, int, int]:
+    """(block_rows, block_cols, num_warps, sum_blocks) for ``rows`` per shard, before fitting
+    to the shape."""
+    block_rows, block_cols, num_warps = BLOCKS
+    return block_rows, block_cols, num_warps, max(1, rows // (block_rows * BACKWARD_GROUPS))
+
+
+def supported(vocab: int) -> bool:
+    """Vocabulary sizes the kernels handle: a multiple of 16 (BERT's padded vocabularies)."""
+    return vocab % 16 == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels. Refs: logits [R, C] float32 tiles, bias [C]; per-row vectors [R].
+
+def _forward_kernel(x_ref, b_ref, m_ref, s_ref):
+    """Row max and ``sum exp(z - max)`` of one tile, as [1, block_rows] rows of the [tiles,
+    rows] partials."""
+    z = x_ref[...] + b_ref[...][None, :]
+    m = jnp.max(z, axis=1)
+    s = jnp.sum(jnp.exp2((z - m[:, None]) * _LOG2E), axis=1)
+    m_ref[...] = m[None, :]
+    s_ref[...] = s[None, :]
+
+
+def _backward_kernel(x_ref, b_ref, ids_ref, lse_ref, g_ref, dz_ref, sums_ref, *,
+                     s: XentSettings):
+    """``dz = g * (softmax(z) - one_hot(label))`` over ``s.sum_blocks`` row blocks of one column
+    tile, and the tile's float32 column sums of ``dz`` over all those rows."""
+    from jax.experimental import pallas as pl
+
+    b = b_ref[...]
+    col_tile = pl.program_id(0 if s.cols_fastest else 1)
+    cols = col_tile * s.block_cols + lax.broadcasted_iota(jnp.int32, (1, s.block_cols), 1)
+
+    def block(rs, acc):
+        z = x_ref[rs, :] + b[None, :]
+        p = jnp.exp2((z - lse_ref[rs][:, None]) * _LOG2E)
+        hit = cols == ids_ref[rs][:, None]
+        dz = g_ref[rs][:, None] * (p - jnp.where(hit, 1.0, 0.0))
+        dz_ref[rs, :] = dz.astype(dz_ref.dtype)
+        return acc + dz
+
+    column_sums_over_row_blocks(block, sums_ref, s)
+
+
+def _forward_call(x, b, s: XentSettings):
+    """(row max, sum exp) partials, each [column tiles, rows] float32."""
+    from jax.experimental import pallas as pl
+
+    n, vocab = x.shape
+    tiles = vocab // s.block_cols
+    grid, order = _grid(n // s.block_rows, tiles, s)
+    part = pl.BlockSpec((1, s.block_rows), order(lambda i, j: (j, i)))
+    shape = jax.ShapeDtypeStruct((tiles, n), jnp.float32)
+    return pl.pallas_call(
+        _forward_kernel,
+        grid=grid,
+        in_specs=[pl.BlockSpec((s.block_rows, s.block_cols), order(lambda i, j: (i, j))),
+                  pl.BlockSpec((s.block_cols,), order(lambda i, j: (j,)))],
+        out_specs=[part, part],
+        out_shape=[shape, shape],
+        interpret=s.interpret, name="bert_mlm_xent_forward", **compiler_params(s),
+    )(x, b)
+
+
+def _backward_call(x, b, ids, lse, g, dtype, s: XentSettings):
+    """(dz [rows, vocab] in ``dtype``, partial column sums [row groups, vocab] float32)."""
+    from jax.experimental import pallas as pl
+
+    n, vocab = x.shape
+    rows = s.block_rows * s.sum_blocks
+    grid, order = _grid(n // rows, vocab // s.block_cols, s)
+    tile = pl.BlockSpec((rows, s.block_cols), order(lambda i, j: (i, j)))
+    per_row = pl.BlockSpec((rows,), order(lambda i, j: (i,)))
+    return pl.pallas_call(
+        functools.partial(_backward_kernel, s=s),
+        grid=grid,
+        in_specs=[tile, pl.BlockSpec((s.block_cols,), order(lambda i, j: (j,))),
+                  per_row, per_row, per_row],
+        out_specs=[tile, pl.BlockSpec((1, s.block_cols), order(lambda i, j: (i, j)))],
+        out_shape=[jax.ShapeDtypeStruct((n, vocab), dtype),
+                   jax.ShapeDtypeStruct((n // rows, vocab), jnp.float32)],
+        interpret=s.interpret, name="bert_mlm_xent_backward",
+        **compiler_params(s, s.num_stages),
+    )(x, b, ids, lse, g)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per shard: [batch, ..., vocab] logits flattened to rows; split over the mesh's batch axes.
+
+def vocab_split_axes():
+    """The mesh axes that split the (logical ``vocab``) vocabulary axis under the entered mesh,
+    or None (unsplit, split one way, or no mesh); the kernels need it unsplit."""
+    return split_axes("vocab")
+
+
+def _row_spec():
+    """(mesh, batch mesh axes) when the kernels run per shard, else (None, None)."""
+    return unsplit_row_spec(
+        "vocab", "the fused MLM cross-entropy needs the vocabulary axis unsplit (logical axis "
+        "'vocab' is mapped to mesh axes {axes}); use heads.FUSED_MLM_LOSS=True (it falls back "
+        "to XLA there) or False (bench --mlm-loss xla)")
+
+
+def _log_sum_exp(x, b, s: XentSettings):
+    """(log-sum-exp, max) over the last axis of ``x + b``, each ``x.shape[:-1]``."""
+    def local(x, b):
+        m, total = _forward_call(_flat(x), b, s)
+        top = jnp.max(m, axis=0)
+        lse = top + jnp.log(jnp.sum(total * jnp.exp(m - top[None, :]), axis=0))
+        return lse.reshape(x.shape[:-1]), top.reshape(x.shape[:-1])
+
+    ndim = x.ndim - 1
+    return per_shard(local, (x,), (b,), (ndim, ndim), _row_spec)
+
+
+def _logit_gradient(x, b, ids, lse, g, dtype, s: XentSettings):
+    def local(x, ids, lse, g, b):
+        dz, sums = _backward_call(_flat(x), b, ids.reshape(-1), lse.reshape(-1),
+                                  g.reshape(-1), dtype, s)
+        return dz.reshape(x.shape), sums
+
+    return per_shard(local, (x, ids, lse, g), (b,), (x.ndim, 2), _row_spec)
+
+
+def _label_logits(x, b, ids):
+    return jnp.take_along_axis(x, ids[..., None], axis=-1)[..., 0] + b[ids]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _decode_xent(h, table, bias, ids, s: XentSettings):
+    return _decode_xent_fwd(h, table, bias, ids, s)[0]
+
+
+def _decode_xent_fwd(h, table, bias, ids, s):
+    x = decode(h, table)
+    lse, top = _log_sum_exp(x, bias, s)
+    label = _label_logits(x, bias, ids)
+    out = (lse - label, (label >= top).astype(jnp.float32))
+    return out, (h, table, bias, ids, x, lse)
+
+
+def _decode_xent_bwd(s, saved, cotangents):
+    h, table, bias, ids, x, lse = saved
+    g = cotangents[0].astype(jnp.float32)  # d loss / d nll; ``correct`` has no gradient
+    dz, sums = _logit_gradient(x, bias, ids, lse, g, h.dtype, s)
+    return (*decode_grads(h, table, dz), jnp.sum(sums, axis=0).astype(bias.dtype),
+            np.zeros(ids.shape, jax.dtypes.float0))
+
+
+_decode_xent.defvjp(_decode_xent_fwd, _decode_xent_bwd)
+
+
+def decode_cross_entropy(h, table, bias, ids, *, block_rows: int | None = None,
+                         block_cols: int | None = None, num_warps: int | None = None,
+                         sum_blocks: int | None = None, num_stages: int | None = None,
+                         interpret: bool | None = None):
+    """Per-prediction ``(nll, correct)`` of the tied decoder ``z = h @ table.T + bias``:
+    ``nll = logsumexp(z) - z[label]`` and ``correct = 1.0`` where the label's logit is the
+    maximum (else 0.0), both float32 of ``ids``' shape. ``h`` [..., embed] and ``table``
+    [vocab, embed] in the compute dtype (the logit gradient comes back in ``h.dtype``),
+    ``bias`` [vocab] float32 with ``NEG_INF`` at padded entries, ``ids`` int [...] (under a mesh
+    the first axis is the batch). Gradients flow to ``h``, ``table`` and ``bias`` through
+    ``nll``. Tiles default to :func:`blocks_for` (fitted to powers of two dividing the rows
+    per shard and the vocabulary); ``interpret`` (Pallas interpret mode) defaults to "not on a
+    GPU"."""
+    vocab = table.shape[0]
+    if h.ndim < 2 or h.shape[-1] != table.shape[-1] or table.ndim != 2:
+        raise ValueError(f"decode_cross_entropy needs h [..., embed] and table [vocab, embed] "
+                         f"with the same embed; got h {h.shape}, table {table.shape}")
+    if bias.shape != (vocab,) or ids.shape != h.shape[:-1]:
+        raise ValueError(f"decode_cross_entropy needs bias [vocab] = ({vocab},) and ids of h's "
+                         f"leading shape {h.shape[:-1]}; got bias {bias.shape}, ids {ids.shape}")
+    if not supported(vocab):
+        raise ValueError(f"decode_cross_entropy needs a vocabulary divisible by 16; got {vocab}")
+    if interpret is None:
+        interpret = jax.default_backend() != "gpu"
+    rows = rows_per_shard(h, _row_spec)
+    block_rows, block_cols, num_warps, sum_blocks, num_stages = fit_tile(
+        blocks_for(rows), rows, vocab, (block_rows, block_cols, num_warps, sum_blocks,
+                                        BACKWARD_STAGES if num_stages is None else num_stages))
+    s = XentSettings(block_rows, block_cols, num_warps, bool(interpret), sum_blocks, num_stages)
+    return _decode_xent(h, table, bias.astype(jnp.float32), ids.astype(jnp.int32), s)
+
+
+def reference(h, table, bias, ids):
+    """The same values through XLA (tests, benchmarks): ``reference.decode`` (its backward casts
+    the float32 logit gradient to the compute dtype), then ``reference.logits_cross_entropy``."""
+    return logits_cross_entropy(decode(h, table) + bias.astype(jnp.float32), ids)
+

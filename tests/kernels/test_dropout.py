@@ -1,0 +1,149 @@
+"""Hash dropout for hidden states (bert_jax/kernels/dropout.py): mask statistics, forward and
+gradient against the explicit masked product, no stored mask, mesh-split equals one device,
+and the model's training path with either implementation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from bert_jax import parallel
+from bert_jax.config import get_preset
+from bert_jax.errors import BertJaxError
+from bert_jax.kernels.dropout import (
+    Dropout,
+    dropout_keep_mask,
+    flat_index,
+    hash_dropout,
+    salt_from_rng,
+)
+from bert_jax.modeling import BertModel
+
+
+def test_flat_index_is_row_major():
+    np.testing.assert_array_equal(flat_index((3, 4, 5)), np.arange(60).reshape(3, 4, 5))
+    np.testing.assert_array_equal(jax.jit(lambda: flat_index((7,)))(), np.arange(7))
+
+
+def _rectangle_correlation(x):
+    """Mean of x[r, c] x[r, c+1] x[r+1, c] x[r+1, c+1] over the last two axes, over var**2:
+    the statistic the rowcol hash's structure (row code ^ column code) could bias."""
+    return float((x * np.roll(x, 1, -1) * np.roll(x, 1, -2) * np.roll(np.roll(x, 1, -1), 1, -2)
+                  ).mean() / x.var() ** 2)
+
+
+@pytest.mark.parametrize("mask_hash", ["rowcol", "flat"])
+@pytest.mark.parametrize("rate", [0.1, 0.3])
+def test_mask_statistics(rate, mask_hash):
+    salt = salt_from_rng(jax.random.key(0))
+    keep = np.asarray(dropout_keep_mask((16, 128, 256), salt, rate, mask_hash))
+    assert abs(keep.mean() - (1 - rate)) < 0.004  # 524k draws: sd 0.0004-0.0006
+    assert np.abs(keep.mean(axis=(1, 2)) - (1 - rate)).max() < 0.01  # per example (32k each)
+    x = keep.astype(np.float64) - keep.mean()
+    for axis in range(3):  # neighbours along every axis look independent
+        assert abs((x * np.roll(x, 1, axis=axis)).mean() / x.var()) < 0.01
+    assert abs(_rectangle_correlation(x)) < 0.03
+    # another salt: a different, uncorrelated mask; the same salt: the same mask
+    other = np.asarray(dropout_keep_mask((16, 128, 256), salt_from_rng(jax.random.key(1)),
+                                         rate, mask_hash)).astype(np.float64)
+    assert abs((x * (other - other.mean())).mean() / x.var()) < 0.01
+    again = np.asarray(dropout_keep_mask((16, 128, 256), salt, rate, mask_hash))
+    np.testing.assert_array_equal(again, keep)
+
+
+def test_the_two_hashes_differ_and_bad_hash_is_refused():
+    salt = salt_from_rng(jax.random.key(0))
+    a, b = (dropout_keep_mask((8, 64), salt, 0.5, h) for h in ("rowcol", "flat"))
+    assert 0.3 < float(jnp.mean(a != b)) < 0.7
+    with pytest.raises(ValueError, match="dropout hash"):
+        hash_dropout(jnp.ones((4, 4)), salt, 0.1, "xor")
+    with pytest.raises(BertJaxError, match="dropout_hash"):
+        get_preset("tiny", dropout_hash="xor")
+
+
+@pytest.mark.parametrize("mask_hash", ["rowcol", "flat"])
+def test_forward_and_gradient_use_the_same_mask(mask_hash):
+    x = jax.random.normal(jax.random.key(0), (4, 32, 48))
+    w = jax.random.normal(jax.random.key(1), x.shape)
+    salt = salt_from_rng(jax.random.key(2))
+    keep = dropout_keep_mask(x.shape, salt, 0.2, mask_hash)
+    np.testing.assert_allclose(hash_dropout(x, salt, 0.2, mask_hash),
+                               jnp.where(keep, x / 0.8, 0.0), rtol=1e-6)
+    grad = jax.grad(lambda x: jnp.sum(hash_dropout(x, salt, 0.2, mask_hash) * w))(x)
+    np.testing.assert_allclose(grad, jnp.where(keep, w / 0.8, 0.0), rtol=1e-6)
+    # bf16 keeps its dtype
+    assert hash_dropout(x.astype(jnp.bfloat16), salt, 0.2, mask_hash).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("mask_hash, saved", [("flat", 1), ("rowcol", 8 * 64 + 32)])
+def test_backward_keeps_no_mask(mask_hash, saved):
+    """The VJP's residuals are the salt (flat) or one code per row and column (rowcol), not a
+    mask the size of x."""
+    x = jnp.ones((8, 64, 32))
+    salt = salt_from_rng(jax.random.key(0))
+    _, vjp = jax.vjp(lambda x: hash_dropout(x, salt, 0.1, mask_hash), x)
+    assert sum(leaf.size for leaf in jax.tree.leaves(vjp)) == saved
+
+
+@pytest.mark.parametrize("mask_hash", ["rowcol", "flat"])
+def test_split_over_mesh_equals_one_device(mask_hash):
+    """The index is the global position: a batch- and feature-sharded array drops exactly
+    what the unsharded one drops."""
+    x = jax.random.normal(jax.random.key(0), (8, 16, 32))
+    salt = salt_from_rng(jax.random.key(1))
+    fn = jax.jit(lambda x, s: hash_dropout(x, s, 0.1, mask_hash))
+    single = fn(x, salt)
+    mesh = parallel.create_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    sharded_x = jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp"), None, "tensor")))
+    sharded = fn(sharded_x, salt)
+    assert len(sharded.sharding.device_set) == 8
+    np.testing.assert_array_equal(np.asarray(sharded), np.asarray(single))
+
+
+def test_module_deterministic_zero_rate_and_bad_implementation():
+    x = jnp.ones((2, 8))
+    rngs = {"dropout": jax.random.key(0)}
+    assert Dropout(0.1).apply({}, x, deterministic=True) is x
+    assert Dropout(0.0).apply({}, x, deterministic=False) is x
+    for impl in ("hash", "prng"):
+        y = Dropout(0.5, impl).apply({}, x, deterministic=False, rngs=rngs)
+        assert set(np.unique(np.asarray(y)).tolist()) <= {0.0, 2.0}
+    with pytest.raises(ValueError, match="not one of"):
+        Dropout(0.5, "curand").apply({}, x, deterministic=False, rngs=rngs)
+    with pytest.raises(BertJaxError, match="hidden_dropout_impl"):
+        get_preset("tiny", hidden_dropout_impl="curand")
+
+
+@pytest.mark.parametrize("impl", ["hash", "prng"])
+def test_model_training_path(impl):
+    """Dropout is active and seeded: the same key gives the same output, another key another;
+    gradients are finite; scan + remat recompute the same masks (equal gradients)."""
+    cfg = get_preset("tiny", vocab_size=300, hidden_dropout_impl=impl,
+                     attention_probs_dropout_prob=0.0)
+    ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
+    mask = jnp.ones((2, 32), jnp.int32)
+    params = BertModel(cfg).init(jax.random.key(1), ids, mask)
+
+    def out(c, key):
+        return BertModel(c).apply(params, ids, mask, deterministic=False,
+                                  rngs={"dropout": jax.random.key(key)})["sequence_output"]
+
+    a, b, evaluated = out(cfg, 2), out(cfg, 3), BertModel(cfg).apply(params, ids, mask)
+    np.testing.assert_array_equal(a, out(cfg, 2))
+    assert float(jnp.abs(a - b).max()) > 1e-3
+    assert float(jnp.abs(a - evaluated["sequence_output"]).max()) > 1e-3
+
+    scan_cfg = cfg.replace(scan_layers=True)
+    scan_params = BertModel(scan_cfg).init(jax.random.key(1), ids, mask)
+
+    def loss(p, policy):
+        y = BertModel(scan_cfg.replace(remat_policy=policy)).apply(
+            p, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(2)})
+        return jnp.mean(y["sequence_output"] ** 2)
+
+    g_plain, g_remat = jax.grad(loss)(scan_params, "none"), jax.grad(loss)(scan_params, "full")
+    for x, y in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat), strict=True):
+        assert bool(jnp.all(jnp.isfinite(x)))
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,256 @@
+"""The bias + erf GELU kernel pair (``bert_jax/kernels/fused_gelu.py``, Pallas interpret mode
+on the CPU): values and gradients against ``ops.add_bias_activate``, its own erf against
+float64 ``math.erf``, per-shard runs under a mesh, the Triton lowering for the GPU, and the
+``ops.FUSED_GELU`` switch."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from triton_lowering import cuda_lowering_text
+
+from bert_jax.kernels import fused_gelu
+from bert_jax.modeling import ops
+
+
+def _inputs(shape, dtype=jnp.float32, seed=0):
+    k = jax.random.split(jax.random.key(seed), 3)
+    width = shape[-1]
+    y = (2.0 * jax.random.normal(k[0], shape)).astype(dtype)  # x spans both GELU tails
+    b = (0.5 * jax.random.normal(k[1], (width,))).astype(dtype)
+    g = jax.random.normal(k[2], shape).astype(dtype)
+    return y, b, g
+
+
+def _vjp(fn, y, b, g):
+    out, pullback = jax.vjp(fn, y, b)
+    return (out, *pullback(g))
+
+
+def _reference_vjp(y, b, g):
+    return _vjp(lambda y, b: ops.add_bias_activate(y, b, "gelu"), y, b, g)
+
+
+def _close(got, want, tol, name):
+    scale = max(float(jnp.abs(want).max()), 1.0)
+    err = float(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32)).max())
+    assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol} x {scale:.3g}"
+
+
+@pytest.mark.parametrize("shape,block_rows,block_cols,sum_blocks", [
+    ((2, 16, 96), None, None, None),  # defaults: 3 column tiles of 32
+    ((2, 32, 768), 4, 256, 4),        # 3 column tiles of 256, 4 row blocks per bwd program
+    ((64, 384), 8, 128, 2),           # 2-D [tokens, width], 3 column tiles of 128
+])
+def test_values_and_gradients_match_add_bias_activate(shape, block_rows, block_cols,
+                                                      sum_blocks):
+    """Output, dy and db (the column sums carried over several row blocks per program, then
+    summed over the programs) equal the XLA path's in float32."""
+    y, b, g = _inputs(shape)
+
+    def fused(y, b):
+        return fused_gelu.bias_gelu(y, b, block_rows=block_rows, block_cols=block_cols,
+                                    sum_blocks=sum_blocks)
+
+    got = _vjp(fused, y, b, g)
+    want = _reference_vjp(y, b, g)
+    for name, a, w in zip(("out", "dy", "db"), got, want, strict=True):
+        assert a.shape == w.shape and a.dtype == w.dtype, name
+        _close(a, w, 1e-6, name)
+    # The reference itself: not a constant or a pass-through.
+    assert float(jnp.abs(want[0] - (y + b)).max()) > 1.0
+    assert float(jnp.abs(want[2]).max()) > 1.0
+
+
+def test_default_blocks_group_row_blocks_for_long_inputs(monkeypatch):
+    """blocks_for: the backward groups row blocks to ~BACKWARD_PROGRAMS programs; the module
+    overrides apply to every shape."""
+    rows, cols, warps, sums = fused_gelu.blocks_for(1 << 20)
+    assert (rows, cols, warps) == fused_gelu.BLOCKS
+    assert (1 << 20) // (rows * sums) == fused_gelu.BACKWARD_PROGRAMS
+    assert fused_gelu.blocks_for(64)[3] == 1
+    monkeypatch.setattr(fused_gelu, "DEFAULT_BLOCKS", (2, 128, 1))
+    monkeypatch.setattr(fused_gelu, "SUM_BLOCKS", 8)
+    assert fused_gelu.blocks_for(64) == (2, 128, 1, 8)
+
+
+def test_bfloat16_inputs_and_output_dtype():
+    """bf16 in, bf16 out: computed in float32 from y + b rounded to bf16, as the XLA path
+    rounds it, so for x > -3 the outputs are the same bf16 numbers (but where the two float32
+    results straddle a rounding boundary: none on the CPU); below, where x Phi(x) < 0.004 and
+    both float32 evaluations lose digits to 0.5 +- erf/2, they agree to ~1e-6 |x|. Gradients
+    agree to bf16 precision."""
+    y, b, g = _inputs((2, 16, 256), jnp.bfloat16)
+    got = _vjp(fused_gelu.bias_gelu, y, b, g)
+    want = _reference_vjp(y, b, g)
+    assert [a.dtype for a in got] == [jnp.bfloat16] * 3
+    out, ref = got[0].astype(jnp.float32), want[0].astype(jnp.float32)
+    x = (y + b).astype(jnp.float32)
+    assert 0.9 < float(jnp.mean(x > -3.0)) < 0.99  # both regions are tested
+    same = jnp.where(x > -3.0, out == ref, True)
+    assert float(jnp.mean(same)) >= 0.999, float(jnp.mean(same))
+    np.testing.assert_allclose(out, ref, rtol=2.0**-7, atol=1e-6)
+    np.testing.assert_array_equal(ref, fused_gelu.reference(y, b).astype(jnp.float32))
+    _close(got[1], want[1], 1e-2, "dy")
+    _close(got[2], want[2], 1e-2, "db")  # float32 sums of dx vs sums of bf16-rounded dx
+
+
+def test_erf_accuracy_against_float64():
+    """The kernels' float32 erf within 3e-7 of float64 math.erf over a dense grid of [-8, 8]
+    (documented: 1.2e-7), odd, and the normal CDF within 1.5e-7 over [-12, 12]."""
+    x = np.linspace(-8.0, 8.0, 1_600_001, dtype=np.float32)
+    got = np.asarray(jax.jit(fused_gelu.erf)(x), np.float64)
+    want = np.vectorize(math.erf)(x.astype(np.float64))
+    err = np.abs(got - want)
+    assert err.max() <= 3e-7, f"erf max abs error {err.max():.3g} at x = {x[err.argmax()]}"
+    np.testing.assert_array_equal(got, -got[::-1])  # odd (the grid is symmetric)
+    assert got[-1] == 1.0 and got[0] == -1.0
+
+    xs = np.linspace(-12.0, 12.0, 480_001, dtype=np.float32)
+    cdf, gauss = jax.jit(fused_gelu._cdf_and_gauss)(xs)
+    x64 = xs.astype(np.float64)
+    want_cdf = np.vectorize(lambda v: 0.5 * math.erfc(-v / math.sqrt(2.0)))(x64)
+    assert np.abs(np.asarray(cdf, np.float64) - want_cdf).max() <= 1.5e-7
+    # exp(-x^2/2) to the float32 rounding of its argument (up to 72 here: ~1e-5 relative)
+    np.testing.assert_allclose(gauss, np.exp(-0.5 * x64 * x64), rtol=2e-5, atol=1e-30)
+
+
+def test_gelu_tails_and_non_finite_inputs():
+    """Far tails: 0 and x; infinities as the XLA path gives them (nan for -inf: -inf * 0)."""
+    y = jnp.array([[-1e4, -30.0, -6.0, 0.0, 6.0, 30.0, 1e4, jnp.inf,
+                    -jnp.inf, jnp.nan, 1e-3, -1e-3, 0.5, -0.5, 2.0, -2.0]], jnp.float32)
+    b = jnp.zeros((16,), jnp.float32)
+    got = np.asarray(fused_gelu.bias_gelu(y, b))[0]
+    want = np.asarray(ops.add_bias_activate(y, b, "gelu"))[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert got[0] == 0.0 and got[6] == 1e4 and got[7] == np.inf
+    assert np.isnan(got[8]) and np.isnan(got[9])
+
+
+def test_per_shard_under_a_mesh_matches_one_device():
+    """Under a 2-device data mesh the kernels run per batch shard (shard_map); values and
+    gradients (bias-gradient partial sums of both shards summed) equal the one-device run."""
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
+    from bert_jax import parallel
+
+    y, b, _ = _inputs((4, 16, 128))
+
+    def loss(y, b):
+        out = fused_gelu.bias_gelu(y, b, block_rows=4, sum_blocks=2)
+        return jnp.sum(out * jnp.cos(out))
+
+    want = jax.value_and_grad(loss, (0, 1))(y, b)
+    mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
+    fn = parallel.traced_in_mesh(jax.value_and_grad(loss, (0, 1)), mesh,
+                                 parallel.DEFAULT_RULES)
+    got = jax.jit(fn)(y, b)
+    text = jax.jit(fn).lower(y, b).as_text()
+    assert text.count("manual_computation") + text.count("shard_map") >= 2  # fwd + bwd
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=2e-6, atol=2e-6)
+
+
+def test_split_mlp_axis_is_refused():
+    """Tensor parallelism splits the intermediate axis (rule mlp -> tensor): a clear error
+    naming the logical axis, not a wrong per-shard result."""
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 devices")
+    from bert_jax import parallel
+
+    y, b, _ = _inputs((2, 8, 64))
+    mesh = parallel.create_mesh({"data": 1, "fsdp": 1, "tensor": 2}, None, jax.devices()[:2])
+    fn = parallel.traced_in_mesh(fused_gelu.bias_gelu, mesh, parallel.DEFAULT_RULES)
+    with pytest.raises(ValueError, match="logical axis 'mlp'.*tensor"):
+        jax.jit(fn)(y, b)
+
+
+@pytest.mark.parametrize("lead,width,sum_blocks", [
+    ((8, 128), 384, 1), ((8, 128), 3072, 1), ((8, 128), 3072, 4), ((8, 128), 4096, 2),
+    ((2, 3), 128, 4),  # 6 rows (an MLM head's masked positions): row blocks of 2
+])
+def test_triton_lowering_for_the_gpu(lead, width, sum_blocks):
+    """The kernels lower to Triton for CUDA from this CPU machine (power-of-two tiles: the
+    width in 3 x 128, 6 x 512, 8 x 512 columns; row blocks dividing the rows), forward and
+    backward, the backward also with a loop over row blocks."""
+    sd = jax.ShapeDtypeStruct
+
+    def loss(y, b):
+        out = fused_gelu.bias_gelu(y, b, sum_blocks=sum_blocks, interpret=False)
+        return jnp.sum(out.astype(jnp.float32))
+
+    text = cuda_lowering_text(jax.grad(loss, (0, 1)), sd((*lead, width), jnp.bfloat16),
+                              sd((width,), jnp.bfloat16))
+    assert text.count("xla.gpu.triton") == 2
+    assert "bert_bias_gelu_forward" in text and "bert_bias_gelu_backward" in text
+
+
+def test_bad_input_is_named():
+    y, b, _ = _inputs((2, 8, 96))
+    with pytest.raises(ValueError, match=r"divisible by 16; got y \(2, 8, 40\)"):
+        fused_gelu.bias_gelu(y[..., :40], b[:40])
+    with pytest.raises(ValueError, match=r"b of shape .* \(96,\) for y \(2, 8, 96\); got b "
+                                         r"\(64,\)"):
+        fused_gelu.bias_gelu(y, b[:64])
+    with pytest.raises(ValueError, match=r"leading \(row\) axis; got y \(96,\)"):
+        fused_gelu.bias_gelu(y[0, 0], b)
+    assert fused_gelu.supported(3072) and fused_gelu.supported(16)
+    assert not fused_gelu.supported(40)
+
+
+def _has_kernel(fn, *args) -> bool:
+    # A fresh function each time: make_jaxpr caches traces by function, and the switch is a
+    # module global that the cache does not see.
+    return "pallas_call" in str(jax.make_jaxpr(lambda *a: fn(*a))(*args))
+
+
+def test_ops_switch_routes_gelu_through_the_kernels(monkeypatch):
+    """ops.FUSED_GELU = "force": add_bias_activate(..., "gelu") runs the kernels (interpret
+    mode here) with the default path's values and gradients; other activations, widths not
+    divisible by 16 and True off GPUs keep the XLA path."""
+    y, b, g = _inputs((2, 16, 192))
+
+    def gelu(y, b):
+        return ops.add_bias_activate(y, b, "gelu")
+
+    want = _vjp(gelu, y, b, g)
+    assert not _has_kernel(gelu, y, b)
+    monkeypatch.setattr(ops, "FUSED_GELU", True)
+    assert _has_kernel(gelu, y, b) == (jax.default_backend() == "gpu")  # True: GPUs only
+    monkeypatch.setattr(ops, "FUSED_GELU", "force")
+    assert _has_kernel(gelu, y, b)
+    assert _has_kernel(jax.grad(lambda y, b: jnp.sum(gelu(y, b)), (0, 1)), y, b)
+    got = _vjp(gelu, y, b, g)
+    for name, a, w in zip(("out", "dy", "db"), got, want, strict=True):
+        _close(a, w, 1e-6, name)
+    assert not _has_kernel(lambda y, b: ops.add_bias_activate(y, b, "relu"), y, b)
+    assert not _has_kernel(gelu, y[..., :40], b[:40])
+
+
+def test_model_with_fused_gelu_matches_default(monkeypatch):
+    """A tiny BertForPreTraining (2 MLP GELUs of width 512 and the MLM transform's of 128):
+    loss and gradients with ops.FUSED_GELU = "force" equal the default path's."""
+    from bert_jax import modeling
+    from bert_jax.config import get_preset
+
+    cfg = get_preset("tiny", vocab_size=128)
+    model = modeling.BertForPreTraining(cfg)
+    ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
+    mask = jnp.ones_like(ids)
+    positions = jnp.tile(jnp.arange(1, 4)[None], (2, 1))
+    params = model.init(jax.random.key(1), ids, mask)
+
+    def loss(p):
+        out = model.apply(p, ids, mask, masked_lm_positions=positions)
+        return jnp.mean(out["mlm_logits"].astype(jnp.float32) ** 2)
+
+    want = jax.jit(jax.value_and_grad(loss))(params)
+    monkeypatch.setattr(ops, "FUSED_GELU", "force")
+    assert str(jax.make_jaxpr(loss)(params)).count(" name=bert_bias_gelu_forward") == 3
+    got = jax.jit(jax.value_and_grad(lambda p: loss(p)))(params)  # a fresh trace
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        _close(g, w, 1e-5, "model")
