@@ -1,45 +1,35 @@
 """Shared by the fine-tuning experiment files (glue.py, squad.py, ner.py, swag.py).
 
-The run's fields and their defaults live in ``bert_jax.tasks.run.base_config`` (so
+The run's fields and their defaults live in ``bert_jax.tasks.config.base_config`` (so
 ``bert-jax evaluate`` can rebuild a stored run); this module sets what the experiments share:
-the paper's fine-tuning recipe, the default data locations and the ``quick`` CPU variant.
+the paper's fine-tuning recipe, the data location under ``$BERT_JAX_DATA`` and the ``quick``
+CPU variant.
 """
 
 from __future__ import annotations
 
-import os
-
 import ml_collections
 
 from bert_jax.errors import BertJaxError
-from bert_jax.tasks.run import base_config
+from bert_jax.tasks.config import base_config, data_dir
 
 
-def _shared_data() -> str:
-    """The shared data folder (train splits only: dev is held out from train): ``shared/data``
-    in the repository (accelerator machines) or ``../shared/data`` beside it."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for candidate in (os.path.join(repo, "shared", "data"),
-                      os.path.join(os.path.dirname(repo), "shared", "data")):
-        if os.path.isdir(candidate):
-            return candidate
-    return os.path.join("..", "shared", "data")
-
-
-SHARED_DATA = _shared_data()
-
-
-def task_config(task: str, data_dir: str | None, *, learning_rate: float = 2e-5,
+def task_config(task: str, data_subdir: str | None, *, learning_rate: float = 2e-5,
                 epochs: int = 3, max_seq_length: int = 128, batch_size: int = 32
                 ) -> ml_collections.ConfigDict:
-    """BERT paper fine-tuning: AdamW, 10% warmup then linear decay, dropout 0.1, batch 32."""
+    """BERT paper fine-tuning: AdamW, 10% warmup then linear decay, dropout 0.1, batch 32.
+
+    ``data_subdir``: the task's folder under ``$BERT_JAX_DATA`` (data_dir stays unset when the
+    variable is not; the run then needs --config.data_dir). ``batch_size`` sets
+    ``global_batch_size``, ``learning_rate`` sets ``optimizer.learning_rate``.
+    """
     c = base_config()
     c.task = task
-    c.data_dir = data_dir
-    c.learning_rate = learning_rate
+    c.data_dir = data_dir(data_subdir) if data_subdir else None
+    c.optimizer.learning_rate = learning_rate
     c.epochs = epochs
     c.max_seq_length = max_seq_length
-    c.batch_size = batch_size
+    c.global_batch_size = batch_size
     return c
 
 
@@ -58,6 +48,6 @@ def make_quick(c: ml_collections.ConfigDict) -> None:
     c.epochs = 1
     c.max_seq_length = min(c.max_seq_length, 64)
     c.max_train_examples = 256
-    c.batch_size = 16
+    c.global_batch_size = 16
     c.eval_batch_size = 32
     c.log_every = 10
