@@ -11,11 +11,7 @@ is found under it); without a dev file there, dev is held out from train
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from finetune_common import make_quick, split_variant, task_config  # noqa: E402
+from bert_jax.tasks.recipes import make_quick, split_variant, task_config
 
 TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 

@@ -11,11 +11,7 @@ v2.0); without a dev file the dev split is held out from train by article.
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from finetune_common import make_quick, split_variant, task_config  # noqa: E402
+from bert_jax.tasks.recipes import make_quick, split_variant, task_config
 
 VERSIONS = {"v1": "squad_v1", "v2": "squad_v2"}
 

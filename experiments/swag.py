@@ -9,11 +9,7 @@ smoke run.
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from finetune_common import make_quick, split_variant, task_config  # noqa: E402
+from bert_jax.tasks.recipes import make_quick, split_variant, task_config
 
 
 def get_config(variant: str = "swag"):
