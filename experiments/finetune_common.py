@@ -1,63 +1,7 @@
-"""Shared by the fine-tuning experiment files (glue.py, squad.py, ner.py, swag.py).
+"""The fine-tuning experiment helpers under the name experiments/e2e.py imports them by; they
+live in ``bert_jax.tasks.recipes`` (glue.py, squad.py, ner.py and swag.py import them from
+there)."""
 
-The run's fields and their defaults live in ``bert_jax.tasks.run.base_config`` (so
-``bert-jax evaluate`` can rebuild a stored run); this module sets what the experiments share:
-the paper's fine-tuning recipe, the default data locations and the ``quick`` CPU variant.
-"""
+from bert_jax.tasks.recipes import make_quick, split_variant, task_config
 
-from __future__ import annotations
-
-import os
-
-import ml_collections
-
-from bert_jax.errors import BertJaxError
-from bert_jax.tasks.run import base_config
-
-
-def _shared_data() -> str:
-    """The shared data folder (train splits only: dev is held out from train): ``shared/data``
-    in the repository (accelerator machines) or ``../shared/data`` beside it."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for candidate in (os.path.join(repo, "shared", "data"),
-                      os.path.join(os.path.dirname(repo), "shared", "data")):
-        if os.path.isdir(candidate):
-            return candidate
-    return os.path.join("..", "shared", "data")
-
-
-SHARED_DATA = _shared_data()
-
-
-def task_config(task: str, data_dir: str | None, *, learning_rate: float = 2e-5,
-                epochs: int = 3, max_seq_length: int = 128, batch_size: int = 32
-                ) -> ml_collections.ConfigDict:
-    """BERT paper fine-tuning: AdamW, 10% warmup then linear decay, dropout 0.1, batch 32."""
-    c = base_config()
-    c.task = task
-    c.data_dir = data_dir
-    c.learning_rate = learning_rate
-    c.epochs = epochs
-    c.max_seq_length = max_seq_length
-    c.batch_size = batch_size
-    return c
-
-
-def split_variant(variant: str, known: tuple[str, ...], what: str) -> tuple[str, bool]:
-    """'mrpc' -> ('mrpc', False); 'mrpc_quick' -> ('mrpc', True); unknown -> BertJaxError."""
-    quick = variant.endswith("_quick")
-    name = variant[: -len("_quick")] if quick else variant
-    if name not in known:
-        raise BertJaxError(f"unknown {what} variant {variant!r}; choose one of "
-                           f"{', '.join(known)} (optionally with _quick)")
-    return name, quick
-
-
-def make_quick(c: ml_collections.ConfigDict) -> None:
-    """Seconds on a CPU: 1 epoch, short sequences, a few hundred training rows."""
-    c.epochs = 1
-    c.max_seq_length = min(c.max_seq_length, 64)
-    c.max_train_examples = 256
-    c.batch_size = 16
-    c.eval_batch_size = 32
-    c.log_every = 10
+__all__ = ["make_quick", "split_variant", "task_config"]

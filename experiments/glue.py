@@ -3,25 +3,22 @@
 
 Variants: cola sst2 mrpc stsb qqp mnli qnli rte wnli (append ``_quick`` for a CPU smoke run).
 Hyperparameters follow the BERT paper: batch 32, 3 epochs, lr 2e-5 (RTE, MRPC, STS-B, CoLA:
-small sets, lr 2e-5 as well; sweep 2e-5..5e-5 with --config.learning_rate), max length 128.
-``data_dir`` defaults to ``../shared/data/glue`` (train only: dev is held out from train,
-``holdout_fraction`` 0.1); point it at a full GLUE folder to use the official dev files.
+small sets, lr 2e-5 as well; sweep 2e-5..5e-5 with --config.optimizer.learning_rate), max
+length 128. ``data_dir`` defaults to ``$BERT_JAX_DATA/glue`` (the task's folder, e.g. MRPC/,
+is found under it); without a dev file there, dev is held out from train
+(``holdout_fraction`` 0.1).
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from finetune_common import SHARED_DATA, make_quick, split_variant, task_config  # noqa: E402
+from bert_jax.tasks.recipes import make_quick, split_variant, task_config
 
 TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 
 
 def get_config(variant: str = "mrpc"):
     task, quick = split_variant(variant, TASKS, "GLUE")
-    c = task_config(task, os.path.join(SHARED_DATA, "glue"))
+    c = task_config(task, "glue")
     if quick:
         make_quick(c)
     return c

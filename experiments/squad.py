@@ -4,24 +4,21 @@
 Google's run_squad recipe: max length 384, doc stride 128, max query length 64, batch 32,
 lr 3e-5, 2 epochs; decoding with n-best 20 and max answer length 30; v2.0 predicts "no
 answer" when the null score beats the best span by more than ``null_score_diff_threshold``.
-``data_dir`` holds train-v1.1.json / dev-v1.1.json (or v2.0); without a dev file the dev
-split is held out from train by article. ``v1_quick``/``v2_quick``: CPU smoke runs.
+``data_dir`` (default ``$BERT_JAX_DATA/squad``) holds train-v1.1.json / dev-v1.1.json (or
+v2.0); without a dev file the dev split is held out from train by article.
+``v1_quick``/``v2_quick``: CPU smoke runs.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from finetune_common import SHARED_DATA, make_quick, split_variant, task_config  # noqa: E402
+from bert_jax.tasks.recipes import make_quick, split_variant, task_config
 
 VERSIONS = {"v1": "squad_v1", "v2": "squad_v2"}
 
 
 def get_config(variant: str = "v1"):
     version, quick = split_variant(variant, tuple(VERSIONS), "SQuAD")
-    c = task_config(VERSIONS[version], os.path.join(SHARED_DATA, "squad"), learning_rate=3e-5,
+    c = task_config(VERSIONS[version], "squad", learning_rate=3e-5,
                     epochs=2, max_seq_length=384)
     c.featurize.doc_stride = 128
     c.featurize.max_query_length = 64

@@ -60,7 +60,7 @@ echo "== fine-tune 2/2: fine-tune $checkpoint on it"
 bert-jax finetune --config "$here/experiments/glue.py:sst2" --workdir "$out/finetune" \
   --config.init_checkpoint="$checkpoint" --config.data_dir="$out/author_task" \
   --config.max_seq_length=64 --config.epochs="${DEMO_FT_EPOCHS:-5}" \
-  --config.learning_rate="${DEMO_FT_LR:-2e-3}" --config.log_every=20 ${DEMO_FT_EXTRA:-}
+  --config.optimizer.learning_rate="${DEMO_FT_LR:-2e-3}" --config.log_every=20 ${DEMO_FT_EXTRA:-}
 
 python - "$out/finetune/metrics.json" <<'PY'
 import json, sys

@@ -1,7 +1,7 @@
 """Holding out a dev split from train, reproducibly.
 
-Some data comes with a train split only (``shared/data`` has GLUE train files, CoNLL train and
-a SQuAD sample). The dev split is then a seeded random fraction of train: by row for GLUE,
+Some data comes with a train split only (a GLUE task folder with train.tsv alone, a SQuAD
+sample). The dev split is then a seeded random fraction of train: by row for GLUE,
 CoNLL and SWAG; by article for SQuAD, so no context paragraph or article is seen in both.
 The same (fraction, seed) always gives the same rows, and the two parts never overlap.
 """

@@ -1,8 +1,9 @@
 """Fine-tuning mechanics: the task model, per-kind losses, the jitted pure train and predict
 steps over a data-parallel mesh, batching with padding, and the epoch loop.
 
-Nothing here reads task files or checkpoints (``run.py`` does); ``Finetuner`` takes numpy
-feature dicts and parameter trees. Every batch has a fixed shape: the last batch of an epoch
+Nothing here reads task files or checkpoints (``inputs.py`` and ``model_init.py`` do);
+``Finetuner`` takes numpy feature dicts and parameter trees; :func:`build_finetuner` makes one
+from a run config (``tasks/config.py``). Every batch has a fixed shape: the last batch of an epoch
 and of an evaluation is padded with copies of row 0 whose ``example_weight`` is 0, so they
 carry no loss and their predictions are dropped — no example is skipped.
 """
@@ -144,16 +145,18 @@ def zero_encoder_updates(updates, params=None) -> Any:
 
 def make_tx(config: ml_collections.ConfigDict, total_steps: int
             ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW (no decay on LayerNorm/bias), linear warmup over ``warmup_proportion`` of the
-    steps then linear decay to 0, global-norm clipping; the encoder untouched when frozen
-    (not even weight decay)."""
-    warmup = int(config.warmup_proportion * total_steps)
-    tx, schedule = make_optimizer(ml_collections.ConfigDict({
-        "name": "adamw", "learning_rate": config.learning_rate, "warmup_steps": warmup,
-        "decay": "linear", "decay_steps": max(total_steps, warmup + 1),
-        "end_learning_rate": 0.0, "power": 1.0, "b1": config.adam_b1, "b2": config.adam_b2,
-        "eps": config.adam_eps, "weight_decay": config.weight_decay,
-        "clip_norm": config.clip_norm}))
+    """The run's ``optimizer`` section over ``total_steps``: AdamW (no decay on LayerNorm or
+    biases) or LAMB, warmup over ``warmup_steps`` (-1: ``warmup_proportion`` of the steps),
+    then ``decay`` to ``end_learning_rate`` at ``decay_steps`` (-1: the last step); clipping
+    first. A frozen encoder gets no update at all (not even weight decay)."""
+    opt = config.optimizer
+    warmup = int(opt.warmup_steps) if opt.warmup_steps >= 0 \
+        else int(opt.warmup_proportion * total_steps)
+    decay_steps = total_steps if opt.decay_steps < 0 else int(opt.decay_steps)
+    section = ml_collections.ConfigDict(opt.to_dict())
+    section.warmup_steps = warmup
+    section.decay_steps = max(decay_steps, warmup + 1) if opt.decay_steps < 0 else decay_steps
+    tx, schedule = make_optimizer(section)
     if config.freeze_encoder:
         tx = optax.chain(tx, optax.stateless(zero_encoder_updates))
     return tx, schedule
@@ -195,7 +198,7 @@ class Finetuner:
     schedule: optax.Schedule | None = None
 
     def __post_init__(self):
-        for name, size in (("batch_size", self.batch_size),
+        for name, size in (("global_batch_size", self.batch_size),
                            ("eval_batch_size", self.eval_batch_size)):
             divisor = parallel.batch_divisor(self.mesh, self.rules) * jax.process_count()
             if size % divisor:
@@ -322,3 +325,18 @@ class Finetuner:
 def model_outputs(kind: str, outputs: dict[str, np.ndarray]):
     """Predict-step outputs -> what ``Task.postprocess`` takes for this kind."""
     return outputs if kind == "span" else outputs["logits"]
+
+
+def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: BertConfig,
+                    total_steps: int | None) -> Finetuner:
+    """The run's Finetuner: its mesh and rules, the task model, and (with ``total_steps``) the
+    optimizer; without, prediction only."""
+    if config.max_seq_length > model_cfg.max_position_embeddings:
+        raise BertJaxError(f"max_seq_length={config.max_seq_length} exceeds the model's "
+                           f"max_position_embeddings={model_cfg.max_position_embeddings}")
+    mesh = parallel.create_mesh(config.parallel.mesh)
+    rules = parallel.rules_from_config(config.parallel.logical_axis_rules)
+    tx, schedule = make_tx(config, total_steps) if total_steps else (None, None)
+    return Finetuner(task, build_model(task, model_cfg, config.freeze_encoder), mesh, rules,
+                     config.global_batch_size, config.eval_batch_size, config.max_seq_length,
+                     tx, schedule)

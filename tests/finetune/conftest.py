@@ -1,4 +1,5 @@
-"""Session fixtures: one tiny checkpoint and the task folders, written once."""
+"""Fixtures shared by the whole test run: one tiny checkpoint and the task folders, written
+once."""
 
 import pytest
 

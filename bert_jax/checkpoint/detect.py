@@ -1,0 +1,45 @@
+"""Which checkpoint format a path holds, and loading any of them as (params, config,
+tokenizer, report).
+
+Accepted: a bert-jax model directory, a training workdir or one of its step folders
+(``bert_jax.checkpoint.store``), or a Hugging Face model directory (``config.json`` without
+bert-jax's ``"format"`` beside ``model.safetensors`` / ``pytorch_model.bin`` or their index).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from bert_jax.checkpoint import store
+from bert_jax.config import BertConfig
+
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                   "pytorch_model.bin.index.json")
+
+
+def is_hf_directory(path: str) -> bool:
+    """A Hugging Face model directory (config.json without bert-jax's format + weights)."""
+    config_path = os.path.join(path, store.CONFIG_FILE)
+    if not os.path.isfile(config_path):
+        return False
+    with open(config_path, encoding="utf-8") as f:
+        try:
+            if json.load(f).get("format") == "bert_jax":
+                return False
+        except (json.JSONDecodeError, AttributeError):
+            return False
+    return any(os.path.exists(os.path.join(path, w)) for w in HF_WEIGHT_FILES)
+
+
+def load_checkpoint(path: str) -> tuple[dict, BertConfig, Any, list[str]]:
+    """(params, config, tokenizer-or-None, report lines) of a bert-jax or HF checkpoint."""
+    if os.path.isdir(path) and is_hf_directory(path):
+        from bert_jax.checkpoint.hf import load_hf
+
+        params, config, tokenizer, report = load_hf(path)
+        return params, config, tokenizer, [f"Hugging Face checkpoint: {line}"
+                                           for line in report.lines()]
+    params, config, tokenizer, _ = store.load_model(path)
+    return params, config, tokenizer, [f"bert-jax checkpoint: {store.resolve(path)[1]}"]

@@ -1,0 +1,86 @@
+"""``bert-jax finetune | evaluate | predict``: argument parsing and output for the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+
+from bert_jax.tasks.base import write_json
+from bert_jax.tasks.config import DATA_ENV, load_config
+
+
+class finetune_command:  # noqa: N801 - the CLI registry names this attribute
+    accepts_overrides = True
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--config", required=True,
+                            help="experiment file and variant, e.g. experiments/glue.py:mrpc")
+        parser.add_argument("--workdir", required=True,
+                            help="output: best model (config.json, params/, tokenizer/), "
+                                 "metrics.json")
+        parser.epilog = ("Override any config field with --config.<key>=<value>, e.g. "
+                         "--config.init_checkpoint=PATH --config.data_dir=glue_data/MRPC "
+                         "--config.optimizer.learning_rate=3e-5. The data root defaults to "
+                         f"${DATA_ENV} (GLUE tasks under ${DATA_ENV}/glue/<TASK>/).")
+
+    @staticmethod
+    def run(args) -> int:
+        from bert_jax.tasks.finetune import finetune
+
+        config = load_config(args.config, args.overrides)
+        result = finetune(config, args.workdir)
+        if jax.process_index() == 0:
+            print(json.dumps({"workdir": args.workdir, "best": result["best"]}))
+        return 0
+
+
+def _workdir_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", required=True, help="a `bert-jax finetune` workdir")
+    parser.epilog = ("The run's stored config is used; override data locations with e.g. "
+                     "--config.data_dir=DIR or --config.test_file=FILE")
+
+
+class evaluate_command:  # noqa: N801
+    accepts_overrides = True
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        _workdir_arguments(parser)
+        parser.add_argument("--split", default="dev",
+                            help="dev (the run's dev split(s)), or any labelled split name")
+        parser.add_argument("--output", help="also write the metrics JSON to this file")
+
+    @staticmethod
+    def run(args) -> int:
+        from bert_jax.tasks.evaluate import evaluate
+
+        result = evaluate(args.workdir, args.split, args.overrides)
+        if jax.process_index() == 0:
+            if args.output:
+                write_json(args.output, result)
+            print(json.dumps(result, indent=2, sort_keys=True))
+        return 0
+
+
+class predict_command:  # noqa: N801
+    accepts_overrides = True
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        _workdir_arguments(parser)
+        parser.add_argument("--split", default="test", help="split to predict (default test)")
+        parser.add_argument("--output", required=True, help="directory for the prediction files")
+        parser.add_argument("--ax-file", help="MNLI: the AX diagnostic TSV (default: looked "
+                                              "for beside the MNLI data)")
+
+    @staticmethod
+    def run(args) -> int:
+        from bert_jax.tasks.evaluate import predict
+
+        paths = predict(args.workdir, args.split, args.output, args.overrides, args.ax_file)
+        if jax.process_index() == 0:
+            print(json.dumps({"written": paths}, indent=2))
+        return 0

@@ -1,0 +1,195 @@
+"""The fine-tuning run config: its fields and defaults, loading an experiment file with
+``--config.key=value`` overrides, and reading the config a finished run stored.
+
+Names shared with pretraining (``bert_jax.training.config``) mean the same there and here:
+``global_batch_size``, ``seed``, ``init_checkpoint``, ``log_every``, the ``model`` section, the
+``optimizer`` section (``optimizer.learning_rate``, ``b1``, ``b2``, ``eps``, ``weight_decay``,
+``clip_norm``, ``warmup_steps``, ``decay``...) and ``parallel.mesh`` /
+``parallel.logical_axis_rules``. Fine-tuning adds ``optimizer.warmup_proportion``: with
+``optimizer.warmup_steps=-1`` (the default) the warmup is that fraction of the run's steps,
+which depend on the data. Keys of the earlier flat schema (``learning_rate``, ``adam_b1``,
+``batch_size``, ``mesh``...) are refused with their new name; a stored run that used them
+still loads (:func:`config_from_dict` maps them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+from bert_jax import parallel
+from bert_jax.errors import BertJaxError
+from bert_jax.training import config as config_lib
+
+# The environment variable naming the data root: GLUE tasks at $BERT_JAX_DATA/glue/<TASK>/,
+# CoNLL-2003 at $BERT_JAX_DATA/conll2003/, SQuAD at $BERT_JAX_DATA/squad/, SWAG at
+# $BERT_JAX_DATA/swag/. Experiment files read it; --config.data_dir overrides it.
+DATA_ENV = "BERT_JAX_DATA"
+
+# Keys of the earlier flat fine-tuning schema -> their names now (those of pretraining).
+RENAMED_KEYS = {
+    "learning_rate": "optimizer.learning_rate",
+    "adam_b1": "optimizer.b1",
+    "adam_b2": "optimizer.b2",
+    "adam_eps": "optimizer.eps",
+    "weight_decay": "optimizer.weight_decay",
+    "clip_norm": "optimizer.clip_norm",
+    "warmup_proportion": "optimizer.warmup_proportion",
+    "mesh": "parallel.mesh",
+    "logical_axis_rules": "parallel.logical_axis_rules",
+    "batch_size": "global_batch_size",
+}
+# Stored sections kept whole (their keys are the task's options, not schema fields).
+_OPEN_SECTIONS = ("featurize", "postprocess")
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Fine-tuning as in the BERT paper; experiments/*.py change what a task needs."""
+    c = ml_collections.ConfigDict()
+    c.task = ""  # a bert_jax.tasks name: cola sst2 mrpc stsb qqp mnli qnli rte wnli squad_v1 ...
+    # Data: local files in their original format under data_dir (the task or GLUE root
+    # folder), or one file per split; or tensorflow-datasets (tfds=True, needs tensorflow).
+    c.data_dir = config_dict.placeholder(str)
+    c.train_file = config_dict.placeholder(str)
+    c.dev_file = config_dict.placeholder(str)
+    c.test_file = config_dict.placeholder(str)
+    c.tfds = False
+    c.tfds_data_dir = config_dict.placeholder(str)
+    c.on_error = "raise"  # malformed rows: raise (default) or skip (counted and logged)
+    # Without a dev file, this fraction of train becomes the dev split (by row; SQuAD by
+    # article), drawn with holdout_seed (kept apart from `seed` so repeated runs share it).
+    c.holdout_fraction = 0.1
+    c.holdout_seed = 1234
+    c.max_train_examples = 0  # > 0: a seeded subsample of train (after the holdout)
+    c.max_seq_length = 128
+    c.featurize = ml_collections.ConfigDict()  # task.featurize options (SQuAD: doc_stride...)
+    c.postprocess = ml_collections.ConfigDict()  # task.postprocess options (SQuAD: n-best...)
+
+    # Model: init_checkpoint restores the encoder (bert-jax model dir or workdir, or a
+    # Hugging Face directory); "" = random init from model.preset with `tokenizer`.
+    c.init_checkpoint = ""
+    c.tokenizer = config_dict.placeholder(str)  # default: the checkpoint's tokenizer
+    c.model = config_lib.base_config().model  # preset + BertConfig fields (None = keep)
+    c.model.hidden_dropout_prob = 0.1
+    c.model.attention_probs_dropout_prob = 0.1
+    c.freeze_encoder = False  # feature-based: train only the head
+
+    c.global_batch_size = 32  # sequences per optimizer step, over all processes
+    c.eval_batch_size = 64
+    c.epochs = 3
+    c.seed = 0  # head init, dropout, data order
+
+    # The pretraining optimizer section: AdamW (no weight decay on LayerNorm parameters or
+    # biases), linear warmup then linear decay to 0 over the run, global-norm clipping.
+    c.optimizer = config_lib.base_config().optimizer
+    c.optimizer.learning_rate = 2e-5
+    c.optimizer.warmup_steps = -1  # -1: warmup_proportion of the run's steps
+    c.optimizer.warmup_proportion = 0.1
+    c.optimizer.decay_steps = -1  # -1: the run's steps (epochs x steps per epoch)
+
+    # Data-parallel over all devices by default (the pretraining mesh machinery).
+    c.parallel = ml_collections.ConfigDict()
+    c.parallel.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+    c.parallel.logical_axis_rules = parallel.DEFAULT_RULES
+    c.log_every = 100  # steps; the loss is fetched from the device only then
+    return c
+
+
+def renamed_key_message(key: str) -> str | None:
+    """"config key 'X' was renamed to 'Y'" for a key of the earlier schema, else None."""
+    head, dot, rest = key.partition(".")
+    if head not in RENAMED_KEYS:
+        return None
+    return f"config key {key!r} was renamed to {RENAMED_KEYS[head] + dot + rest!r}"
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """Refuses ``--config.<old key>=...`` overrides with the key's new name."""
+    for key, _ in config_lib.parse_override_args(overrides):
+        message = renamed_key_message(key)
+        if message:
+            raise BertJaxError(f"--config.{key}: {message}")
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
+    check_overrides(overrides)
+    config_lib.apply_overrides(config, overrides)
+
+
+def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+    """``experiments/<file>.py[:variant]`` -> locked run config with overrides applied; an
+    experiment file that sets a key of the earlier schema fails naming the file."""
+    check_overrides(overrides)
+    path = spec.partition(":")[0]
+    try:
+        config = config_lib.load_config(spec)
+    except AttributeError as e:  # e.g. `c.mesh.data = 1` on a section that moved
+        message = renamed_key_message(str(e).strip("\"'"))
+        if message is None:
+            raise
+        raise BertJaxError(f"{path}: {message}") from None
+    for key in config.keys():
+        message = renamed_key_message(key)
+        if message:
+            raise BertJaxError(f"{path}: {message}")
+    config_lib.apply_overrides(config, overrides)
+    return config
+
+
+def data_dir(subdir: str) -> str | None:
+    """``$BERT_JAX_DATA/<subdir>`` when the variable is set, else None (the run then needs
+    --config.data_dir or train_file)."""
+    root = os.environ.get(DATA_ENV)
+    return os.path.join(root, subdir) if root else None
+
+
+def missing_data_message(task: str) -> str:
+    return (f"{task}: no data location; pass --config.data_dir=DIR (the task's folder) or set "
+            f"the environment variable {DATA_ENV}=ROOT (GLUE tasks under ROOT/glue/<TASK>/, "
+            "CoNLL-2003 under ROOT/conll2003/, SQuAD under ROOT/squad/, SWAG under ROOT/swag/)")
+
+
+# ---- stored runs ------------------------------------------------------------------------------
+def config_from_dict(values: dict[str, Any], source: str = "stored run config"
+                     ) -> ml_collections.ConfigDict:
+    """A stored run config (``config.to_dict()`` through JSON) -> locked, typed ConfigDict.
+
+    Runs stored with the earlier flat schema load too: their keys are mapped to the new names.
+    """
+    config = base_config()
+    known = set(config_lib.all_keys(config))
+    flat = {}
+    for key, value in _flatten_dict(values).items():
+        head, dot, rest = key.partition(".")
+        if head in RENAMED_KEYS:
+            key = RENAMED_KEYS[head] + dot + rest
+        if key not in known and key.partition(".")[0] not in _OPEN_SECTIONS:
+            raise BertJaxError(f"{source}: unknown fine-tuning config key {key!r}")
+        flat[key] = value
+    try:
+        config.update_from_flattened_dict(flat)
+    except (KeyError, TypeError, ValueError) as e:
+        raise BertJaxError(f"{source}: {e}") from None
+    config.lock()
+    return config
+
+
+def _flatten_dict(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k not in _OPEN_SECTIONS:
+            out.update(_flatten_dict(v, f"{prefix}{k}."))
+        elif isinstance(v, dict):
+            out[f"{prefix}{k}"] = ml_collections.ConfigDict(v)
+        else:
+            out[f"{prefix}{k}"] = _tuples(v) if k == "logical_axis_rules" else v
+    return out
+
+
+def _tuples(value):
+    """JSON lists back to the tuples they were stored from."""
+    return tuple(map(_tuples, value)) if isinstance(value, list | tuple) else value

@@ -1,0 +1,124 @@
+"""The fine-tuning loop: ``finetune(config, workdir)``.
+
+It reads the task data (``inputs.py``), starts from a checkpoint's encoder and a fresh head or
+from random weights (``model_init.py``), trains with the run's optimizer over a data-parallel
+mesh (``trainer.py``), evaluates after every epoch with the task's official metrics and keeps
+the best epoch in WORKDIR as a bert-jax model directory::
+
+    WORKDIR/config.json   model config + {"task", "num_labels", "finetune": the run config,
+                          "best": {epoch, metrics}}
+    WORKDIR/params/       the best epoch's parameters
+    WORKDIR/tokenizer/
+    WORKDIR/metrics.json  per-epoch train loss, dev metrics, timings; best and final
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from bert_jax import parallel
+from bert_jax.checkpoint import store
+from bert_jax.errors import BertJaxError
+from bert_jax.tasks.base import write_json
+from bert_jax.tasks.evaluate import score
+from bert_jax.tasks.inputs import featurize, train_and_dev
+from bert_jax.tasks.model_init import initial_model, merge_encoder
+from bert_jax.tasks.registry import get_task
+from bert_jax.tasks.trainer import build_finetuner, num_rows
+
+METRICS_FILE = "metrics.json"
+
+
+def _log(message: str) -> None:
+    if jax.process_index() == 0:
+        print(message, flush=True)
+
+
+def run_rngs(seed: int) -> tuple[jax.Array, jax.Array]:
+    """(head initialisation key, dropout key) of a fine-tuning run with ``seed``."""
+    init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
+    return init_rng, dropout_rng
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Trains, evaluates after each epoch, keeps the best epoch in ``workdir``; returns the
+    contents of metrics.json."""
+    parallel.maybe_initialize_distributed()
+    task = get_task(config.task)
+    if not task.label_keys:
+        raise BertJaxError(f"task {task.name} has no training data (predict it with a model "
+                           "of its parent task, e.g. AX with MNLI)")
+    os.makedirs(workdir, exist_ok=True)
+    model_cfg, tokenizer, pretrained, report = initial_model(task, config)
+    train, devs, dev_source = train_and_dev(task, config)
+    _log(f"{task.name}: {len(train)} train examples, "
+         + ", ".join(f"{s} {len(d)}" for s, d in devs.items()) + f" ({dev_source})")
+    for name, exs in (("train", train), *devs.items()):
+        if exs.skipped:
+            _log(f"{name}: skipped {len(exs.skipped)} malformed rows (first: {exs.skipped[0]})")
+    train_feats = featurize(task, train, tokenizer, config)
+    dev_feats = {s: featurize(task, d, tokenizer, config) for s, d in devs.items()}
+    steps_per_epoch = -(-num_rows(train_feats) // config.global_batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    finetuner = build_finetuner(task, config, model_cfg, total_steps)
+    init_rng, dropout_rng = run_rngs(config.seed)
+    params = finetuner.init_params(init_rng)
+    if pretrained is not None:
+        merged, lines = merge_encoder(jax.device_get(params), pretrained, model_cfg)
+        report += lines
+        params = finetuner.place_params(merged)
+    for line in report:
+        _log(line)
+    state = finetuner.create_state(params)
+    del params
+    _log(f"training {total_steps} steps ({config.epochs} epochs x {steps_per_epoch}, batch "
+         f"{config.global_batch_size}, {num_rows(train_feats)} sequences/epoch) on mesh "
+         f"{dict(finetuner.mesh.shape)}")
+
+    main = task.main_metric
+    first_split = next(iter(devs))
+    history: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    train_seconds = steady_seconds = steady_sequences = 0.0
+    extra_base = {"task": task.name, "num_labels": task.num_labels,
+                  "finetune": config.to_dict(), "init_checkpoint": config.init_checkpoint}
+    for epoch in range(config.epochs):
+        state, stats = finetuner.train_epoch(state, train_feats, epoch, config.seed,
+                                             dropout_rng, _log, config.log_every)
+        train_seconds += stats["seconds"]
+        steady_seconds += stats["seconds"] - stats["first_step_seconds"]
+        steady_sequences += stats["sequences"] * (1 - 1 / max(steps_per_epoch, 1))
+        t0 = time.perf_counter()
+        scores = {s: score(finetuner, state.params, task, devs[s], dev_feats[s], config)[0]
+                  for s in devs}
+        record = {"epoch": epoch + 1, "train_loss": stats["loss"],
+                  "train_seconds": stats["seconds"], "eval_seconds": time.perf_counter() - t0,
+                  **{s: m for s, m in scores.items()}}
+        history.append(record)
+        value = scores[first_split][main]
+        _log(f"epoch {epoch + 1}: train loss {stats['loss']:.4f}; "
+             + "; ".join(f"{s} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()
+                                             if isinstance(v, float))
+                         for s, m in scores.items()))
+        if best is None or (np.isfinite(value) and not value <= best["value"]):
+            best = {"epoch": epoch + 1, "value": value, "metric": f"{first_split}/{main}",
+                    "metrics": scores}
+            store.save_model(workdir, state.params, model_cfg, tokenizer,
+                             extra={**extra_base, "best": best})
+            _log(f"saved epoch {epoch + 1} as best ({first_split} {main} {value:.4f})")
+    result = {"task": task.name, "dev_source": dev_source, "train_examples": len(train),
+              "dev_examples": {s: len(d) for s, d in devs.items()},
+              "train_sequences": num_rows(train_feats), "epochs": history, "best": best,
+              "final": history[-1], "train_seconds": train_seconds,
+              "train_sequences_per_second": (steady_sequences / steady_seconds
+                                             if steady_seconds > 0 else None),
+              "seed": config.seed, "holdout_seed": config.holdout_seed, "report": report}
+    if jax.process_index() == 0:
+        write_json(os.path.join(workdir, METRICS_FILE), result)
+    return result
