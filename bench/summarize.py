@@ -1,27 +1,35 @@
 """Markdown tables from the benchmark JSON lines: bert-jax vs transformers (ratio, MFU, memory),
 the lever sweep (change vs the sweep's baseline), the loop vs the step, and scaling.
 
-  python bench/summarize.py $OUT/bench.jsonl
+  python -m bench summary bench_out            # every *.jsonl in the folder
+  python -m bench summary bench/tables/pretrain_step_h200.jsonl
 
 Records are matched on (task, model, seq_len, batch_size); the last record of a kind wins.
 Tags written by bench/run_gpu.sh: ``core`` (headline runs), ``lever:<name>`` (the sweep,
-``lever:baseline`` its reference), ``scaling_*`` (per-run records of bench_scaling).
+``lever:baseline`` its reference), ``scaling_*`` (per-run records of ``bench scaling run``).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import sys
 
-# Issue 6 targets: (task, model, seq_len) -> (min ratio vs transformers, min MFU)
+# performance goals: (task, model, seq_len) -> (min ratio vs transformers, min MFU)
 TARGETS = {("pretrain", "base", 128): (1.5, 0.55), ("pretrain", "large", 128): (1.5, 0.60),
            ("pretrain", "large", 512): (1.5, 0.60), ("classify", "base", 128): (1.5, None)}
 
 
 def load(paths: list[str]) -> list[dict]:
-    records = []
+    """The records of JSON-lines files; a folder stands for its ``*.jsonl`` files."""
+    files = []
     for path in paths:
+        files += sorted(glob.glob(os.path.join(path, "*.jsonl"))) if os.path.isdir(path) \
+            else [path]
+    records = []
+    for path in files:
         with open(path, encoding="utf-8") as f:
             for line in f:
                 line = line.strip()
@@ -86,8 +94,8 @@ def core_table(records: list[dict]) -> list[str]:
 
 
 def plain_table(records: list[dict]) -> list[str]:
-    """bert-jax's core runs against ``bench/plain_flax.py``'s plain Flax step (the issue's
-    reference: bert-jax must be clearly better than it) in the same records."""
+    """bert-jax's core runs against the plain Flax step of ``bench peers flax`` (bert-jax
+    should be clearly faster than it) in the same records."""
     plain = _runs(records, "plain-flax", "plain")
     if not plain:
         return []
@@ -220,7 +228,7 @@ def render(records: list[dict]) -> str:
     out += ["", "## bert-jax vs transformers", ""] + core_table(records)
     plain = plain_table(records)
     if plain:
-        out += ["", "## bert-jax vs the plain Flax step (`bench/plain_flax.py`)", ""] + plain
+        out += ["", "## bert-jax vs the plain Flax step (`python -m bench peers flax`)", ""] + plain
     common = common_peak_lines(records)
     if common:
         out += ["", "MFU against one ceiling per device: the highest matmul peak any run here "
@@ -246,8 +254,9 @@ def render(records: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("paths", nargs="+", help="JSON-lines result files")
+    ap = argparse.ArgumentParser(prog="python -m bench summary",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="+", help="JSON-lines result files or folders of them")
     args = ap.parse_args(argv)
     sys.stdout.write(render(load(args.paths)))
     return 0
