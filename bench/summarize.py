@@ -139,7 +139,7 @@ def common_peak_lines(records: list[dict]) -> list[str]:
     if not rows:
         return []
     return ["| framework | task | model | seq | batch | TFLOP/s | MFU (own peak) | "
-            "MFU (top peak of the call) |", "|---|---|---|---|---|---|---|---|", *rows]
+            "MFU (top peak of the records) |", "|---|---|---|---|---|---|---|---|", *rows]
 
 
 def lever_table(records: list[dict]) -> list[str]:
