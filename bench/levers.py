@@ -7,7 +7,7 @@
   ``--hidden-dropout``, ``--dropout-hash``, ``--qkv``, ``--layer-norm``,
   ``--residual-dtype``) and its kernel choices (:data:`KERNEL_LEVERS`: ``--fused-gelu``,
   ``--fused-mlm-loss``, ``--norm-blocks``, ...), defined once for every benchmark. A lever
-  is ``dataclasses.replace(config, field=value)``; nothing patches a module.
+  is a BertConfig field passed to ``get_preset``; nothing patches a module.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench step loop",
                                  description=__doc__.split("\n\n")[0])
     add_common_arguments(ap, batch_size=256)
+    ap.set_defaults(steps=120)  # logged intervals of 20 steps, the first one dropped
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--source", default="materialized", choices=["materialized", "synthetic"],
                     help="materialized: pre-built full-length batches; synthetic: the loop's "

@@ -202,8 +202,8 @@ def scaling_tables(records: list[dict]) -> list[str]:
 
 
 def other_table(records: list[dict]) -> list[str]:
-    """Every completed run the tables above leave out (the A/B stages' tagged runs: tag
-    ``name:variant``), in record order."""
+    """Every completed run the tables above leave out (A/B runs tagged ``name:variant`` with
+    ``--tag``), in record order."""
     rows = [r for r in records if "seq_per_s" in r and (
         r.get("framework") == "bert-jax" or (r.get("framework") == "plain-flax"
                                              and r.get("tag") != "plain"))
@@ -237,7 +237,7 @@ def render(records: list[dict]) -> str:
         out += ["", "## Levers", ""] + lever_table(records)
     others = other_table(records)
     if others:
-        out += ["", "## Other runs (A/B stages)", ""] + others
+        out += ["", "## Other runs (by tag)", ""] + others
     if any(r.get("task") == "pretrain_loop" for r in records):
         out += ["", "## Loop vs step", ""] + loop_table(records)
     if any(r.get("task") == "scaling_summary" for r in records):
@@ -247,10 +247,15 @@ def render(records: list[dict]) -> str:
     failed = [r for r in records if "error" in r and not str(r.get("tag", "")).startswith(
         ("lever:", "scaling_")) and _run_kind(r) not in done]
     if failed:
-        out += ["", "## Failed runs", ""] + [f"- {r.get('tag') or r.get('task')} "
-                                              f"{r.get('model')}/{r.get('seq_len')}: "
-                                              f"{r['error']}" for r in failed]
+        out += ["", "## Failed runs", ""] + [_failed_line(r) for r in failed]
     return "\n".join(out) + "\n"
+
+
+def _failed_line(r: dict) -> str:
+    """One failed run: the command bench/run_gpu.sh recorded, or the run's workload."""
+    if "command" in r:
+        return f"- python -m bench {' '.join(r['command'])}: {r['error']}"
+    return f"- {r.get('tag') or r.get('task')} {r.get('model')}/{r.get('seq_len')}: {r['error']}"
 
 
 def main(argv=None) -> int:

@@ -147,7 +147,7 @@ def test_cond_skip_step_matches_engine_and_skips_non_finite():
 
 def test_summarize_scaling_tables_skip_failed_runs():
     """One table per scaling summary, labelled with its extra flags; the error record of a
-    scaling run the stage budget skipped goes to the failed list, not into a table."""
+    scaling run that was skipped goes to the failed list, not into a table."""
     summary = {"task": "scaling_summary", "model": "large", "seq_len": 128,
                "per_device_batch": 128, "device": "NVIDIA H200",
                "extra_args": ["--xla-flags", "collectives"],
@@ -157,11 +157,11 @@ def test_summarize_scaling_tables_skip_failed_runs():
                               "state_gib_per_device": 0.94, "dp_state_gib_per_device": 3.76,
                               "peak_memory_gib": 14.6, "dp_peak_memory_gib": 17.3}}}
     skipped = {"tag": "scaling-levers", "task": "scaling_summary", "model": "large",
-               "seq_len": 128, "batch_size": 0, "error": "skipped: stage budget"}
+               "seq_len": 128, "batch_size": 0, "error": "skipped: timeout"}
     text = summarize.render([skipped, summary])
     assert "128 sequences per device, NVIDIA H200, --xla-flags collectives" in text
     assert "| 4 | 6,850 | 92.3% | 6,960 | -1.5% | 0.94 (3.76) |" in text
-    assert "scaling-levers large/128: skipped: stage budget" in text
+    assert "scaling-levers large/128: skipped: timeout" in text
 
 
 def test_summarize_ratio_and_targets(tmp_path):
@@ -190,19 +190,23 @@ def test_summarize_ratio_and_targets(tmp_path):
     assert "| bert-jax | pretrain | base | 128 | 256 | 392 | 56.0% (700) | 49.0% (800) |" in text
     # a run skipped in one run of the driver and completed in a later one is not failed
     skipped = [{"tag": "core", "task": "pretrain", "model": "base", "seq_len": 128,
-                "batch_size": 256, "error": "skipped: stage budget"},
+                "batch_size": 256, "error": "skipped: timeout"},
                {"tag": "core", "task": "pretrain", "model": "large", "seq_len": 512,
-                "batch_size": 32, "error": "skipped: stage budget"}]
+                "batch_size": 32, "error": "skipped: timeout"}]
     text = summarize.render(skipped + summarize.load([str(path)]))
     assert "core base/128: skipped" not in text and "core large/512: skipped" in text
-    # A/B stages' tagged runs get a table of their own; core and lever runs do not repeat there
+    # other tagged runs get a table of their own; core and lever runs do not repeat there
     ab = [dict(common, framework="bert-jax", tag="qkv:packed", seq_per_s=5255.0, mfu=0.5,
                peak_memory_gib=12.1)]
     text = summarize.render(summarize.load([str(path)]) + ab)
-    others = text.split("## Other runs (A/B stages)")[1].split("##")[0]
+    others = text.split("## Other runs (by tag)")[1].split("##")[0]
     assert "| qkv:packed | pretrain | base | 128 | 256 | 5,255 | 50.0% | 12.1 |" in others
     assert "core" not in others and "lever:" not in others
     assert "Other runs" not in summarize.render(summarize.load([str(path)]))
+    # a run bench/run_gpu.sh saw fail is listed with its command
+    failed = {"command": ["step", "pretrain", "--model", "large"], "error": "exit code 124"}
+    assert "- python -m bench step pretrain --model large: exit code 124" in summarize.render(
+        summarize.load([str(path)]) + [failed])
     # the plain Flax step gets its own comparison and a row against the common peak
     plain = [dict(common, framework="plain-flax", tag="plain", seq_per_s=4800.0, mfu=0.45,
                   peak_memory_gib=20.0, hidden_dropout_rate=0.0)]
@@ -274,7 +278,7 @@ def test_kernel_harness_times_kernel_against_xla(tmp_path, kernel, shape, option
     records = [json.loads(line) for line in (tmp_path / "kernels.jsonl").read_text().splitlines()]
     assert not any("error" in r for r in records), records
     variants = {r["variant"] for r in records}
-    assert "xla" in variants and len(variants) == 2, variants
+    assert "xla" in variants and len(variants) >= 2, variants  # XLA's and the kernel's
     assert all(r.get("us", r.get("us_fwd_bwd", 0)) > 0 for r in records)
     assert all(r.get("max_diff_vs_xla", 0) < 0.1 for r in records)
 
