@@ -149,6 +149,7 @@ def add_kernel_lever_arguments(ap: argparse.ArgumentParser) -> None:
     for option, (field, parse, choices, default, text) in KERNEL_LEVERS.items():
         shown = default if not isinstance(default, bool) else ("on" if default else "off")
         group.add_argument("--" + option.replace("_", "-"), type=parse, default=default,
+                           choices=choices if parse is str else None,
                            metavar="|".join(choices) if choices else None,
                            help=f"model.{field}: {text} (default: {shown})")
 

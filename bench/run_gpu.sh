@@ -36,7 +36,7 @@ JAX_ENV=(env XLA_PYTHON_CLIENT_MEM_FRACTION=0.90 JAX_COMPILATION_CACHE_DIR=/tmp/
 if [ "${BENCH_SMOKE:-0}" = 1 ]; then
   BASE=tiny; LARGE=tiny; S128=64; S512=128; B256=8; B32=8
   TIMING=(--steps 2 --repeats 1 --warmup 1 --peak-size 128); LOOP=(--steps 6 --log-every 2)
-  SCALE=(--per-device-batch 2 --device-counts 1,2 --steps 2 --repeats 1 --warmup 1)
+  SCALE=(--per-device-batch 2 --device-counts "1,2" --steps 2 --repeats 1 --warmup 1)
   KERNEL_SHAPES=(attention:2x64x2x16 norm:1x16x128 gelu:1x16x256 xent:1x8x64)
   KERNEL_OPTS=(--iters 1 --repeats 1 --tune none --blocks default --sum-blocks 0
                --block-rows 8 --num-warps 4 --hold "" --summed "" --vocab 256)
