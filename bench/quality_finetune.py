@@ -58,7 +58,7 @@ def minilm_directory() -> str:
 
 def run_config(name: str, args, checkpoint: str, seed: int):
     """The bert-jax fine-tuning config of one task and seed (the peer reads the same one)."""
-    from bert_jax.tasks.run import base_config
+    from bert_jax.tasks.config import base_config
 
     task, train_file, lr, epochs, seq, cap, _ = TASKS[name]
     c = base_config()
@@ -69,9 +69,9 @@ def run_config(name: str, args, checkpoint: str, seed: int):
     c.max_train_examples = args.max_train_examples if args.max_train_examples is not None \
         else cap
     c.max_seq_length = args.max_seq_length or seq
-    c.learning_rate = args.learning_rate or lr
+    c.optimizer.learning_rate = args.learning_rate or lr
     c.epochs = args.epochs or epochs
-    c.batch_size = args.batch_size
+    c.global_batch_size = args.batch_size
     c.eval_batch_size = args.eval_batch_size
     c.seed = seed
     c.init_checkpoint = checkpoint
@@ -87,7 +87,7 @@ def run_config(name: str, args, checkpoint: str, seed: int):
 
 
 def run_ours(config, workdir: str) -> dict:
-    from bert_jax.tasks.run import finetune
+    from bert_jax.tasks.finetune import finetune
 
     t0 = time.perf_counter()
     result = finetune(config, workdir)
@@ -127,16 +127,18 @@ def run_peer(config, workdir: str, checkpoint: str, args) -> dict:
 
 def bert_jax_initial_head(config, workdir: str) -> str:
     """The head bert-jax's fine-tuning run starts from (the init path of
-    ``bert_jax.tasks.run.finetune``), saved as ``<module>/kernel|bias`` in an .npz."""
+    ``bert_jax.tasks.finetune.finetune``), saved as ``<module>/kernel|bias`` in an .npz."""
     import jax
 
-    from bert_jax.tasks import run as task_run
+    from bert_jax.tasks.finetune import run_rngs
+    from bert_jax.tasks.model_init import initial_model
     from bert_jax.tasks.registry import get_task
+    from bert_jax.tasks.trainer import build_finetuner
 
     task = get_task(config.task)
-    model_cfg, _, _, _ = task_run.initial_model(task, config)
-    finetuner = task_run.build_finetuner(task, config, model_cfg, 1)
-    params = jax.device_get(finetuner.init_params(task_run.run_rngs(config.seed)[0]))
+    model_cfg, _, _, _ = initial_model(task, config)
+    finetuner = build_finetuner(task, config, model_cfg, 1)
+    params = jax.device_get(finetuner.init_params(run_rngs(config.seed)[0]))
     arrays = {f"{name}/{leaf}": np.asarray(value)
               for name, layer in params.items() if name != "bert"
               for leaf, value in layer.items()}
