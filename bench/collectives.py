@@ -6,21 +6,21 @@ simulated devices, on a laptop; also prints XLA's per-device estimate of FLOPs, 
 accessed and temporaries:
 
   XLA_FLAGS=--xla_force_host_platform_device_count=4 \\
-    python bench/collectives.py --model base --layers 1 --batch-size 128 --mesh fsdp
+    python -m bench scaling collectives --model base --layers 1 --batch-size 128 --mesh fsdp
 
 ``--hlo FILE`` reads an optimized HLO dump instead (``XLA_FLAGS=--xla_dump_to=DIR``; the
 ``*after_optimizations.txt`` file, gzipped or not) and adds the schedule: for each async
 collective of the entry computation, how much work XLA placed between its start and its done,
-which is what overlaps it (the fourteenth session found DP's gradient all-reduces each
-overlapping one weight-gradient GEMM at the end of the backward pass on the GPU):
+which is what overlaps it (on the GPU, DP's gradient all-reduces each overlap one
+weight-gradient GEMM at the end of the backward pass):
 
-  python bench/collectives.py --hlo DIR/module_*.jit_train_step.*gpu_after_optimizations.txt
+  python -m bench scaling collectives --hlo DIR/module_*.jit_train_step.*gpu_after_optimizations.txt
 
 Under FSDP the expected picture is parameter-shaped all-gathers (kernels, LayerNorm vectors,
 the word table) and gradient reductions; an all-gather whose shape starts with
-[batch, seq] means activations are gathered over the batch (the bug the fourth session
-found: ``docs/performance.md``, scaling). On CPUs bf16 collectives show as f32 (XLA's CPU
-backend widens them); run on the GPU for dtypes.
+[batch, seq] means activations are gathered over the batch (a sharding bug: the exit status
+is then 1). On CPUs bf16 collectives show as f32 (XLA's CPU backend widens them); run on the
+GPU for dtypes. Records go to OUT/collectives.jsonl.
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.bench_pretrain import add_common_arguments, add_param_gather_argument  # noqa: E402
+from bench.common import results_file
+from bench.pretrain import add_common_arguments, add_param_gather_argument
 
 COLLECTIVE = re.compile(
     r"= (\(?[^=]*?) (all-gather|all-reduce|reduce-scatter)(?:-start)?\((.*)$")
@@ -144,24 +143,27 @@ def per_device_cost(compiled) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench scaling collectives",
+                                 description=__doc__.splitlines()[0])
     add_common_arguments(ap, batch_size=128)
     ap.add_argument("--layers", type=int, default=0, help="num_hidden_layers (0: preset's)")
     add_param_gather_argument(ap)
     ap.add_argument("--hlo", default=None,
                     help="an optimized HLO dump (.txt or .txt.gz) to read instead of compiling")
     args = ap.parse_args(argv)
+    args.out = results_file(args.out, "collectives")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     if args.hlo:
         return report_dump(args.hlo, args.out)
     import jax
     import numpy as np
 
-    from bench.bench_pretrain import (
+    from bench.common import masked_positions
+    from bench.pretrain import (
         experiment_config,
         random_pretraining_batch,
         select_mesh,
     )
-    from bench.common import masked_positions
     from bert_jax.training.config import model_config
     from bert_jax.training.setup import build_training
 

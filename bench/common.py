@@ -1,5 +1,5 @@
-"""Shared benchmark helpers: FLOP counting (identical for bert-jax and the peer), shapes, and
-result files. No framework imports here."""
+"""Shared benchmark helpers: FLOP counting (identical for bert-jax and the peer), shapes, the
+result folder and its JSON-lines files. No framework imports at module level."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
+
+# the repository root: suites started as child processes run as ``python -m bench ...`` here
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_OUT = "bench_out"
 
 # name -> (layers, hidden, heads, intermediate)
 MODELS = {
@@ -63,11 +69,37 @@ def microseconds_per_call(fn, inputs, iters: int, repeats: int) -> float:
     return median_time(run, repeats)[0] / iters * 1e6
 
 
-def add_kernel_timing_arguments(ap, out: str) -> None:
-    """``--iters``, ``--repeats`` and ``--out`` of the single-kernel benchmarks."""
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=out)
+def add_out_argument(ap) -> None:
+    """``--out DIR``: the folder a suite appends its JSON lines to (``DIR/<suite>.jsonl``)."""
+    ap.add_argument("--out", default=DEFAULT_OUT,
+                    help=f"folder for the JSON-lines results (default: ./{DEFAULT_OUT})")
+
+
+def results_file(out_dir: str, suite: str) -> str:
+    """``out_dir/<suite>.jsonl``; a path already ending in ``.jsonl`` is taken as the file."""
+    if out_dir.endswith(".jsonl") or out_dir == os.devnull:
+        return out_dir
+    return os.path.join(out_dir, f"{suite}.jsonl")
+
+
+def run_suite(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """``python -m bench ARGV`` in a child process started in the repository root (paths in
+    ``argv`` must be absolute)."""
+    return subprocess.run([sys.executable, "-m", "bench", *argv], cwd=REPO, **kwargs)
+
+
+def environment() -> dict:
+    """Framework versions, device kind and count, XLA flags of this process (imports jax)."""
+    import flax
+    import jax
+    import optax
+
+    device = jax.devices()[0]
+    return {"framework": "bert-jax", "jax": jax.__version__, "flax": flax.__version__,
+            "optax": optax.__version__, "backend": jax.default_backend(),
+            "device": getattr(device, "device_kind", str(device)),
+            "device_count": jax.device_count(),
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 def first_call(jitted, inputs, out: str, record: dict):

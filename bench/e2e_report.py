@@ -1,9 +1,9 @@
 """Results of the end-to-end run (``scripts/e2e_small_bert.sh``): collection on the GPU machine,
 tables and plots here.
 
-    python bench/e2e_report.py pretrain-summary RESULTS/pretrain_metrics.jsonl
-    python bench/e2e_report.py collect E2E_WORK/ft --output RESULTS/finetune_results.json
-    python bench/e2e_report.py report RESULTS --docs docs
+    python -m bench quality e2e pretrain-summary RESULTS/pretrain_metrics.jsonl
+    python -m bench quality e2e collect E2E_WORK/ft --output RESULTS/finetune_results.json
+    python -m bench quality e2e report RESULTS --docs docs
 
 ``collect`` gathers every fine-tuning ``metrics.json`` under ``<dir>/<init>/<task>/seed<N>/``
 into one JSON (numpy and the standard library only: it runs on the GPU machine). ``report``
@@ -280,7 +280,8 @@ def report(results_dir: str, docs_dir: str) -> list[str]:
 
 # ---- command line -------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench quality e2e",
+                                     description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pretrain-summary", help="print the pretraining table")
     p.add_argument("metrics")

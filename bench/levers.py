@@ -1,13 +1,13 @@
-"""Performance levers the benchmarks can toggle without touching the model or the engine.
+"""Performance levers the step benchmarks can toggle, every one a setting of the software:
 
 * XLA flag presets (must be applied before jax is imported: :func:`apply_xla_flags`).
 * Non-finite skip through ``lax.cond`` instead of ``jnp.where`` over every parameter and
   optimizer-state leaf (:func:`make_cond_skip_train_step`).
 * The model's runtime choices passed straight to ``BertConfig`` (:data:`MODEL_CHOICES`:
   ``--hidden-dropout``, ``--dropout-hash``, ``--qkv``, ``--layer-norm``,
-  ``--residual-dtype``), defined once for every benchmark.
-
-A lever that pays is then proposed as a patch to bert_jax (see docs/performance.md).
+  ``--residual-dtype``) and its kernel choices (:data:`KERNEL_LEVERS`: ``--fused-gelu``,
+  ``--fused-mlm-loss``, ``--norm-blocks``, ...), defined once for every benchmark. A lever
+  is a BertConfig field passed to ``get_preset``; nothing patches a module.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def model_choice_fields(args) -> dict:
 def model_choice_record(args) -> dict:
     """``{option: value}`` of the model-choice options, for result records."""
     return {option: getattr(args, option) for option in MODEL_CHOICES}
+
 
 # name -> XLA_FLAGS additions. Each name was checked against the XLA flag parser of jaxlib
 # 0.10 (an unknown flag aborts the process, so a typo cannot pass silently).
@@ -77,109 +78,99 @@ def apply_xla_flags(preset: str) -> str:
     return value
 
 
-def use_erfc_gelu() -> None:
-    """``--gelu erfc``: the exact GELU as ``jax.nn.gelu(approximate=False)`` computes it
-    (through ``erfc``), instead of bert-jax's ``modeling.ops.gelu_erf`` (process-wide; call
-    before the model is traced). The same function; the A/B of its cost."""
-    import functools
-
-    import jax
-
-    from bert_jax.modeling import ops
-
-    erf_activation = ops.activation
-
-    def activation(name: str):
-        if name == "gelu":
-            return functools.partial(jax.nn.gelu, approximate=False)
-        return erf_activation(name)
-
-    ops.activation = activation
+def _on_off(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+    return value == "on"
 
 
-def use_fused_gelu(on: bool) -> None:
-    """``--gelu kernel`` (the default) or not: the MLP's ``gelu_erf(y + b)``
-    (``ops.add_bias_activate``) as ``modeling.fused_gelu``'s Pallas kernel pair on GPUs, or
-    XLA's fusions (process-wide; call before the model is traced). The same function."""
-    from bert_jax.modeling import ops
-
-    ops.FUSED_GELU = on
-
-
-def use_fused_norm_blocks(spec: str) -> None:
-    """``--fused-norm-blocks ROWS:WARPS[:hold]``: the fused LayerNorm kernel's settings for
-    every shape (process-wide; ``hold`` keeps whole rows in registers in the backward
-    pass instead of recomputing them)."""
-    from bert_jax.kernels import fused_norm
-
+def _int_tuple(spec: str, size: int, flag: str | None = None) -> tuple:
+    """``A:B[:C]`` -> ints (``size`` of them); with ``flag`` a last ``:flag`` part is allowed
+    and becomes a final bool (False when present: 'hold' = do not recompute)."""
     parts = spec.split(":")
+    hold = flag is not None and parts[-1] == flag
+    if hold:
+        parts = parts[:-1]
     try:
-        rows, warps = int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        raise SystemExit(f"--fused-norm-blocks {spec!r}: expected ROWS:WARPS or "
-                         "ROWS:WARPS:hold") from None
-    fused_norm.DEFAULT_BLOCKS = (rows, warps, parts[2:] != ["hold"])
-
-
-def use_flash_settings(spec: str) -> None:
-    """``--flash BACKWARD[:BQ:BK:BQB:BKB:WARPS:STAGES[:DQ_BQ:DQ_BK:DQ_WARPS:DQ_STAGES]]``: the
-    flash kernel's backward variant (``fused`` or ``split``; see ``flash.flash_attention``)
-    and optionally its blocks, warps and pipeline stages, and the split backward's dQ kernel's
-    (four zeros: the dK/dV kernel's, as before the twelfth session), for every call in the
-    process (call before the model is traced)."""
-    import functools
-
-    from bert_jax.kernels import flash
-
-    parts = spec.split(":")
-    names = ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "num_warps", "num_stages")
-    if parts[0] not in flash.BACKWARDS or len(parts) not in (1, 1 + len(names),
-                                                             5 + len(names)):
-        raise SystemExit(f"--flash {spec!r}: expected BACKWARD, "
-                         f"BACKWARD:{':'.join(n.upper() for n in names)} or that plus "
-                         f":DQ_BQ:DQ_BK:DQ_WARPS:DQ_STAGES, BACKWARD one of {flash.BACKWARDS}")
-    try:
-        numbers = [int(p) for p in parts[1:]]
+        numbers = tuple(int(p) for p in parts)
     except ValueError:
-        raise SystemExit(f"--flash {spec!r}: blocks, warps and stages are integers") from None
-    settings = dict(zip(names, numbers, strict=False))
-    if len(numbers) > len(names):
-        dq = tuple(numbers[len(names):])
-        settings["dq_kernel"] = () if not any(dq) else dq
-    flash.flash_attention = functools.partial(flash.flash_attention, backward=parts[0],
-                                              **settings)
-    flash.flash_attention_packed = functools.partial(flash.flash_attention_packed,
-                                                     backward=parts[0], **settings)
+        numbers = ()
+    if len(numbers) != size:
+        shape = ":".join(["N"] * size) + (f"[:{flag}]" if flag else "")
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected {shape}")
+    return (*numbers, not hold) if flag else numbers
+
+
+def _norm_blocks(spec: str) -> tuple:
+    return _int_tuple(spec, 2, "hold")
+
+
+def _gelu_blocks(spec: str) -> tuple:
+    return _int_tuple(spec, 3)
+
+
+# bench option -> (BertConfig field, parser, choices, default, help). The default is the
+# field's default in bert_jax.config; only values that differ from it reach the config.
+KERNEL_LEVERS = {
+    "fused_gelu": ("fused_gelu", str, ("auto", "off", "force"), "auto",
+                   "the MLP's bias + GELU as fused_gelu's Pallas kernels (auto: on GPUs; off: "
+                   "XLA's fusions of gelu_erf)"),
+    "fused_mlm_loss": ("fused_mlm_loss", str, ("auto", "off", "force"), "auto",
+                       "the MLM decoder's softmax cross-entropy as fused_xent's Pallas kernels "
+                       "over the float32 logits (auto: on GPUs; off: XLA's passes)"),
+    "split_norm_grads": ("split_norm_grads", _on_off, ("on", "off"), True,
+                         "the two gradients of a fused LayerNorm output with two consumers "
+                         "(next matmul, residual) summed by the LayerNorm's backward kernel "
+                         "(on) or by XLA (off)"),
+    "direct_weight_grads": ("direct_weight_grads", _on_off, ("on", "off"), True,
+                            "projection weight gradients as one dot in the kernel's layout "
+                            "(on) or JAX's rule, [out, in] then a transpose (off)"),
+    "flash_bias_grads": ("flash_bias_grads", _on_off, ("on", "off"), True,
+                         "query/key/value bias gradients summed by the flash backward kernels "
+                         "(on) or by XLA column sums over dQ, dK, dV (off)"),
+    "norm_blocks": ("norm_blocks", _norm_blocks, None, None,
+                    "ROWS:WARPS[:hold]: the fused LayerNorm kernel's blocks for every shape "
+                    "(hold: the backward keeps rows in registers); default: the kernel's table"),
+    "norm_sum_blocks": ("norm_sum_blocks", int, None, None,
+                        "row blocks per program of the fused LayerNorm backward (one partial "
+                        "sum of the parameter gradients each); default: the kernel's table"),
+    "gelu_blocks": ("gelu_blocks", _gelu_blocks, None, None,
+                    "ROWS:COLS:WARPS: the fused GELU kernels' tile for every shape; default: "
+                    "the kernel's table"),
+    "gelu_sum_blocks": ("gelu_sum_blocks", int, None, None,
+                        "row blocks per program of the fused GELU backward; default: the "
+                        "kernel's table"),
+}
+
+
+def add_kernel_lever_arguments(ap: argparse.ArgumentParser) -> None:
+    """One option per :data:`KERNEL_LEVERS` entry (``--fused-gelu``, ``--norm-blocks``, ...)."""
+    group = ap.add_argument_group("kernel levers (BertConfig fields)")
+    for option, (field, parse, choices, default, text) in KERNEL_LEVERS.items():
+        shown = default if not isinstance(default, bool) else ("on" if default else "off")
+        group.add_argument("--" + option.replace("_", "-"), type=parse, default=default,
+                           choices=choices if parse is str else None,
+                           metavar="|".join(choices) if choices else None,
+                           help=f"model.{field}: {text} (default: {shown})")
+
+
+def kernel_lever_fields(args) -> dict:
+    """``{BertConfig field: value}`` of the kernel levers that differ from the defaults."""
+    return {field: getattr(args, option)
+            for option, (field, _, _, default, _) in KERNEL_LEVERS.items()
+            if getattr(args, option, default) != default}
+
+
+def kernel_lever_record(args) -> dict:
+    """``{option: value}`` of every kernel lever, for result records."""
+    return {option: getattr(args, option, default)
+            for option, (_, _, _, default, _) in KERNEL_LEVERS.items()}
 
 
 def apply_process_levers(args) -> None:
-    """The process-wide levers, before anything is traced: ``--xla-flags``, ``--gelu``,
-    ``--fused-norm-blocks``, ``--norm-sum-blocks``, ``--flash``,
-    ``--qkv-bias-grad xla``, ``--residual-grad``, ``--weight-grad`` and ``--mlm-loss``."""
+    """The process-wide lever (``--xla-flags``), before jax is imported; every other lever is
+    a BertConfig field (:func:`kernel_lever_fields`, :func:`model_choice_fields`)."""
     apply_xla_flags(args.xla_flags)
-    gelu = getattr(args, "gelu", "kernel")
-    if gelu == "erfc":
-        use_erfc_gelu()
-    use_fused_gelu(gelu == "kernel")
-    if getattr(args, "fused_norm_blocks", ""):
-        use_fused_norm_blocks(args.fused_norm_blocks)
-    if getattr(args, "norm_sum_blocks", 0):
-        from bert_jax.kernels import fused_norm
-
-        fused_norm.SUM_BLOCKS = int(args.norm_sum_blocks)
-    if getattr(args, "flash", ""):
-        use_flash_settings(args.flash)
-    if getattr(args, "qkv_bias_grad", "kernel") == "xla":
-        from bert_jax.modeling import encoder
-
-        encoder.FLASH_BIAS_GRADS = False
-    from bert_jax.modeling import encoder
-
-    encoder.SPLIT_NORM_GRADS = getattr(args, "residual_grad", "kernel") == "kernel"
-    encoder.DIRECT_WEIGHT_GRADS = getattr(args, "weight_grad", "direct") == "direct"
-    from bert_jax.modeling import heads
-
-    heads.FUSED_MLM_LOSS = getattr(args, "mlm_loss", "kernel") == "kernel"
 
 
 def make_cond_skip_train_step(model, tx, schedule, *, pair_head: bool = True):

@@ -1,15 +1,16 @@
 """The fine-tuning peer: Hugging Face transformers (PyTorch) on exactly the run bert-jax does.
 
-Given a bert-jax fine-tuning run config (JSON, written by ``bench/quality_finetune.py``) and a
-Hugging Face checkpoint directory, it reads the same examples with ``bert_jax.tasks``, holds
-out the same dev split, featurizes with the same tokenizer (the checkpoint's vocab.txt), and
+Given a bert-jax fine-tuning run config (JSON, written by ``python -m bench quality
+finetune``) and a Hugging Face checkpoint directory, it reads the same examples with
+``bert_jax.tasks``, holds out the same dev split, featurizes with the same tokenizer (the
+checkpoint's vocab.txt), and
 trains ``AutoModelFor{SequenceClassification,TokenClassification,QuestionAnswering,
 MultipleChoice}`` with the same hyperparameters: AdamW (no decay on biases and LayerNorm),
 linear warmup then decay, gradient clipping, dropout, batch size, epochs and the same
 per-epoch example order. bf16 autocast, SDPA attention, torch.compile. Metrics come from
 ``bert_jax.tasks`` on the same examples.
 
-  python bench/peer_finetune_hf.py --config-json RUN.json --checkpoint HF_DIR --out peer.json
+  python -m bench quality peer --config-json RUN.json --checkpoint HF_DIR --out peer.json
 """
 
 from __future__ import annotations
@@ -18,19 +19,18 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # bert_jax is used for data only; GPU is torch's
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import argparse
+import json
+import sys
+import time
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bert_jax.checkpoint.hf import read_hf_tokenizer  # noqa: E402
-from bert_jax.tasks.registry import get_task  # noqa: E402
-from bert_jax.tasks.run import config_from_dict, featurize, train_and_dev  # noqa: E402
-from bert_jax.tasks.trainer import model_outputs  # noqa: E402
+from bert_jax.checkpoint.hf import read_hf_tokenizer
+from bert_jax.tasks.config import config_from_dict
+from bert_jax.tasks.inputs import featurize, train_and_dev
+from bert_jax.tasks.registry import get_task
+from bert_jax.tasks.trainer import model_outputs
 
 NO_DECAY = ("bias", "LayerNorm.weight")
 
@@ -112,17 +112,18 @@ def run(config, checkpoint: str, device_name: str | None, compile_model: bool,
         model.get_input_embeddings().padding_idx = None
     groups = [
         {"params": [p for n, p in model.named_parameters() if not n.endswith(NO_DECAY)],
-         "weight_decay": config.weight_decay},
+         "weight_decay": config.optimizer.weight_decay},
         {"params": [p for n, p in model.named_parameters() if n.endswith(NO_DECAY)],
          "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=config.learning_rate,
-                                  betas=(config.adam_b1, config.adam_b2), eps=config.adam_eps,
+    opt = config.optimizer
+    optimizer = torch.optim.AdamW(groups, lr=opt.learning_rate, betas=(opt.b1, opt.b2),
+                                  eps=opt.eps,
                                   fused=cuda)
     n = len(train_f["input_ids"])
-    steps_per_epoch = -(-n // config.batch_size)
+    steps_per_epoch = -(-n // config.global_batch_size)
     total = steps_per_epoch * config.epochs
     scheduler = T.get_linear_schedule_with_warmup(
-        optimizer, int(config.warmup_proportion * total), total)
+        optimizer, int(config.optimizer.warmup_proportion * total), total)
     # dynamic=False: the short last batch of an epoch (and evaluation) gets its own static
     # graph instead of switching every later step to a dynamic-shape graph.
     step_model = torch.compile(model, dynamic=False) if compile_model else model
@@ -138,12 +139,12 @@ def run(config, checkpoint: str, device_name: str | None, compile_model: bool,
         first = 0.0
         loss_sum = torch.zeros((), device=device)
         for i in range(steps_per_epoch):
-            index = order[i * config.batch_size:(i + 1) * config.batch_size]
+            index = order[i * config.global_batch_size:(i + 1) * config.global_batch_size]
             batch = torch_batch(torch, train_f, index, task.kind, device, True)
             with autocast:
                 loss = step_model(**batch).loss
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.optimizer.clip_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -188,7 +189,8 @@ def run(config, checkpoint: str, device_name: str | None, compile_model: bool,
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench quality peer",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--config-json", required=True, help="bert-jax fine-tuning run config")
     ap.add_argument("--checkpoint", required=True, help="Hugging Face model directory")
     ap.add_argument("--out", required=True, help="result JSON file")

@@ -5,22 +5,22 @@ standard (dense) MLM head and MLM labels on the masked positions only, and
 BertForSequenceClassification for fine-tuning. Throughput is reported with FLOPs counted by
 ``bench.common`` exactly as for bert-jax.
 
-  python bench/peer_hf.py --model base --seq-len 128 --batch-size 256 --out results.jsonl
+Records go to OUT/peers.jsonl.
+
+  python -m bench peers transformers --model base --seq-len 128 --batch-size 256
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     MODELS,
     VOCAB,
+    add_out_argument,
     masked_positions,
     median_time,
+    results_file,
     train_flops_per_sequence,
     write_result,
 )
@@ -43,7 +43,8 @@ def matmul_peak_tflops(torch, n: int = 8192, iters: int = 20) -> float:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m bench peers transformers",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="base", choices=sorted(MODELS))
     ap.add_argument("--task", default="pretrain", choices=["pretrain", "classify"])
     ap.add_argument("--seq-len", type=int, default=128)
@@ -51,8 +52,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--out", default="bench_results.jsonl")
+    add_out_argument(ap)
     args = ap.parse_args(argv)
+    args.out = results_file(args.out, "peers")
 
     import torch
     import transformers

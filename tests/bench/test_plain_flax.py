@@ -1,12 +1,10 @@
-"""bench/plain_flax.py, the issue's plain Flax step run as a same-call reference: it computes
+"""The plain Flax step of ``bench peers flax``, the same-machine reference: it computes
 the same function as bert-jax's BertForPreTraining (so the comparison is between two
 implementations of one model), it trains, and its record counts FLOPs as bert-jax's does."""
 
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,14 +12,11 @@ import numpy as np
 import optax
 from flax import linen as nn
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
-from bench import plain_flax  # noqa: E402
-from bench.common import train_flops_per_sequence  # noqa: E402
-from bert_jax import modeling  # noqa: E402
-from bert_jax.checkpoint.hf import params_to_hf_state  # noqa: E402
-from bert_jax.config import BertConfig  # noqa: E402
+from bench import plain_flax
+from bench.common import train_flops_per_sequence
+from bert_jax import modeling
+from bert_jax.checkpoint.hf import params_to_hf_state
+from bert_jax.config import BertConfig
 
 CONFIG = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                     intermediate_size=64, max_position_embeddings=24)
@@ -97,7 +92,7 @@ def test_plain_step_trains_in_bf16():
 def test_plain_benchmark_record(tmp_path):
     r = plain_flax.main(["--model", "tiny", "--seq-len", "32", "--batch-size", "8", "--steps",
                          "2", "--repeats", "1", "--warmup", "1", "--peak-size", "128",
-                         "--out", str(tmp_path / "r.jsonl")])
+                         "--out", str(tmp_path)])
     assert r["framework"] == "plain-flax" and math.isfinite(r["loss"])
     assert r["flops_per_seq"] == train_flops_per_sequence(2, 128, 32, 30522, 5)
     assert r["seq_per_s"] > 0 and r["mfu"] > 0 and "warning" not in r

@@ -1,18 +1,13 @@
-"""bench/profile_step.py: the trace summary on a hand-written GPU-like Chrome trace, and one
+"""``bench profile``: the trace summary on a hand-written GPU-like Chrome trace, and one
 real profiled step of the tiny model on CPU (the XLA CPU op fallback)."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
-from bench import profile_step  # noqa: E402
+from bench import profile_step
 
 
 @pytest.mark.parametrize("name,category", [

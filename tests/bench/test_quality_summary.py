@@ -1,11 +1,8 @@
-"""bench/quality_finetune.py's summary: per-seed rows and per-task means over seeds."""
+"""``bench quality finetune``'s summary: per-seed rows and per-task means over seeds."""
 
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from bench import quality_finetune as quality  # noqa: E402
+from bench import quality_finetune as quality
 
 
 def _record(name, seed, ours, peer):

@@ -1,6 +1,8 @@
-"""bench/roofline.py: the step-time floor from FLOPs and bytes (pure arithmetic)."""
+"""``bench roofline``: the step-time floor from FLOPs and bytes (pure arithmetic)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -53,11 +55,13 @@ def test_floors_are_consistent():
         assert kernels["matmul_ms"] > counted_ms  # the flash backward's recomputation on top
 
 
-def test_cli_rows_and_target(capsys):
+def test_cli_rows_and_target(capsys, tmp_path):
     rows = roofline.main(["--peak", "733", "--peer", "base:128:256=3862",
-                          "--workloads", "base:128:256"])
+                          "--workloads", "base:128:256", "--out", str(tmp_path)])
+    written = [json.loads(line) for line in (tmp_path / "roofline.jsonl").read_text().splitlines()]
+    assert [r["floor"] for r in written] == ["kernels", "epilogues"]
     assert [r["floor"] for r in rows] == ["kernels", "epilogues"]
-    # 1.5 x 3,862 seq/s at 733 TFLOP/s is the issue's 55% MFU target for Base/128
+    # 1.5 x 3,862 seq/s at 733 TFLOP/s is a 55% MFU target for Base/128
     assert rows[0]["target_mfu"] == pytest.approx(0.553, abs=0.002)
     assert "| base/128 b256 | kernels |" in capsys.readouterr().out
 
@@ -83,8 +87,8 @@ def test_measured_attention_replaces_its_flops_at_the_peak():
     assert roofline.attention_flops_per_sequence("large", 512) == layers * 18 * 512 ** 2 * hidden
 
 
-def test_cli_attention_ms(capsys):
-    rows = roofline.main(["--peak", "733", "--bandwidth", "4.8", "--peer",
+def test_cli_attention_ms(capsys, tmp_path):
+    rows = roofline.main(["--out", str(tmp_path), "--peak", "733", "--bandwidth", "4.8", "--peer",
                           "large:128:256=1550", "--attention-ms", "large:128:256=0.581",
                           "--workloads", "large:128:256"])
     # with attention at its measured H200 speed the kernels floor allows 1.43x the peer

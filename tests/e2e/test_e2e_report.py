@@ -9,6 +9,8 @@ import os
 
 import pytest
 
+from bench import e2e_report as report_mod
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -19,7 +21,6 @@ def _load(relative: str, name: str):
     return module
 
 
-report_mod = _load("bench/e2e_report.py", "e2e_report")
 glue_data = _load("scripts/e2e_glue_data.py", "e2e_glue_data")
 
 SCORES = {  # (task, init) -> final main metric per seed 0, 1 (fractions, as metrics.json)

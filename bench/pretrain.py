@@ -8,32 +8,36 @@ Warm-up (compilation) first, then ``--repeats`` runs of ``--steps`` steps, each 
 ``block_until_ready`` on the last step's metrics; the median run gives the numbers. MFU is
 against a bf16 matmul peak measured in the same process.
 
-  python bench/bench_pretrain.py --model large --seq-len 512 --batch-size 32 --out r.jsonl
+  python -m bench step pretrain --model large --seq-len 512 --batch-size 32 --out bench_out
 
-Levers (each off = the engine's default): --attention, --attention-dropout,
---dropout-impl, --scan, --remat, --vocab-pad, --microbatches, --xla-flags, --no-donate,
---skip cond, --mesh fsdp. CPU validation: --model tiny --steps 2 --repeats 1.
+Levers (each at the engine's default unless given): --attention, --attention-dropout,
+--dropout-impl, the model choices (--layer-norm, --qkv, ...), the kernel levers
+(--fused-gelu, --fused-mlm-loss, --norm-blocks, ...), --scan, --remat, --vocab-pad,
+--microbatches, --xla-flags, --no-donate, --skip cond, --mesh fsdp. Records go to
+OUT/step.jsonl. CPU validation: --model tiny --steps 2 --repeats 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.common import (  # noqa: E402
+from bench.common import (
+    add_out_argument,
+    environment,
     masked_positions,
     median_time,
+    results_file,
     train_flops_per_sequence,
     write_result,
 )
-from bench.levers import (  # noqa: E402
+from bench.levers import (
     XLA_FLAG_PRESETS,
+    add_kernel_lever_arguments,
     add_model_choice_arguments,
     apply_process_levers,
+    kernel_lever_fields,
+    kernel_lever_record,
     model_choice_fields,
     model_choice_record,
 )
@@ -54,42 +58,14 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--attention-dropout", type=float, default=0.1,
                     help="attention_probs_dropout_prob (BERT: 0.1; 0 lets the fused kernel run)")
     ap.add_argument("--hidden-dropout-rate", type=float, default=0.1,
-                    help="hidden_dropout_prob (BERT: 0.1); with --attention-dropout 0 this is "
-                         "the issue's dropout-free plain-Flax comparison")
+                    help="hidden_dropout_prob (BERT: 0.1); 0 with --attention-dropout 0: the "
+                         "dropout-free comparison with plain Flax")
     ap.add_argument("--dropout-impl", default="auto",
                     choices=["auto", "explicit", "flash"],
                     help="attention with dropout: model.dropout_attention_impl (auto = the "
                          "flash kernel on GPU, explicit = einsum path)")
     add_model_choice_arguments(ap)
-    ap.add_argument("--gelu", default="kernel", choices=["kernel", "erf", "erfc"],
-                    help="kernel (default): the MLP's bias + GELU as fused_gelu's Pallas "
-                         "kernels on GPUs (ops.FUSED_GELU); erf: XLA's fusions of bert-jax's "
-                         "gelu_erf; erfc: XLA's fusions of jax.nn.gelu's formulation")
-    ap.add_argument("--fused-norm-blocks", default="",
-                    help="ROWS:WARPS[:hold]: settings of the fused LayerNorm kernel "
-                         "(--layer-norm fused); default: fused_norm.blocks_for(rows)")
-    ap.add_argument("--norm-sum-blocks", type=int, default=0,
-                    help="row blocks per program of the fused LayerNorm backward (one partial "
-                         "sum of the parameter gradients each); 0: fused_norm.blocks_for(rows)")
-    ap.add_argument("--flash", default="",
-                    help="BACKWARD[:BQ:BK:BQB:BKB:WARPS:STAGES]: the flash kernel's backward "
-                         "variant (fused|split) and blocks; default: "
-                         "flash_attention's own")
-    ap.add_argument("--qkv-bias-grad", default="kernel", choices=["kernel", "xla"],
-                    help="query/key/value bias gradients: summed by the flash backward "
-                         "kernels (default) or by XLA column sums over dQ, dK, dV")
-    ap.add_argument("--residual-grad", default="kernel", choices=["kernel", "xla"],
-                    help="the two gradients of a fused LayerNorm output with two consumers "
-                         "(next matmul, residual): summed by the LayerNorm's backward kernel "
-                         "(default, encoder.SPLIT_NORM_GRADS) or by XLA")
-    ap.add_argument("--weight-grad", default="direct", choices=["direct", "xla"],
-                    help="projection weight gradients: one dot in the kernel's layout "
-                         "(default, encoder.DIRECT_WEIGHT_GRADS) or JAX's rule ([out, in] "
-                         "then a transpose)")
-    ap.add_argument("--mlm-loss", default="kernel", choices=["kernel", "xla"],
-                    help="the MLM decoder's softmax cross-entropy: fused_xent's Pallas kernels "
-                         "over the float32 logits on GPUs (default, heads.FUSED_MLM_LOSS) or "
-                         "XLA's passes")
+    add_kernel_lever_arguments(ap)
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])
@@ -102,7 +78,7 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--peak-size", type=int, default=0,
                     help="matmul size for the measured peak (0: 8192 on GPU/TPU, 1024 on CPU)")
     ap.add_argument("--tag", default="", help="free-form label stored in the record")
-    ap.add_argument("--out", default="bench_results.jsonl")
+    add_out_argument(ap)
 
 
 def add_param_gather_argument(ap: argparse.ArgumentParser) -> None:
@@ -113,7 +89,8 @@ def add_param_gather_argument(ap: argparse.ArgumentParser) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench step pretrain",
+                                 description=__doc__.split("\n\n")[0])
     add_common_arguments(ap, batch_size=256)
     add_param_gather_argument(ap)
     ap.add_argument("--microbatches", type=int, default=1)
@@ -170,19 +147,6 @@ def bytes_on_device(tree, device) -> int:
     return total
 
 
-def environment() -> dict:
-    import flax
-    import jax
-    import optax
-
-    device = jax.devices()[0]
-    return {"framework": "bert-jax", "jax": jax.__version__, "flax": flax.__version__,
-            "optax": optax.__version__, "backend": jax.default_backend(),
-            "device": getattr(device, "device_kind", str(device)),
-            "device_count": jax.device_count(),
-            "xla_flags": os.environ.get("XLA_FLAGS", "")}
-
-
 def time_steps(step, state, batches, rng, steps: int, repeats: int, warmup: int):
     """Runs ``warmup`` then ``repeats`` x ``steps`` steps (state threaded through, batches
     cycled); returns (state, last metrics, compile+first step seconds, median seconds per
@@ -224,6 +188,8 @@ def experiment_config(args: argparse.Namespace):
     c.model.hidden_dropout_prob = float(args.hidden_dropout_rate)
     c.model.dropout_attention_impl = args.dropout_impl
     c.model.update(model_choice_fields(args))
+    for field, value in kernel_lever_fields(args).items():
+        c.model[field] = value
     c.model.scan_layers = bool(args.scan)
     c.model.remat_policy = args.remat
     c.model.vocab_pad_multiple = int(args.vocab_pad)
@@ -293,6 +259,7 @@ def build_step(args, training):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    args.out = results_file(args.out, "step")
     apply_process_levers(args)
     import jax
     import numpy as np
@@ -332,11 +299,7 @@ def main(argv=None) -> dict:
         "batch_size": args.batch_size, "predictions": p, "devices": n_dev,
         "attention": args.attention, "attention_dropout": args.attention_dropout,
         "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
-        **model_choice_record(args), "gelu": args.gelu,
-        "fused_norm_blocks": args.fused_norm_blocks,
-        "norm_sum_blocks": args.norm_sum_blocks, "flash": args.flash,
-        "qkv_bias_grad": args.qkv_bias_grad, "residual_grad": args.residual_grad,
-        "weight_grad": args.weight_grad, "mlm_loss": args.mlm_loss, "scan": args.scan,
+        **model_choice_record(args), **kernel_lever_record(args), "scan": args.scan,
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,

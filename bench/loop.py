@@ -1,14 +1,15 @@
 """The real loop's throughput: ``bert-jax pretrain`` (``train_and_evaluate``) fed from
 pre-materialized batches, read back from its ``metrics.jsonl``, optionally next to the step
-benchmark in the same process (issue item 5: within 5%).
+benchmark in the same process (the loop should run within 5% of the step).
 
-Writes full-length random batches (ids in [5, vocab), as ``bench_pretrain.py`` uses) in the
+Writes full-length random batches (ids in [5, vocab), as ``bench step pretrain`` uses) in the
 ``bert-jax materialize-batches`` format (numpy only), runs the loop on them for ``--steps``
 steps with evaluation off and checkpointing only at the end, and takes the median
 ``seq_per_sec`` of the logged intervals after the first (which starts right after
-compilation). ``--compare-step`` then runs ``bench_pretrain`` with the same options.
+compilation). ``--compare-step`` then runs ``bench step pretrain`` with the same options.
+Records go to OUT/step.jsonl.
 
-  python bench/bench_loop.py --model base --seq-len 128 --batch-size 256 --compare-step
+  python -m bench step loop --model base --seq-len 128 --batch-size 256 --compare-step
 """
 
 from __future__ import annotations
@@ -21,35 +22,36 @@ import statistics
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.bench_pretrain import (  # noqa: E402
+from bench.common import REPO, environment, masked_positions, results_file, write_result
+from bench.levers import (
+    apply_process_levers,
+    kernel_lever_fields,
+    kernel_lever_record,
+    model_choice_fields,
+    model_choice_record,
+)
+from bench.pretrain import (
     add_common_arguments,
-    environment,
     matmul_peak_tflops,
     peak_memory_gib,
     random_pretraining_batch,
 )
-from bench.common import masked_positions, write_result  # noqa: E402
-from bench.levers import (  # noqa: E402
-    apply_process_levers,
-    model_choice_fields,
-    model_choice_record,
-)
 
-EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "experiments", "pretrain.py")
+EXPERIMENTS = os.path.join(REPO, "experiments", "pretrain.py")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench step loop",
+                                 description=__doc__.split("\n\n")[0])
     add_common_arguments(ap, batch_size=256)
+    ap.set_defaults(steps=120)  # logged intervals of 20 steps, the first one dropped
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--source", default="materialized", choices=["materialized", "synthetic"],
                     help="materialized: pre-built full-length batches; synthetic: the loop's "
                          "on-the-fly random batches (variable lengths)")
     ap.add_argument("--compare-step", action="store_true",
-                    help="also run bench_pretrain with the same options in this process")
+                    help="also run the pretraining step benchmark with the same options in "
+                         "this process")
     ap.add_argument("--workdir", default="",
                     help="loop workdir (default: a temporary directory, removed afterwards)")
     args = ap.parse_args(argv)
@@ -94,6 +96,7 @@ def loop_overrides(args, data_dir: str, peak: float) -> list[str]:
         "model.attention_probs_dropout_prob": args.attention_dropout,
         "model.dropout_attention_impl": args.dropout_impl,
         **{f"model.{field}": value for field, value in model_choice_fields(args).items()},
+        **{f"model.{field}": value for field, value in kernel_lever_fields(args).items()},
         "model.scan_layers": args.scan, "model.remat_policy": args.remat,
         "model.vocab_pad_multiple": args.vocab_pad,
         f"parallel.mesh.{mesh}": -1, f"parallel.mesh.{other}": 1,
@@ -126,6 +129,7 @@ def steady_state(workdir: str) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    args.out = results_file(args.out, "step")
     apply_process_levers(args)
     from bert_jax.training.config import load_config
     from bert_jax.training.loop import train_and_evaluate
@@ -146,6 +150,7 @@ def main(argv=None) -> dict:
                   "source": args.source, "steps": args.steps, "log_every": args.log_every,
                   "attention": args.attention, "attention_dropout": args.attention_dropout,
                   "dropout_impl": args.dropout_impl, **model_choice_record(args),
+                  **kernel_lever_record(args),
                   "scan": args.scan, "remat": args.remat,
                   "vocab_pad": args.vocab_pad, "xla_flag_preset": args.xla_flags,
                   "mesh": args.mesh, "tag": args.tag, "matmul_peak_tflops": peak,
@@ -154,7 +159,7 @@ def main(argv=None) -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.compare_step:
-        from bench import bench_pretrain
+        from bench import pretrain as bench_pretrain
 
         step_argv = [a for a in (argv if argv is not None else sys.argv[1:])
                      if a != "--compare-step"]
@@ -167,7 +172,7 @@ def main(argv=None) -> dict:
 
 
 def _drop_loop_options(argv: list[str]) -> list[str]:
-    """argv minus the options bench_pretrain does not take (and their values)."""
+    """argv minus the options the step benchmark does not take (and their values)."""
     out, skip = [], False
     for arg in argv:
         if skip:

@@ -1,6 +1,7 @@
-"""Tokenizer throughput in MB of raw UTF-8 text per second; prints one JSON object.
+"""Tokenizer throughput in MB of raw UTF-8 text per second; prints one JSON object and
+appends it to OUT/tokenizer.jsonl.
 
-    python bench/bench_tokenizer.py --corpus ../shared/data/pretrain-corpus \
+    python -m bench tokenizer --corpus CORPUS_DIR \
         [--vocab VOCAB.txt] [--workers 1 2] [--max-mb 20] [--repeats 3]
 
 Measures WordPiece ``encode_batch`` single-process and with worker processes (cold word cache
@@ -17,6 +18,8 @@ import os
 import platform
 import statistics
 import time
+
+from bench.common import add_out_argument, results_file, write_result
 
 
 def default_vocab() -> str:
@@ -54,14 +57,16 @@ def time_it(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", default="../shared/data/pretrain-corpus")
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench tokenizer",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", required=True, help="raw-text corpus (file or folder)")
     parser.add_argument("--vocab", default=None, help="BERT vocab.txt (default: MiniLM's)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--max-mb", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    add_out_argument(parser)
+    args = parser.parse_args(argv)
 
     from bert_jax.tokenization.wordpiece import WordPieceTokenizer
 
@@ -89,6 +94,8 @@ def main() -> None:
         seconds = time_it(lambda: hf.encode_batch(lines, add_special_tokens=False), args.repeats)
         result["hf_fast_mb_per_s_all_threads"] = round(mb / seconds, 2)
     print(json.dumps(result))
+    write_result(results_file(args.out, "tokenizer"), {"task": "tokenizer", **result})
+    return result
 
 
 if __name__ == "__main__":

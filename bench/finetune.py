@@ -4,39 +4,38 @@ bf16 compute, fp32 parameters, jitted with shardings and the state donated.
 
 The step is the fine-tuning engine's (``bert_jax.tasks.trainer.make_train_step``, kind
 ``classification``). FLOPs per sequence are the pretraining formula without the MLM head
-(p = 0), as for the peer (``bench/peer_hf.py --task classify``).
+(p = 0), as for the peer (``python -m bench peers transformers --task classify``). Records go
+to OUT/step.jsonl.
 
-  python bench/bench_finetune.py --model base --seq-len 128 --batch-size 32 --out r.jsonl
+  python -m bench step finetune --model base --seq-len 128 --batch-size 32 --out bench_out
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.bench_pretrain import (  # noqa: E402
+from bench.common import environment, results_file, train_flops_per_sequence, write_result
+from bench.levers import (
+    apply_process_levers,
+    kernel_lever_fields,
+    kernel_lever_record,
+    model_choice_fields,
+    model_choice_record,
+)
+from bench.pretrain import (
     add_common_arguments,
     bytes_on_device,
-    environment,
     matmul_peak_tflops,
     peak_memory_gib,
     time_steps,
-)
-from bench.common import train_flops_per_sequence, write_result  # noqa: E402
-from bench.levers import (  # noqa: E402
-    apply_process_levers,
-    model_choice_fields,
-    model_choice_record,
 )
 
 NUM_LABELS = 2
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench step finetune",
+                                 description=__doc__.split("\n\n")[0])
     add_common_arguments(ap, batch_size=32)
     return ap.parse_args(argv)
 
@@ -49,7 +48,7 @@ def model_config(args):
                       attention_probs_dropout_prob=float(args.attention_dropout),
                       hidden_dropout_prob=float(args.hidden_dropout_rate),
                       dropout_attention_impl=args.dropout_impl,
-                      **model_choice_fields(args),
+                      **model_choice_fields(args), **kernel_lever_fields(args),
                       scan_layers=bool(args.scan), remat_policy=args.remat,
                       vocab_pad_multiple=int(args.vocab_pad))
 
@@ -68,6 +67,7 @@ def random_classification_batch(rng, batch: int, seq_len: int, vocab: int):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    args.out = results_file(args.out, "step")
     apply_process_levers(args)
     import jax
     import jax.numpy as jnp
@@ -126,11 +126,8 @@ def main(argv=None) -> dict:
         "batch_size": args.batch_size, "devices": n_dev, "attention": args.attention,
         "attention_dropout": args.attention_dropout,
         "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
-        **model_choice_record(args), "gelu": args.gelu,
-        "fused_norm_blocks": args.fused_norm_blocks,
-        "norm_sum_blocks": args.norm_sum_blocks, "flash": args.flash,
-        "qkv_bias_grad": args.qkv_bias_grad, "residual_grad": args.residual_grad,
-        "weight_grad": args.weight_grad, "scan": args.scan, "remat": args.remat,
+        **model_choice_record(args), **kernel_lever_record(args), "scan": args.scan,
+        "remat": args.remat,
         "vocab_pad": args.vocab_pad,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "mesh": args.mesh,
         "tag": args.tag, "compile_and_first_step_s": first,

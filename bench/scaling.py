@@ -1,6 +1,6 @@
 """Data-parallel scaling on the GPUs of one host, and FSDP vs data-parallel memory.
 
-For each device count n (1, 2, 4, ... up to what is present) runs ``bench_pretrain.py`` in
+For each device count n (1, 2, 4, ... up to what is present) runs ``bench step pretrain`` in
 its own process (so each peak-memory figure is its own) with the per-device batch fixed:
 data parallel (parameters replicated) at every n, FSDP (parameters, gradients and optimizer
 state sharded on ``embed``) at every n >= 2. Then writes one ``scaling_summary`` record:
@@ -12,9 +12,10 @@ state sharded on ``embed``) at every n >= 2. Then writes one ``scaling_summary``
 
 On GPU each run sees only its n cards (``CUDA_VISIBLE_DEVICES``); on CPU (validation, with
 ``--xla_force_host_platform_device_count``) it passes ``--devices n``. Extra arguments after
-``--`` go to every bench_pretrain run (e.g. ``-- --xla-flags collectives``).
+``--`` go to every pretraining step run (e.g. ``-- --xla-flags collectives``). Records go to
+OUT/scaling.jsonl (each run's step record, then the summary).
 
-  python bench/bench_scaling.py --model large --per-device-batch 128 --out r.jsonl
+  python -m bench scaling run --model large --per-device-batch 128
 """
 
 from __future__ import annotations
@@ -26,15 +27,12 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.common import write_result  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from bench.common import add_out_argument, results_file, run_suite, write_result
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench scaling run",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="large")
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--per-device-batch", type=int, default=128)
@@ -44,12 +42,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--out", default="bench_results.jsonl")
+    add_out_argument(ap)
     ap.add_argument("extra", nargs=argparse.REMAINDER,
-                    help="-- then options passed to every bench_pretrain.py run")
+                    help="-- then options passed to every `bench step pretrain` run")
     args = ap.parse_args(argv)
     if args.extra and args.extra[0] == "--":
         args.extra = args.extra[1:]
+    args.out = results_file(args.out, "scaling")
     return args
 
 
@@ -76,10 +75,10 @@ def device_counts(spec: str, available: int) -> list[int]:
 
 
 def run_one(args, n: int, mesh: str, backend: str) -> dict:
-    """One bench_pretrain run on n devices; returns its record (also appended to --out)."""
+    """One pretraining step run on n devices; returns its record (also appended to --out)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.jsonl")
-        cmd = [sys.executable, os.path.join(HERE, "bench_pretrain.py"), "--model", args.model,
+        cmd = ["step", "pretrain", "--model", args.model,
                "--seq-len", str(args.seq_len), "--batch-size", str(args.per_device_batch * n),
                "--mesh", mesh, "--steps", str(args.steps), "--repeats", str(args.repeats),
                "--warmup", str(args.warmup), "--tag", f"scaling_{mesh}_{n}", "--out", out,
@@ -89,8 +88,8 @@ def run_one(args, n: int, mesh: str, backend: str) -> dict:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(n))
         else:
             cmd += ["--devices", str(n)]
-        print("+", " ".join(cmd), flush=True)
-        done = subprocess.run(cmd, env=env)
+        print("+ python -m bench", " ".join(cmd), flush=True)
+        done = run_suite(cmd, env=env)
         if done.returncode != 0:
             record = {"task": "pretrain", "tag": f"scaling_{mesh}_{n}", "devices": n,
                       "mesh": mesh, "error": f"exit code {done.returncode}"}
@@ -98,6 +97,7 @@ def run_one(args, n: int, mesh: str, backend: str) -> dict:
             return record
         with open(out, encoding="utf-8") as f:
             record = json.loads(f.readlines()[-1])
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
     return record
