@@ -39,7 +39,8 @@ gradient is gone). Every tile of the sweep (8-64 rows x 64-128 columns, 2-8 warp
 3% of the default.
 
 Under a device mesh the kernels run per batch shard (``shard_map``) with the vocabulary axis
-unsplit (``vocab_split_axes``; ``heads.FUSED_MLM_LOSS`` falls back to XLA where it is split).
+unsplit (``vocab_split_axes``; ``BertConfig.fused_mlm_loss='auto'`` falls back to XLA where it
+is split).
 On the CPU they run in Pallas interpret mode (tests).
 """
 
@@ -192,8 +193,8 @@ def _row_spec():
     """(mesh, batch mesh axes) when the kernels run per shard, else (None, None)."""
     return unsplit_row_spec(
         "vocab", "the fused MLM cross-entropy needs the vocabulary axis unsplit (logical axis "
-        "'vocab' is mapped to mesh axes {axes}); use heads.FUSED_MLM_LOSS=True (it falls back "
-        "to XLA there) or False (bench --mlm-loss xla)")
+        "'vocab' is mapped to mesh axes {axes}); set BertConfig.fused_mlm_loss='auto' (XLA's "
+        "passes there) or 'off'")
 
 
 def _log_sum_exp(x, b, s: XentSettings):

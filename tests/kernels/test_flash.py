@@ -285,14 +285,12 @@ def _tiny_training_loss(cfg, mask=None):
 
 
 @pytest.mark.parametrize("bias_grads", [True, False])
-def test_model_packed_projection_equals_split(monkeypatch, bias_grads):
+def test_model_packed_projection_equals_split(bias_grads):
     """qkv_projection=packed (one matmul, the kernel reading the slots in place, the
     gradient packed) trains to the same loss and gradients as split; evaluation, which has no
     dropout and so no flash kernel, computes as split."""
-    from bert_jax.modeling import encoder
-
-    monkeypatch.setattr(encoder, "FLASH_BIAS_GRADS", bias_grads)
-    cfg = get_preset("tiny", vocab_size=300, dropout_attention_impl="flash")
+    cfg = get_preset("tiny", vocab_size=300, dropout_attention_impl="flash",
+                     flash_bias_grads=bias_grads)
     params, loss = _tiny_training_loss(cfg)
     packed = jax.value_and_grad(functools.partial(loss, qkv_projection="packed"))(params)
     split = jax.value_and_grad(functools.partial(loss, qkv_projection="split"))(params)
@@ -308,16 +306,14 @@ def test_model_packed_projection_equals_split(monkeypatch, bias_grads):
                                   evaluated[1]["sequence_output"])
 
 
-def test_model_bias_gradients_from_the_kernel_equal_xla_sums(monkeypatch):
-    """The encoder hands the query/key/value biases to flash_attention (encoder.
-    FLASH_BIAS_GRADS): same loss and gradients as XLA's bias adds and column sums."""
-    from bert_jax.modeling import encoder
-
+def test_model_bias_gradients_from_the_kernel_equal_xla_sums():
+    """The encoder hands the query/key/value biases to flash_attention
+    (BertConfig.flash_bias_grads): same loss and gradients as XLA's bias adds and column
+    sums."""
     cfg = get_preset("tiny", vocab_size=300, dropout_attention_impl="flash")
     params, loss = _tiny_training_loss(cfg)
     in_kernel = jax.value_and_grad(loss)(params)
-    monkeypatch.setattr(encoder, "FLASH_BIAS_GRADS", False)
-    with_xla = jax.value_and_grad(loss)(params)
+    with_xla = jax.value_and_grad(functools.partial(loss, flash_bias_grads=False))(params)
     np.testing.assert_allclose(in_kernel[0], with_xla[0], rtol=1e-6)
     bias_grad = in_kernel[1]["params"]["encoder"]["layer_0"]["attention"]["qkv"]["bias"]
     assert float(jnp.abs(nn.unbox(bias_grad)).max()) > 0  # trained through the kernel's sums
