@@ -24,7 +24,6 @@ from bert_jax.errors import BertJaxError
 from bert_jax.parallel import DEFAULT_RULES
 
 OBJECTIVES = ("nsp", "sop", "mlm")
-DATA_SOURCES = ("tfrecord", "materialized", "synthetic")
 
 
 def _model_section() -> ml_collections.ConfigDict:
