@@ -4,7 +4,7 @@ kernels (Triton on GPUs).
 The MLM loss reads the float32 logits of every masked position over the whole (padded)
 vocabulary: [batch x predictions, 30,592] at BERT's vocabulary, 626 MB at Base/128 with batch
 256 (20 predictions per sequence). XLA runs the loss and its gradient as four passes over that
-array (the ninth session's profile on an H100, Base/128): the row max (0.22 ms) and the
+array (``bench/profile_step.py`` on an H100, Base/128): the row max (0.22 ms) and the
 exponential sum (0.22 ms) of the forward's logsumexp, the backward's ``softmax - one_hot``
 that writes the bfloat16 logit gradient for the two decoder matmuls (0.41 ms), and the bias
 gradient's column sum over the float32 gradient (0.31 ms): 1.15 ms against the 0.47 ms that
@@ -29,7 +29,7 @@ masked logits) up to float32 summation order; ``correct`` bit for bit (same floa
 ``logits + bias``). Padded vocabulary entries are excluded by the caller's bias (``NEG_INF``
 there, ``heads.masked_bias``): their ``exp`` underflows to 0 and their gradient is 0.
 
-Measured on an H100 (``bench/bench_xent.py``, tenth session): the loss with its three gradients
+Measured on an H100 (``bench/bench_xent.py``): the loss with its three gradients
 at Base/128's [5,120 predictions x 30,592] 2,322 -> 1,626 us (XLA's passes -> these kernels,
 the decoder matmuls included in both), at [2,432 x 30,592] (near Large/512 at batch 32, which
 has 2,560 predictions) 1,286 -> 967; in the step's profile the forward kernel reads the logits
