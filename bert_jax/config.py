@@ -280,6 +280,17 @@ class BertConfig:
             f.write("\n")
 
 
+# Fields that change how the model computes but not its parameters' shapes or meaning: a run
+# may set them differently from the checkpoint it starts from.
+RUNTIME_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range",
+                  "dtype", "param_dtype", "attention_impl",
+                  "dropout_attention_impl", "hidden_dropout_impl", "dropout_hash",
+                  "qkv_projection", "layer_norm_impl", "residual_dtype", "scan_layers",
+                  "remat_policy", "fused_gelu", "fused_mlm_loss", "split_norm_grads",
+                  "direct_weight_grads", "flash_bias_grads", "norm_blocks", "norm_sum_blocks",
+                  "gelu_blocks", "gelu_sum_blocks")
+
+
 def _entry_ok(value: Any, kind: type) -> bool:
     if kind is bool:
         return isinstance(value, bool)

@@ -64,3 +64,16 @@ def test_command_line_overrides():
     assert model.fused_gelu == "off" and model.norm_blocks == (2, 1, True)
     assert model.gelu_sum_blocks == 4 and model.split_norm_grads is False
     assert model.gelu_blocks is None
+
+
+def test_runtime_fields_name_every_kernel_field():
+    import dataclasses
+
+    from bert_jax.config import RUNTIME_FIELDS
+
+    names = {f.name for f in dataclasses.fields(BertConfig)}
+    assert set(RUNTIME_FIELDS) <= names
+    assert set(KERNEL_FIELDS) <= set(RUNTIME_FIELDS)
+    # Shapes come from these: never runtime.
+    assert not {"vocab_size", "hidden_size", "vocab_pad_multiple", "share_layers"} & set(
+        RUNTIME_FIELDS)
