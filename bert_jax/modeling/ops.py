@@ -85,13 +85,13 @@ def _use_fused_gelu(y, bias, name: str, fused: str) -> bool:
             and fused_gelu.mlp_split_axes() is None)
 
 
-def add_bias_activate(y, bias, name: str, *, fused: str = "auto", blocks: tuple | None = None,
+def add_bias_activate(y, bias, name: str, *, fused: str = "off", blocks: tuple | None = None,
                       sum_blocks: int | None = None):
     """``activation(name)(y + bias)`` whose backward pass keeps only ``y`` (the matmul output,
     in memory anyway) and recomputes the activation's derivative. Autodiff of the plain
     expression makes the forward fusion write the activation's partial derivatives as extra
     [tokens, intermediate] arrays (three outputs for the erf GELU instead of one). ``fused``
-    (``BertConfig.fused_gelu``: auto | off | force) runs the erf GELU as
+    (``BertConfig.fused_gelu``: auto | off | force; default off, XLA's fusions) runs the erf GELU as
     ``fused_gelu.bias_gelu``'s kernels instead, with tiles ``blocks`` and ``sum_blocks``
     (``BertConfig.gelu_blocks``, ``gelu_sum_blocks``; None: the kernel's defaults)."""
     if _use_fused_gelu(y, bias, name, fused):
