@@ -18,12 +18,15 @@ demo: $(STAMP)
 	PATH=$(VENV)/bin:$$PATH bash scripts/demo.sh
 	PATH=$(VENV)/bin:$$PATH bash scripts/demo_finetune.sh demo_workdir/pretrain
 
-## make test: the whole test suite on the CPU (8 simulated devices)
-test: $(STAMP)
+LINT_DIRS := bert_jax tests bench experiments scripts
+
+## make test: style (ruff) on every Python folder, then the whole test suite on the CPU
+## (8 simulated devices)
+test: lint
 	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check bert_jax tests bench experiments
+	$(VENV)/bin/ruff check $(LINT_DIRS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache demo_workdir

@@ -37,6 +37,10 @@ LAYER_NORM_IMPLS = ("two_stage", "flax", "fused", "auto")
 # while matmuls still run in the compute dtype (what torch autocast does).
 RESIDUAL_DTYPES = ("compute", "float32")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "offload_dots")
+# A Pallas kernel in place of XLA's fusions: auto (on GPUs where it applies: the axis it reads
+# whole not split over a mesh) | off (XLA's fusions) | force (wherever it applies, any backend:
+# Pallas interpret mode off GPUs, for tests).
+KERNEL_CHOICES = ("auto", "off", "force")
 DTYPES = ("float32", "bfloat16", "float16")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_approx", "relu", "tanh")
 # BertConfig fields restricted to a set of values (checked in __post_init__).
@@ -47,7 +51,12 @@ CHOICE_FIELDS = {
     "qkv_projection": QKV_PROJECTIONS,
     "layer_norm_impl": LAYER_NORM_IMPLS, "residual_dtype": RESIDUAL_DTYPES,
     "remat_policy": REMAT_POLICIES,
+    "fused_gelu": KERNEL_CHOICES, "fused_mlm_loss": KERNEL_CHOICES,
 }
+# Kernel tile overrides: field -> (the type of each entry: int (positive) or bool, what they are).
+BLOCK_FIELDS = {"norm_blocks": ((int, int, bool), "(block_rows, num_warps, recompute)"),
+                "gelu_blocks": ((int, int, int), "(block_rows, block_cols, num_warps)")}
+SUM_BLOCK_FIELDS = ("norm_sum_blocks", "gelu_sum_blocks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +64,8 @@ class BertConfig:
     """Architecture and numerics of a BERT (or ALBERT-style) encoder.
 
     Architecture fields use Hugging Face / Google names so configs round-trip. Runtime fields
-    (dtypes, attention implementation, scan, remat) do not change the parameters.
+    (dtypes, attention implementation, kernel choices and tiles, scan, remat) do not change
+    the parameters.
     """
 
     vocab_size: int = 30522
@@ -89,10 +99,38 @@ class BertConfig:
     residual_dtype: str = "compute"  # compute | float32 (see RESIDUAL_DTYPES)
     scan_layers: bool = False
     remat_policy: str = "none"
+    # Kernel choices (KERNEL_CHOICES): the erf GELU after the MLP's first projection as the
+    # bias + GELU kernel pair (bert_jax/kernels/fused_gelu.py; the intermediate axis unsplit),
+    # and the MLM loss as the fused decoder + softmax cross-entropy (bert_jax/kernels/
+    # fused_xent.py; the vocabulary axis unsplit).
+    fused_gelu: str = "auto"
+    fused_mlm_loss: str = "auto"
+    # Gradient paths (same values either way, up to float32 summation order): the fused
+    # LayerNorm's backward kernel adds the gradients of its output's two consumers as it reads
+    # them (False: XLA sums them first, one more pass over [tokens, hidden] per sublayer);
+    # projection weight gradients as one dot_general in the kernel's own layout (False: JAX's
+    # transpose rule, [out, in] then a transpose); the flash kernel's backward sums the
+    # query/key/value bias gradients as it writes dQ, dK, dV (False: XLA's column sums).
+    split_norm_grads: bool = True
+    direct_weight_grads: bool = True
+    flash_bias_grads: bool = True
+    # Kernel tiles for every shape, in place of the per-shape defaults (None): the fused
+    # LayerNorm's (block_rows, num_warps, recompute) and row blocks per backward program
+    # (fused_norm.blocks_for), the bias + GELU kernels' (block_rows, block_cols, num_warps)
+    # and row blocks per backward program (fused_gelu.blocks_for).
+    norm_blocks: tuple | None = None
+    norm_sum_blocks: int | None = None
+    gelu_blocks: tuple | None = None
+    gelu_sum_blocks: int | None = None
 
     def __post_init__(self):
         def bad(key, msg):
             raise BertJaxError(f"invalid BertConfig.{key}: {msg}")
+
+        # JSON stores tuples as lists: back to tuples (the config stays hashable).
+        for key in BLOCK_FIELDS:
+            if isinstance(getattr(self, key), list):
+                object.__setattr__(self, key, tuple(getattr(self, key)))
 
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                     "intermediate_size", "max_position_embeddings", "type_vocab_size",
@@ -113,6 +151,21 @@ class BertConfig:
         for key, choices in CHOICE_FIELDS.items():
             if getattr(self, key) not in choices:
                 bad(key, f"{getattr(self, key)!r} is not one of {choices}")
+        for key in ("split_norm_grads", "direct_weight_grads", "flash_bias_grads"):
+            if not isinstance(getattr(self, key), bool):
+                bad(key, f"expected true or false, got {getattr(self, key)!r}")
+        for key, (types, entries) in BLOCK_FIELDS.items():
+            value = getattr(self, key)
+            if value is not None and (
+                    not isinstance(value, tuple) or len(value) != len(types)
+                    or not all(_entry_ok(v, t) for v, t in zip(value, types, strict=False))):
+                bad(key, f"expected None or {len(types)} values {entries} (positive integers"
+                    f"{', recompute true or false' if bool in types else ''}), got {value!r}")
+        for key in SUM_BLOCK_FIELDS:
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value <= 0):
+                bad(key, f"expected None or a positive integer, got {value!r}")
         if self.layer_norm_impl == "fused" and (self.hidden_dropout_impl != "hash"
                                                 or self.dropout_hash != "rowcol"):
             bad("layer_norm_impl", "'fused' draws its dropout mask from the rowcol hash: it "
@@ -225,6 +278,23 @@ class BertConfig:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
+
+
+# Fields that change how the model computes but not its parameters' shapes or meaning: a run
+# may set them differently from the checkpoint it starts from.
+RUNTIME_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range",
+                  "dtype", "param_dtype", "attention_impl",
+                  "dropout_attention_impl", "hidden_dropout_impl", "dropout_hash",
+                  "qkv_projection", "layer_norm_impl", "residual_dtype", "scan_layers",
+                  "remat_policy", "fused_gelu", "fused_mlm_loss", "split_norm_grads",
+                  "direct_weight_grads", "flash_bias_grads", "norm_blocks", "norm_sum_blocks",
+                  "gelu_blocks", "gelu_sum_blocks")
+
+
+def _entry_ok(value: Any, kind: type) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 _ARCH_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

@@ -305,9 +305,8 @@ def entered_mesh() -> Mesh | None:
 def constrain(x, logical_axes: Sequence[str | None]):
     """``nn.with_logical_constraint`` against the mesh ``traced_in_mesh`` entered (a no-op
     without one). The mesh is passed explicitly: Flax looks for JAX's abstract mesh
-    (``jax.set_mesh``), which cannot be set inside ``jax.jit``; until the fourth session the
-    step traced under ``with mesh:``, which does not set it, and every constraint was
-    silently dropped."""
+    (``jax.set_mesh``), which cannot be set inside ``jax.jit``; a step traced under
+    ``with mesh:`` alone does not set it, and every constraint would be silently dropped."""
     mesh = entered_mesh()
     if mesh is None:
         return x

@@ -43,8 +43,9 @@ from bert_jax.kernels.dropout import salt_from_rng as _salts
 LOG2E = math.log2(math.e)
 FUSED_BACKWARD_MAX_KV = 128  # ``backward="auto"``: one-pass backward up to this many keys
 # The split backward's dQ kernel: 128-query tiles stepping over 64 keys, 4 warps, 3 stages
-# (twelfth session's sweep on an H100: 0.816 vs 0.857 ms fwd+bwd at 32 x 512 x 16 x 64 with the
-# dK/dV kernel's 64 x 64); () would give it the dK/dV kernel's blocks, warps and stages.
+# (a sweep on an H100, bench/bench_attention.py: 0.816 vs 0.857 ms fwd+bwd at 32 x 512 x 16 x
+# 64 with the dK/dV kernel's 64 x 64); () would give it the dK/dV kernel's blocks, warps and
+# stages.
 SPLIT_DQ_KERNEL = (128, 64, 4, 3)
 BACKWARDS = ("auto", "fused", "split")
 MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 gives 0)
@@ -453,7 +454,7 @@ def _with_biases(srcs, qkv_bias, packed: bool):
     """The query/key/value sources plus their biases (XLA's adds, as the projections make
     them), or unchanged without biases. Packed, the [3, heads, head_dim] bias is added as a
     vector over the flattened [.., 3 * heads * head_dim] output, the shape of the projection's
-    matmul (XLA still runs it as one pass: docs/performance.md, seventh session)."""
+    matmul (XLA still runs it as one pass: docs/performance.md)."""
     if qkv_bias is None:
         return srcs
     if packed:

@@ -44,8 +44,9 @@ forward 102 against 119, backward 186 against 170 (2 rows x 1024 columns x 4 war
 an H200 (4.8 TB/s) the best settings gave 140 against 163 and 203 against 224. So the forward
 gains 11-14%, the backward little or nothing: both kernels sit near the arithmetic limit of the
 erf evaluation as much as the memory limit (the H200's extra bandwidth buys XLA nothing), short
-of the 85-90% of the bandwidth hoped for. The switch (``ops.FUSED_GELU``, bench ``--gelu
-kernel``) stays off until a training step measures it.
+of the 85-90% of the bandwidth hoped for. In a training step they pay anyway (Base/128 +1.3% on
+an H100, docs/performance.md): ``BertConfig.fused_gelu`` (default ``auto``) picks them on GPUs
+where they apply.
 
 Under a device mesh the kernels run per batch shard (``shard_map``), the intermediate axis
 unsplit; the partial sums of all shards are summed by XLA. On the CPU the kernels run in
@@ -159,23 +160,25 @@ class GeluSettings:
 # program). From sweeps on an H100 and an H200 (module docstring): tiles of 2-4 rows x 512-1024
 # columns with 2-4 warps were within noise (+-5 us) of each other; 1-row and 2048-column
 # tiles were slower (10-20 us), and one row block per backward program (tens of MB of partial
-# sums) much slower. DEFAULT_BLOCKS (rows, cols, warps) and SUM_BLOCKS, when set, override them for
-# every shape (benchmarks).
+# sums) much slower. Callers override them for every shape with ``blocks`` and ``sum_blocks``
+# (``BertConfig.gelu_blocks``, ``gelu_sum_blocks``).
 BLOCKS = (4, 512, 2)
 BACKWARD_PROGRAMS = 1024
 BACKWARD_STAGES = 2  # software pipelining of the backward's loop over row blocks
-DEFAULT_BLOCKS: tuple[int, int, int] | None = None
-SUM_BLOCKS: int | None = None
 COLS_FASTEST = True  # launch order (GeluSettings.cols_fastest)
 
 
-def blocks_for(rows: int) -> tuple[int, int, int, int]:
+def blocks_for(rows: int, blocks: tuple | None = None, sum_blocks: int | None = None
+               ) -> tuple[int, int, int, int]:
     """The kernel settings (block_rows, block_cols, num_warps, sum_blocks) for ``rows`` tokens
-    per shard when the caller gives none (before fitting them to the shape)."""
-    block_rows, block_cols, num_warps = BLOCKS if DEFAULT_BLOCKS is None else DEFAULT_BLOCKS
-    sum_blocks = max(1, rows // (block_rows * BACKWARD_PROGRAMS))
-    if SUM_BLOCKS is not None:
-        sum_blocks = SUM_BLOCKS
+    per shard (before fitting them to the shape): ``blocks`` (block_rows, block_cols,
+    num_warps; None entries: :data:`BLOCKS`'s) and ``sum_blocks`` where given, else the
+    defaults; the default ``sum_blocks`` follows the row blocks."""
+    block_rows, block_cols, num_warps = (
+        BLOCKS if blocks is None
+        else tuple(d if v is None else v for v, d in zip(blocks, BLOCKS, strict=True)))
+    if sum_blocks is None:
+        sum_blocks = max(1, rows // (block_rows * BACKWARD_PROGRAMS))
     return block_rows, block_cols, num_warps, sum_blocks
 
 
@@ -320,8 +323,8 @@ def _row_spec():
     """(mesh, batch mesh axes) when the kernels must run per shard, else (None, None)."""
     return unsplit_row_spec(
         "mlp", "the fused bias + GELU kernel needs the intermediate axis unsplit (logical "
-        "axis 'mlp' is mapped to mesh axes {axes}); call ops.add_bias_activate with "
-        "ops.FUSED_GELU=True (it falls back to XLA there) or False (bench --gelu erf)")
+        "axis 'mlp' is mapped to mesh axes {axes}); set BertConfig.fused_gelu='auto' (XLA's "
+        "fusions there) or 'off'")
 
 
 def _forward(y, b, s: GeluSettings):
@@ -382,8 +385,8 @@ def bias_gelu(y, b, *, block_rows: int | None = None, block_cols: int | None = N
         interpret = jax.default_backend() != "gpu"
     rows = rows_per_shard(y, _row_spec)
     block_rows, block_cols, num_warps, sum_blocks, num_stages = fit_tile(
-        blocks_for(rows), rows, width, (block_rows, block_cols, num_warps, sum_blocks,
-                                        BACKWARD_STAGES if num_stages is None else num_stages))
+        blocks_for(rows, (block_rows, block_cols, num_warps), sum_blocks), rows, width,
+        (None, None, None, None, BACKWARD_STAGES if num_stages is None else num_stages))
     s = GeluSettings(block_rows, block_cols, num_warps, bool(interpret), sum_blocks,
                      num_stages, COLS_FASTEST)
     return _bias_gelu(y, b, s)

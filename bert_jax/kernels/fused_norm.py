@@ -61,28 +61,20 @@ class NormSettings:
 
 
 # Kernel settings (block_rows, num_warps, recompute, sum_blocks) from ``bench/bench_norm.py`` on
-# an H100 (docs/performance.md). Long row counts (eighth session): 2 rows x 1 warp, 8 row blocks
-# per backward program (Base/128 at batch 256: 237 us forward + backward against 330 for the
-# fifth session's 16 x 8 and XLA's 346; Large/512 at batch 32: 159 vs 227 and 238; the step
-# +3.4% and +2.5%). Short ones (fifth session): 4 rows x 2 warps (Base/128 at batch 32: 77 vs
-# XLA's 79 us). DEFAULT_BLOCKS (rows, warps, recompute) and SUM_BLOCKS, when set (``bench
-# --fused-norm-blocks``, ``--norm-sum-blocks``), override them for every shape.
+# an H100 (docs/performance.md). Long row counts: 2 rows x 1 warp, 8 row blocks per backward
+# program (Base/128 at batch 256: 237 us forward + backward against 330 for 16 rows x 8 warps
+# and XLA's 346; Large/512 at batch 32: 159 vs 227 and 238; the step +3.4% and +2.5%). Short
+# ones: 4 rows x 2 warps (Base/128 at batch 32: 77 vs XLA's 79 us). Callers override them for
+# every shape (``BertConfig.norm_blocks``, ``norm_sum_blocks``).
 LONG_BLOCKS = (2, 1, True, 8)
 SHORT_BLOCKS = (4, 2, True, 1)
 LONG_ROWS = 16384  # rows per shard from which LONG_BLOCKS apply
-DEFAULT_BLOCKS: tuple[int, int, bool] | None = None
-SUM_BLOCKS: int | None = None
 
 
 def blocks_for(rows: int) -> tuple[int, int, bool, int]:
     """The kernel settings (block_rows, num_warps, recompute, sum_blocks) for ``rows`` tokens
     per shard when the caller gives none."""
-    tuned = LONG_BLOCKS if rows >= LONG_ROWS else SHORT_BLOCKS
-    if DEFAULT_BLOCKS is not None:
-        tuned = (*DEFAULT_BLOCKS, tuned[3])
-    if SUM_BLOCKS is not None:
-        tuned = (*tuned[:3], SUM_BLOCKS)
-    return tuned
+    return LONG_BLOCKS if rows >= LONG_ROWS else SHORT_BLOCKS
 
 
 def supported(hidden: int) -> bool:

@@ -4,7 +4,7 @@ kernels (Triton on GPUs).
 The MLM loss reads the float32 logits of every masked position over the whole (padded)
 vocabulary: [batch x predictions, 30,592] at BERT's vocabulary, 626 MB at Base/128 with batch
 256 (20 predictions per sequence). XLA runs the loss and its gradient as four passes over that
-array (the ninth session's profile on an H100, Base/128): the row max (0.22 ms) and the
+array (``bench/profile_step.py`` on an H100, Base/128): the row max (0.22 ms) and the
 exponential sum (0.22 ms) of the forward's logsumexp, the backward's ``softmax - one_hot``
 that writes the bfloat16 logit gradient for the two decoder matmuls (0.41 ms), and the bias
 gradient's column sum over the float32 gradient (0.31 ms): 1.15 ms against the 0.47 ms that
@@ -29,7 +29,7 @@ masked logits) up to float32 summation order; ``correct`` bit for bit (same floa
 ``logits + bias``). Padded vocabulary entries are excluded by the caller's bias (``NEG_INF``
 there, ``heads.masked_bias``): their ``exp`` underflows to 0 and their gradient is 0.
 
-Measured on an H100 (``bench/bench_xent.py``, tenth session): the loss with its three gradients
+Measured on an H100 (``bench/bench_xent.py``): the loss with its three gradients
 at Base/128's [5,120 predictions x 30,592] 2,322 -> 1,626 us (XLA's passes -> these kernels,
 the decoder matmuls included in both), at [2,432 x 30,592] (near Large/512 at batch 32, which
 has 2,560 predictions) 1,286 -> 967; in the step's profile the forward kernel reads the logits
@@ -39,7 +39,8 @@ gradient is gone). Every tile of the sweep (8-64 rows x 64-128 columns, 2-8 warp
 3% of the default.
 
 Under a device mesh the kernels run per batch shard (``shard_map``) with the vocabulary axis
-unsplit (``vocab_split_axes``; ``heads.FUSED_MLM_LOSS`` falls back to XLA where it is split).
+unsplit (``vocab_split_axes``; ``BertConfig.fused_mlm_loss='auto'`` falls back to XLA where it
+is split).
 On the CPU they run in Pallas interpret mode (tests).
 """
 
@@ -192,8 +193,8 @@ def _row_spec():
     """(mesh, batch mesh axes) when the kernels run per shard, else (None, None)."""
     return unsplit_row_spec(
         "vocab", "the fused MLM cross-entropy needs the vocabulary axis unsplit (logical axis "
-        "'vocab' is mapped to mesh axes {axes}); use heads.FUSED_MLM_LOSS=True (it falls back "
-        "to XLA there) or False (bench --mlm-loss xla)")
+        "'vocab' is mapped to mesh axes {axes}); set BertConfig.fused_mlm_loss='auto' (XLA's "
+        "passes there) or 'off'")
 
 
 def _log_sum_exp(x, b, s: XentSettings):

@@ -86,20 +86,17 @@ def use_fused_norm(config: BertConfig) -> bool:
     return fused_norm.supported(config.hidden_size) and fused_norm.hidden_split_axes() is None
 
 
-# Fused LayerNorm outputs with two consumers (the next sublayer's matmul and its residual)
-# come back as two handles of one array, and the kernel's backward adds the two gradients as
-# it reads them (``fused_norm.residual_dropout_layer_norm(split_output=True)``). False lets
-# XLA sum them first, one more pass over [tokens, hidden] per sublayer (the benchmarks'
-# ``--residual-grad xla`` A/B; same values; True: Base/128 +1.8% on an H100).
-SPLIT_NORM_GRADS = True
-
-
 class FusedResidualNorm(nn.Module):
     """``LayerNorm(residual + dropout(y + b))`` in one Pallas kernel each way
     (``layer_norm_impl=fused``, :mod:`bert_jax.kernels.fused_norm`): the same ``scale`` and
     ``bias`` parameters as the LayerNorm it replaces; ``b`` is the output projection's bias
-    (``Projection(skip_bias_add=True)``). With ``split_output`` (and ``SPLIT_NORM_GRADS``)
-    the output comes back as a pair (for the matmul, for the residual) of one array."""
+    (``Projection(skip_bias_add=True)``). With ``split_output`` (and
+    ``config.split_norm_grads``) the output comes back as a pair (for the matmul, for the
+    residual) of one array, and the kernel's backward adds the two gradients as it reads them
+    (``fused_norm.residual_dropout_layer_norm(split_output=True)``); without, XLA sums them
+    first, one more pass over [tokens, hidden] per sublayer (same values; the split: Base/128
+    +1.8% on an H100). ``config.norm_blocks`` and ``norm_sum_blocks`` override the kernel's
+    tiles."""
 
     config: BertConfig
     split_output: bool = False
@@ -115,9 +112,12 @@ class FusedResidualNorm(nn.Module):
         rate = 0.0 if deterministic else cfg.hidden_dropout_prob
         salt = salt_from_rng(self.make_rng("dropout")) if rate > 0.0 else None
         dtype = "float32" if cfg.residual_dtype == "float32" else cfg.dtype
-        return residual_dropout_layer_norm(residual, y, b, scale, bias, salt=salt, rate=rate,
-                                           epsilon=cfg.layer_norm_eps, out_dtype=dtype,
-                                           split_output=self.split_output and SPLIT_NORM_GRADS)
+        rows, warps, recompute = cfg.norm_blocks or (None, None, None)
+        return residual_dropout_layer_norm(
+            residual, y, b, scale, bias, salt=salt, rate=rate, epsilon=cfg.layer_norm_eps,
+            out_dtype=dtype, block_rows=rows, num_warps=warps, recompute=recompute,
+            sum_blocks=cfg.norm_sum_blocks,
+            split_output=self.split_output and cfg.split_norm_grads)
 
 
 def hidden_dropout(config: BertConfig) -> Dropout:
@@ -127,13 +127,11 @@ def hidden_dropout(config: BertConfig) -> Dropout:
 
 
 # Weight gradients of the projections as one dot_general whose output is the kernel's own
-# [in..., out...] layout. JAX's transpose rule computes dot_general(dy, x) -> [out..., in...]
-# and then transposes; on the GPU, XLA splits the q/k/v and attention-output weight
-# gradients over the tokens (split-K) and its reduction of the split then writes the
-# transposed result (0.84 ms of a Base/128 step on an H100, 3-5x its bytes' time). False
-# restores JAX's rule (the benchmarks' ``--weight-grad xla`` A/B; same values; True: Base/128
-# +1.4% on an H100).
-DIRECT_WEIGHT_GRADS = True
+# [in..., out...] layout (``BertConfig.direct_weight_grads``). JAX's transpose rule computes
+# dot_general(dy, x) -> [out..., in...] and then transposes; on the GPU, XLA splits the q/k/v
+# and attention-output weight gradients over the tokens (split-K) and its reduction of the
+# split then writes the transposed result (0.84 ms of a Base/128 step on an H100, 3-5x its
+# bytes' time). Same values either way; the direct form: Base/128 +1.4% on an H100.
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -204,11 +202,12 @@ class Projection(nn.Module):
         if self.skip_bias_add:
             return y, bias
         if self.activation is not None:
-            return add_bias_activate(y, bias, self.activation)
+            return add_bias_activate(y, bias, self.activation, fused=cfg.fused_gelu,
+                                     blocks=cfg.gelu_blocks, sum_blocks=cfg.gelu_sum_blocks)
         return add_bias(y, bias)
 
     def _matmul(self, x, kernel):
-        if DIRECT_WEIGHT_GRADS:
+        if self.config.direct_weight_grads:
             return _project(x, kernel, self.in_dims)
         return jax.lax.dot_general(x, kernel, _contract_last(x.ndim, self.in_dims))
 
@@ -281,12 +280,6 @@ class BertEmbeddings(nn.Module):
         return x
 
 
-# The flash kernel's backward pass sums the query/key/value bias gradients as it writes dQ,
-# dK, dV (``BertSelfAttention``); False restores XLA's column sums over them, which read the
-# three gradients again (the benchmarks' ``--qkv-bias-grad xla`` A/B; same values).
-FLASH_BIAS_GRADS = True
-
-
 class BertSelfAttention(nn.Module):
     """Multi-head self-attention with a fused QKV projection and an output projection."""
 
@@ -303,10 +296,11 @@ class BertSelfAttention(nn.Module):
         # [batch, seq, 3, heads, head_dim]
         axes = ("embed", None, "heads", "kv")
         dropout_active = not self.deterministic and cfg.attention_probs_dropout_prob > 0.0
-        # Training attention takes the query/key/value biases unadded: the flash kernel's
-        # backward sums their gradients in passing (XLA's column sums re-read dQ, dK and dV:
-        # 0.7 ms of a Base/128 step on an H100); the other paths add them (dropout_attention).
-        bias_to_attention = (FLASH_BIAS_GRADS and dropout_active and not self.output_attentions
+        # Training attention takes the query/key/value biases unadded
+        # (``config.flash_bias_grads``): the flash kernel's backward sums their gradients in
+        # passing (XLA's column sums re-read dQ, dK and dV: 0.7 ms of a Base/128 step on an
+        # H100); the other paths add them (dropout_attention).
+        bias_to_attention = (cfg.flash_bias_grads and dropout_active and not self.output_attentions
                              and cfg.qkv_projection in ("split", "packed"))
         qkv_bias = None
         if (cfg.qkv_projection == "packed" and dropout_active and not self.output_attentions
@@ -381,7 +375,7 @@ class BertLayer(nn.Module):
     """One post-LayerNorm Transformer block, as in the original BERT.
 
     ``x`` is [batch, seq, hidden], or the (matmul input, residual) pair of one array that the
-    previous layer returns with ``split_output`` (fused LayerNorm only, ``SPLIT_NORM_GRADS``:
+    previous layer returns with ``split_output`` (fused LayerNorm only, ``split_norm_grads``:
     the layer's first LayerNorm then adds the two gradients in its backward kernel)."""
 
     config: BertConfig
@@ -471,7 +465,7 @@ class BertEncoder(nn.Module):
             last = cfg.num_hidden_layers - 1
             for i in range(cfg.num_hidden_layers):
                 # Every layer but the last hands the next its output as two handles (the
-                # fused LayerNorm's gradient sum, SPLIT_NORM_GRADS); one shared module can't.
+                # fused LayerNorm's gradient sum, split_norm_grads); one shared module can't.
                 layer = shared if shared is not None else layer_cls(
                     **kwargs, split_output=i < last, name=f"layer_{i}")
                 x, probs = layer(x, kv_lengths)

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
+from bert_jax.kernels import fused_xent
 from bert_jax.kernels.reference import NEG_INF, decode, logits_cross_entropy
 from bert_jax.modeling.encoder import BertModel, dense, hidden_dropout, layer_norm, zeros
 
@@ -82,36 +83,29 @@ def decoder_logits(decoder: MLMDecoder, vocab_size: int):
     return mask_padded_vocab(decode(decoder.hidden, decoder.table) + decoder.bias, vocab_size)
 
 
-# The MLM loss as ``fused_xent.decode_cross_entropy`` (the decoder matmul and the softmax
-# cross-entropy as one custom VJP whose passes over the logits are Pallas kernels): True (the
-# default) on GPUs where it applies (the vocabulary axis not split over a mesh); False: XLA's
-# fusions over the float32 logits (bench ``--mlm-loss xla``); "force": the kernels on any
-# backend (Pallas interpret mode off GPUs; tests).
-FUSED_MLM_LOSS: bool | str = True
-
-
-def _use_fused_mlm_loss(decoder: MLMDecoder | None) -> bool:
-    if decoder is None or not FUSED_MLM_LOSS:
+def _use_fused_mlm_loss(decoder: MLMDecoder | None, fused: str) -> bool:
+    """Whether the MLM loss runs as ``fused_xent.decode_cross_entropy`` (the decoder matmul and
+    the softmax cross-entropy as one custom VJP whose passes over the logits are Pallas
+    kernels): ``fused`` is ``BertConfig.fused_mlm_loss`` (auto: on GPUs where they apply, the
+    vocabulary axis not split over a mesh; off: XLA's fusions over the float32 logits; force:
+    wherever they apply, any backend)."""
+    if decoder is None or fused == "off":
         return False
-    from bert_jax.kernels import fused_xent
-
     applies = fused_xent.supported(decoder.table.shape[0])
-    if FUSED_MLM_LOSS == "force":
+    if fused == "force":
         return applies
     return (applies and jax.default_backend() == "gpu"
             and fused_xent.vocab_split_axes() is None)
 
 
-def mlm_cross_entropy(outputs: dict[str, Any], ids):
+def mlm_cross_entropy(outputs: dict[str, Any], ids, config: BertConfig):
     """Per-prediction ``(nll, correct)`` float32 [..., P] of the MLM head's outputs
     (``BertForPreTraining``): the softmax cross-entropy of the label and whether the label's
-    logit is the maximum (ties count as correct). Through :data:`FUSED_MLM_LOSS`'s kernels
-    from ``outputs["mlm_decoder"]`` where they apply, else XLA's passes over
-    ``outputs["mlm_logits"]`` (the same values up to float32 summation order)."""
+    logit is the maximum (ties count as correct). Through the fused kernels
+    (``config.fused_mlm_loss``) from ``outputs["mlm_decoder"]`` where they apply, else XLA's
+    passes over ``outputs["mlm_logits"]`` (the same values up to float32 summation order)."""
     decoder = outputs.get("mlm_decoder")
-    if _use_fused_mlm_loss(decoder):
-        from bert_jax.kernels import fused_xent
-
+    if _use_fused_mlm_loss(decoder, config.fused_mlm_loss):
         return fused_xent.decode_cross_entropy(decoder.hidden, decoder.table, decoder.bias, ids)
     return logits_cross_entropy(outputs["mlm_logits"], ids)
 

@@ -6,7 +6,7 @@ docs/performance.md):
   column reduction runs on a handful of thread blocks);
 * :func:`add_bias` / :func:`add_bias_activate`: dense-layer epilogues whose backward keeps only
   the matmul output and recomputes the activation's derivative (the erf GELU optionally as a
-  Pallas kernel pair, :data:`FUSED_GELU`, ``fused_gelu.py``);
+  Pallas kernel pair, ``BertConfig.fused_gelu``, ``bert_jax/kernels/fused_gelu.py``);
 * :func:`layer_norm_two_stage` / :class:`TwoStageLayerNorm`: LayerNorm with a written-out
   backward (``BertConfig.layer_norm_impl=two_stage``).
 
@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.kernels import fused_gelu
 from bert_jax.kernels.reference import gelu_erf
 
 
@@ -70,37 +71,33 @@ def _add_bias_bwd(like, g):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
-# ``add_bias_activate(y, b, "gelu")`` through the Pallas kernel pair of ``fused_gelu.py``:
-# True (default since the ninth session: the Base/128 step +1.3% on an H100,
-# docs/performance.md): the kernels on GPUs where they apply (the intermediate axis not
-# split over a mesh); False: XLA's fusions (bench ``--gelu erf``); "force": the kernels on
-# any backend (Pallas interpret mode off GPUs; tests).
-FUSED_GELU: bool | str = True
-
-
-def _use_fused_gelu(y, bias, name: str) -> bool:
-    if name != "gelu" or not FUSED_GELU:
+def _use_fused_gelu(y, bias, name: str, fused: str) -> bool:
+    """Whether ``add_bias_activate`` runs ``fused_gelu.py``'s kernel pair: ``fused`` is
+    ``BertConfig.fused_gelu`` (auto: on GPUs where the kernels apply, the intermediate axis
+    not split over a mesh; off; force: wherever they apply, any backend)."""
+    if name != "gelu" or fused == "off":
         return False
-    from bert_jax.kernels import fused_gelu
-
     applies = (y.ndim >= 2 and bias.shape == y.shape[-1:] and y.dtype == bias.dtype
                and fused_gelu.supported(y.shape[-1]))
-    if FUSED_GELU == "force":
+    if fused == "force":
         return applies
     return (applies and jax.default_backend() == "gpu"
             and fused_gelu.mlp_split_axes() is None)
 
 
-def add_bias_activate(y, bias, name: str):
+def add_bias_activate(y, bias, name: str, *, fused: str = "off", blocks: tuple | None = None,
+                      sum_blocks: int | None = None):
     """``activation(name)(y + bias)`` whose backward pass keeps only ``y`` (the matmul output,
     in memory anyway) and recomputes the activation's derivative. Autodiff of the plain
     expression makes the forward fusion write the activation's partial derivatives as extra
-    [tokens, intermediate] arrays (three outputs for the erf GELU instead of one). With
-    :data:`FUSED_GELU` the erf GELU runs as ``fused_gelu.bias_gelu``'s kernels instead."""
-    if _use_fused_gelu(y, bias, name):
-        from bert_jax.kernels import fused_gelu
-
-        return fused_gelu.bias_gelu(y, bias)
+    [tokens, intermediate] arrays (three outputs for the erf GELU instead of one). ``fused``
+    (``BertConfig.fused_gelu``: auto | off | force; default off, XLA's fusions) runs the erf GELU as
+    ``fused_gelu.bias_gelu``'s kernels instead, with tiles ``blocks`` and ``sum_blocks``
+    (``BertConfig.gelu_blocks``, ``gelu_sum_blocks``; None: the kernel's defaults)."""
+    if _use_fused_gelu(y, bias, name, fused):
+        rows, cols, warps = (None, None, None) if blocks is None else blocks
+        return fused_gelu.bias_gelu(y, bias, block_rows=rows, block_cols=cols,
+                                    num_warps=warps, sum_blocks=sum_blocks)
     return _add_bias_activate(y, bias, name)
 
 

@@ -24,7 +24,6 @@ from bert_jax.errors import BertJaxError
 from bert_jax.parallel import DEFAULT_RULES
 
 OBJECTIVES = ("nsp", "sop", "mlm")
-DATA_SOURCES = ("tfrecord", "materialized", "synthetic")
 
 
 def _model_section() -> ml_collections.ConfigDict:
@@ -32,7 +31,10 @@ def _model_section() -> ml_collections.ConfigDict:
     model = ml_collections.ConfigDict()
     model.preset = "base"
     for field in dataclasses.fields(BertConfig):
-        kind = type(field.default) if field.default is not None else int
+        if field.default is not None:
+            kind = type(field.default)
+        else:  # int | None, or a tile override (tuple | None)
+            kind = tuple if str(field.type).startswith("tuple") else int
         model[field.name] = config_dict.placeholder(kind)
     return model
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax.config import BertConfig
 from bert_jax.modeling import heads
 from bert_jax.training.state import TrainState
 
@@ -27,12 +28,14 @@ SUM_KEYS = ("mlm_loss_sum", "mlm_correct", "mlm_weight", "nsp_loss_sum", "nsp_co
             "nsp_count")
 
 
-def loss_sums(outputs: dict[str, Any], batch: Batch, pair_head: bool) -> dict[str, jax.Array]:
-    """Weighted MLM cross-entropy / accuracy sums and NSP (or SOP) sums, all float32."""
+def loss_sums(outputs: dict[str, Any], batch: Batch, pair_head: bool, config: BertConfig
+              ) -> dict[str, jax.Array]:
+    """Weighted MLM cross-entropy / accuracy sums and NSP (or SOP) sums, all float32; ``config``
+    (the model's) picks the MLM loss's kernels."""
     weights = batch["masked_lm_weights"].astype(jnp.float32)  # [batch, P]
-    # [batch, P] each: the fused decoder + loss kernels on GPUs (heads.FUSED_MLM_LOSS), else
+    # [batch, P] each: the fused decoder + loss kernels on GPUs (config.fused_mlm_loss), else
     # XLA's passes over the float32 logits
-    nll, correct = heads.mlm_cross_entropy(outputs, batch["masked_lm_ids"])
+    nll, correct = heads.mlm_cross_entropy(outputs, batch["masked_lm_ids"], config)
     sums = {"mlm_loss_sum": jnp.sum(nll * weights), "mlm_correct": jnp.sum(correct * weights),
             "mlm_weight": jnp.sum(weights)}
     zero = jnp.zeros((), jnp.float32)
@@ -98,7 +101,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     def loss_fn(params, mb: Batch, rng, mlm_den, nsp_den):
         if param_cast is not None:
             params = param_cast(params)
-        sums = loss_sums(_apply(model, params, mb, rng=rng), mb, pair_head)
+        sums = loss_sums(_apply(model, params, mb, rng=rng), mb, pair_head, model.config)
         loss = sums["mlm_loss_sum"] / mlm_den + sums["nsp_loss_sum"] / nsp_den
         return loss, sums
 
@@ -155,6 +158,6 @@ def make_eval_step(model: nn.Module, *, pair_head: bool = True
     """``eval_step(params, batch) -> sums`` (add over batches, then ``summarize``)."""
 
     def eval_step(params, batch: Batch):
-        return loss_sums(_apply(model, params, batch), batch, pair_head)
+        return loss_sums(_apply(model, params, batch), batch, pair_head, model.config)
 
     return eval_step

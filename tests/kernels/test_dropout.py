@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_sums import assert_same_sums
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -146,4 +147,6 @@ def test_model_training_path(impl):
     g_plain, g_remat = jax.grad(loss)(scan_params, "none"), jax.grad(loss)(scan_params, "full")
     for x, y in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat), strict=True):
         assert bool(jnp.all(jnp.isfinite(x)))
-        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+        # Recomputation may fuse, and so round, the sums differently (tests/float_sums.py):
+        # per layer, sums over the 64 tokens and over hidden.
+        assert_same_sums(x, y, cfg.num_hidden_layers * (ids.size + cfg.hidden_size))

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_sums import assert_same_sums
 from triton_lowering import cuda_lowering_text
 
 from bert_jax import parallel
@@ -109,7 +110,8 @@ def test_packed_equals_separate_query_key_value(blocks):
     for a, b in zip(jax.grad(packed, (0, 1))(qkv, bias), jax.grad(separate, (0, 1))(qkv, bias),
                     strict=True):
         assert a.shape == b.shape
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+        # The bias gradient sums over the tokens in another grouping (tests/float_sums.py).
+        assert_same_sums(a, b, q.shape[0] * q.shape[1])
     # Without a bias, and against the jax.numpy reference.
     out = flash.flash_attention_packed(qkv, lengths, salt=salt, dropout_rate=0.1,
                                        **BLOCKS[blocks])
@@ -266,6 +268,11 @@ def test_packed_split_over_mesh_equals_one_device():
     np.testing.assert_allclose(explicit, ref, atol=2e-6, rtol=1e-5)
 
 
+# Loss and gradients of two float32 summation orders (tests/float_sums.py): per layer, the
+# parameter gradients' sums over 64 tokens and the sums over hidden.
+_SUMMANDS = 2 * (64 + 128)
+
+
 def _tiny_training_loss(cfg, mask=None):
     """(params, loss(params, **config overrides)): a tiny BertModel trained with dropout on
     one fixed batch, two examples of 32 tokens (the second padded after 20 unless ``mask``
@@ -285,14 +292,12 @@ def _tiny_training_loss(cfg, mask=None):
 
 
 @pytest.mark.parametrize("bias_grads", [True, False])
-def test_model_packed_projection_equals_split(monkeypatch, bias_grads):
+def test_model_packed_projection_equals_split(bias_grads):
     """qkv_projection=packed (one matmul, the kernel reading the slots in place, the
     gradient packed) trains to the same loss and gradients as split; evaluation, which has no
     dropout and so no flash kernel, computes as split."""
-    from bert_jax.modeling import encoder
-
-    monkeypatch.setattr(encoder, "FLASH_BIAS_GRADS", bias_grads)
-    cfg = get_preset("tiny", vocab_size=300, dropout_attention_impl="flash")
+    cfg = get_preset("tiny", vocab_size=300, dropout_attention_impl="flash",
+                     flash_bias_grads=bias_grads)
     params, loss = _tiny_training_loss(cfg)
     packed = jax.value_and_grad(functools.partial(loss, qkv_projection="packed"))(params)
     split = jax.value_and_grad(functools.partial(loss, qkv_projection="split"))(params)
@@ -300,7 +305,7 @@ def test_model_packed_projection_equals_split(monkeypatch, bias_grads):
     bias_grad = packed[1]["params"]["encoder"]["layer_0"]["attention"]["qkv"]["bias"]
     assert float(jnp.abs(nn.unbox(bias_grad)).max()) > 0
     for a, b in zip(jax.tree.leaves(packed[1]), jax.tree.leaves(split[1]), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+        assert_same_sums(a, b, _SUMMANDS)
     ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
     evaluated = [BertModel(cfg.replace(qkv_projection=p)).apply(params, ids, jnp.ones_like(ids))
                  for p in ("packed", "split")]
@@ -308,21 +313,19 @@ def test_model_packed_projection_equals_split(monkeypatch, bias_grads):
                                   evaluated[1]["sequence_output"])
 
 
-def test_model_bias_gradients_from_the_kernel_equal_xla_sums(monkeypatch):
-    """The encoder hands the query/key/value biases to flash_attention (encoder.
-    FLASH_BIAS_GRADS): same loss and gradients as XLA's bias adds and column sums."""
-    from bert_jax.modeling import encoder
-
+def test_model_bias_gradients_from_the_kernel_equal_xla_sums():
+    """The encoder hands the query/key/value biases to flash_attention
+    (BertConfig.flash_bias_grads): same loss and gradients as XLA's bias adds and column
+    sums."""
     cfg = get_preset("tiny", vocab_size=300, dropout_attention_impl="flash")
     params, loss = _tiny_training_loss(cfg)
     in_kernel = jax.value_and_grad(loss)(params)
-    monkeypatch.setattr(encoder, "FLASH_BIAS_GRADS", False)
-    with_xla = jax.value_and_grad(loss)(params)
+    with_xla = jax.value_and_grad(functools.partial(loss, flash_bias_grads=False))(params)
     np.testing.assert_allclose(in_kernel[0], with_xla[0], rtol=1e-6)
     bias_grad = in_kernel[1]["params"]["encoder"]["layer_0"]["attention"]["qkv"]["bias"]
     assert float(jnp.abs(nn.unbox(bias_grad)).max()) > 0  # trained through the kernel's sums
     for a, b in zip(jax.tree.leaves(in_kernel[1]), jax.tree.leaves(with_xla[1]), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+        assert_same_sums(a, b, _SUMMANDS)
 
 
 def test_model_trains_through_flash():

@@ -1,7 +1,7 @@
 """The bias + erf GELU kernel pair (``bert_jax/kernels/fused_gelu.py``, Pallas interpret mode
 on the CPU): values and gradients against ``ops.add_bias_activate``, its own erf against
 float64 ``math.erf``, per-shard runs under a mesh, the Triton lowering for the GPU, and the
-``ops.FUSED_GELU`` switch."""
+``BertConfig.fused_gelu`` choice."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _vjp(fn, y, b, g):
 
 
 def _reference_vjp(y, b, g):
-    return _vjp(lambda y, b: ops.add_bias_activate(y, b, "gelu"), y, b, g)
+    return _vjp(lambda y, b: ops.add_bias_activate(y, b, "gelu", fused="off"), y, b, g)
 
 
 def _close(got, want, tol, name):
@@ -66,16 +66,18 @@ def test_values_and_gradients_match_add_bias_activate(shape, block_rows, block_c
     assert float(jnp.abs(want[2]).max()) > 1.0
 
 
-def test_default_blocks_group_row_blocks_for_long_inputs(monkeypatch):
-    """blocks_for: the backward groups row blocks to ~BACKWARD_PROGRAMS programs; the module
-    overrides apply to every shape."""
+def test_default_blocks_group_row_blocks_for_long_inputs():
+    """blocks_for: the backward groups row blocks to ~BACKWARD_PROGRAMS programs; given tiles
+    and row blocks apply to every shape (None entries keep the defaults)."""
     rows, cols, warps, sums = fused_gelu.blocks_for(1 << 20)
     assert (rows, cols, warps) == fused_gelu.BLOCKS
     assert (1 << 20) // (rows * sums) == fused_gelu.BACKWARD_PROGRAMS
     assert fused_gelu.blocks_for(64)[3] == 1
-    monkeypatch.setattr(fused_gelu, "DEFAULT_BLOCKS", (2, 128, 1))
-    monkeypatch.setattr(fused_gelu, "SUM_BLOCKS", 8)
-    assert fused_gelu.blocks_for(64) == (2, 128, 1, 8)
+    assert fused_gelu.blocks_for(64, (2, 128, 1), 8) == (2, 128, 1, 8)
+    assert fused_gelu.blocks_for(1 << 20, (None, 1024, None))[:3] == (4, 1024, 2)
+    # The default row blocks per program follow the given block rows.
+    assert fused_gelu.blocks_for(1 << 20, (2, None, None))[3] == (1 << 20) // (
+        2 * fused_gelu.BACKWARD_PROGRAMS)
 
 
 def test_bfloat16_inputs_and_output_dtype():
@@ -203,54 +205,59 @@ def test_bad_input_is_named():
 
 
 def _has_kernel(fn, *args) -> bool:
-    # A fresh function each time: make_jaxpr caches traces by function, and the switch is a
-    # module global that the cache does not see.
     return "pallas_call" in str(jax.make_jaxpr(lambda *a: fn(*a))(*args))
 
 
-def test_ops_switch_routes_gelu_through_the_kernels(monkeypatch):
-    """ops.FUSED_GELU = "force": add_bias_activate(..., "gelu") runs the kernels (interpret
-    mode here) with the default path's values and gradients; other activations, widths not
-    divisible by 16 and True off GPUs keep the XLA path."""
+def test_fused_choice_routes_gelu_through_the_kernels():
+    """add_bias_activate(..., "gelu", fused="force") runs the kernels (interpret mode here)
+    with the XLA path's values and gradients; "off", other activations, widths not divisible
+    by 16 and "auto" off GPUs keep the XLA path."""
     y, b, g = _inputs((2, 16, 192))
 
     def gelu(y, b):
-        return ops.add_bias_activate(y, b, "gelu")
+        return ops.add_bias_activate(y, b, "gelu", fused="force")
 
-    want = _vjp(gelu, y, b, g)
-    assert not _has_kernel(gelu, y, b)
-    monkeypatch.setattr(ops, "FUSED_GELU", True)
-    assert _has_kernel(gelu, y, b) == (jax.default_backend() == "gpu")  # True: GPUs only
-    monkeypatch.setattr(ops, "FUSED_GELU", "force")
+    want = _vjp(lambda y, b: ops.add_bias_activate(y, b, "gelu", fused="off"), y, b, g)
+    assert not _has_kernel(lambda y, b: ops.add_bias_activate(y, b, "gelu", fused="off"), y, b)
+    assert _has_kernel(lambda y, b: ops.add_bias_activate(y, b, "gelu", fused="auto"),
+                       y, b) == (jax.default_backend() == "gpu")  # auto: GPUs only
     assert _has_kernel(gelu, y, b)
     assert _has_kernel(jax.grad(lambda y, b: jnp.sum(gelu(y, b)), (0, 1)), y, b)
     got = _vjp(gelu, y, b, g)
     for name, a, w in zip(("out", "dy", "db"), got, want, strict=True):
         _close(a, w, 1e-6, name)
-    assert not _has_kernel(lambda y, b: ops.add_bias_activate(y, b, "relu"), y, b)
+    assert not _has_kernel(lambda y, b: ops.add_bias_activate(y, b, "relu", fused="force"),
+                           y, b)
     assert not _has_kernel(gelu, y[..., :40], b[:40])
 
 
-def test_model_with_fused_gelu_matches_default(monkeypatch):
+def test_model_with_fused_gelu_matches_xla():
     """A tiny BertForPreTraining (2 MLP GELUs of width 512 and the MLM transform's of 128):
-    loss and gradients with ops.FUSED_GELU = "force" equal the default path's."""
+    loss and gradients with fused_gelu="force" (the kernels, with the config's tiles) equal
+    those with "off"."""
     from bert_jax import modeling
     from bert_jax.config import get_preset
 
-    cfg = get_preset("tiny", vocab_size=128)
-    model = modeling.BertForPreTraining(cfg)
+    cfg = get_preset("tiny", vocab_size=128, fused_gelu="off")
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
     mask = jnp.ones_like(ids)
     positions = jnp.tile(jnp.arange(1, 4)[None], (2, 1))
-    params = model.init(jax.random.key(1), ids, mask)
+    params = modeling.BertForPreTraining(cfg).init(jax.random.key(1), ids, mask)
 
-    def loss(p):
-        out = model.apply(p, ids, mask, masked_lm_positions=positions)
-        return jnp.mean(out["mlm_logits"].astype(jnp.float32) ** 2)
+    def loss_of(config):
+        def loss(p):
+            out = modeling.BertForPreTraining(config).apply(p, ids, mask,
+                                                            masked_lm_positions=positions)
+            return jnp.mean(out["mlm_logits"].astype(jnp.float32) ** 2)
+        return loss
 
-    want = jax.jit(jax.value_and_grad(loss))(params)
-    monkeypatch.setattr(ops, "FUSED_GELU", "force")
-    assert str(jax.make_jaxpr(loss)(params)).count(" name=bert_bias_gelu_forward") == 3
-    got = jax.jit(jax.value_and_grad(lambda p: loss(p)))(params)  # a fresh trace
+    want = jax.jit(jax.value_and_grad(loss_of(cfg)))(params)
+    fused = cfg.replace(fused_gelu="force", gelu_blocks=(8, 64, 1), gelu_sum_blocks=2)
+    jaxpr = str(jax.make_jaxpr(loss_of(fused))(params))
+    assert jaxpr.count(" name=bert_bias_gelu_forward") == 3
+    tile = "block_shape=(Blocked(block_size=8), Blocked(block_size=64))"  # gelu_blocks
+    assert tile in jaxpr
+    assert tile not in str(jax.make_jaxpr(loss_of(fused.replace(gelu_blocks=None)))(params))
+    got = jax.jit(jax.value_and_grad(loss_of(fused)))(params)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         _close(g, w, 1e-5, "model")

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_sums import assert_same_sums
 from triton_lowering import cuda_lowering_text
 
 from bert_jax.config import BertConfig, get_preset
@@ -166,24 +167,26 @@ def test_per_shard_under_a_mesh_matches_one_device(sum_blocks, split):
 
 
 @pytest.mark.parametrize("remat", ["none", "full"])
-def test_split_norm_grads_in_the_encoder(monkeypatch, remat):
-    """``encoder.SPLIT_NORM_GRADS``: every fused LayerNorm with two consumers returns two
+def test_split_norm_grads_in_the_encoder(remat):
+    """``BertConfig.split_norm_grads``: every fused LayerNorm with two consumers returns two
     handles (within each layer, and between layers but after the last), so the gradient
     has 2 x layers - 1 fewer XLA sums (``add_any``) over [tokens, hidden]; loss and every
     parameter gradient are unchanged."""
     from bert_jax import modeling
-    from bert_jax.modeling import encoder
 
     cfg = get_preset("tiny", vocab_size=128, layer_norm_impl="fused", remat_policy=remat)
-    model = modeling.BertForPreTraining(cfg)
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
     mask = jnp.ones_like(ids).at[1, 12:].set(0)
-    params = model.init(jax.random.key(1), ids, mask)
+    params = modeling.BertForPreTraining(cfg).init(jax.random.key(1), ids, mask)
 
-    def loss(p):
-        out = model.apply(p, ids, mask, deterministic=False,
-                          rngs={"dropout": jax.random.key(2)})
-        return jnp.sum(jnp.sin(out["mlm_logits"].astype(jnp.float32)))
+    def loss_of(split):
+        model = modeling.BertForPreTraining(cfg.replace(split_norm_grads=split))
+
+        def loss(p):
+            out = model.apply(p, ids, mask, deterministic=False,
+                              rngs={"dropout": jax.random.key(2)})
+            return jnp.sum(jnp.sin(out["mlm_logits"].astype(jnp.float32)))
+        return loss
 
     def adds(jaxpr):
         count = 0
@@ -196,13 +199,16 @@ def test_split_norm_grads_in_the_encoder(monkeypatch, remat):
 
     results, counts = [], []
     for split in (False, True):
-        monkeypatch.setattr(encoder, "SPLIT_NORM_GRADS", split)
-        results.append(jax.value_and_grad(loss)(params))
-        counts.append(adds(jax.make_jaxpr(jax.grad(loss))(params).jaxpr))
+        results.append(jax.value_and_grad(loss_of(split))(params))
+        counts.append(adds(jax.make_jaxpr(jax.grad(loss_of(split)))(params).jaxpr))
     (v0, g0), (v1, g1) = results
     np.testing.assert_allclose(v1, v0, rtol=1e-6)
+    # The two paths add the same two gradients at different points; what differs is the
+    # rounding of the sums downstream: per layer, the parameter gradients' sums over the
+    # tokens and LayerNorm's row sums over hidden.
+    summands = cfg.num_hidden_layers * (ids.size + cfg.hidden_size)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        assert_same_sums(a, b, summands)
     if remat == "none":
         assert counts[0] - counts[1] == 2 * cfg.num_hidden_layers - 1, counts
 
@@ -259,6 +265,26 @@ def test_triton_lowering_for_the_gpu(hidden, sum_blocks):
                               sd(shape, jnp.bfloat16), sd(vec, jnp.float32),
                               sd(vec, jnp.float32), sd(vec, jnp.float32), sd((), jnp.int32))
     assert text.count("xla.gpu.triton") == 2
+
+
+def test_config_tiles_reach_the_kernel():
+    """BertConfig.norm_blocks sets the fused LayerNorm's row blocks in the model (32 tokens: 8
+    programs of the default 4 rows, 4 of 8 rows)."""
+    import re
+
+    from bert_jax.modeling import BertModel
+
+    cfg = get_preset("tiny", vocab_size=128, layer_norm_impl="fused")
+    ids = jnp.ones((2, 16), jnp.int32)
+    params = BertModel(cfg).init(jax.random.key(0), ids)
+
+    def grids(config):
+        text = str(jax.make_jaxpr(lambda p: BertModel(config).apply(
+            p, ids, deterministic=False, rngs={"dropout": jax.random.key(1)}))(params))
+        return set(re.findall(r"grid=\(\d+,\)", text))
+
+    assert grids(cfg) == {"grid=(8,)"}
+    assert grids(cfg.replace(norm_blocks=(8, 1, False), norm_sum_blocks=2)) == {"grid=(4,)"}
 
 
 def test_auto_resolution(monkeypatch):

@@ -1,7 +1,7 @@
 """The fused MLM decoder + softmax cross-entropy (``bert_jax/kernels/fused_xent.py``, Pallas
 interpret mode on the CPU): values and gradients against the optax path, the accuracy count
 bit for bit, per-shard runs under a mesh, the Triton lowering for the GPU, and the
-``heads.FUSED_MLM_LOSS`` switch through the pretraining loss."""
+``BertConfig.fused_mlm_loss`` choice through the pretraining loss."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from triton_lowering import cuda_lowering_text
 
+from bert_jax.config import BertConfig
 from bert_jax.kernels import fused_xent
 from bert_jax.modeling import heads
 
@@ -149,9 +150,9 @@ def test_per_shard_under_a_mesh_matches_one_device():
         np.testing.assert_allclose(g, w, rtol=2e-6, atol=2e-6)
 
 
-def test_split_vocab_axis_is_refused_and_the_switch_falls_back(monkeypatch):
+def test_split_vocab_axis_is_refused_and_auto_falls_back(monkeypatch):
     """Tensor parallelism splits the vocabulary (rule vocab -> tensor): the kernel call names
-    the logical axis; heads.FUSED_MLM_LOSS=True uses XLA's path there instead."""
+    the logical axis; fused_mlm_loss="auto" uses XLA's path there instead."""
     if jax.device_count() < 2:
         pytest.skip("needs 2 devices")
     from bert_jax import parallel
@@ -161,14 +162,13 @@ def test_split_vocab_axis_is_refused_and_the_switch_falls_back(monkeypatch):
     fn = parallel.traced_in_mesh(fused_xent.decode_cross_entropy, mesh, parallel.DEFAULT_RULES)
     with pytest.raises(ValueError, match="logical axis 'vocab'.*tensor"):
         jax.jit(fn)(h, table, bias, ids)
-    monkeypatch.setattr(heads, "FUSED_MLM_LOSS", True)
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # the switch's GPU check
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # auto's GPU check
 
     def routed(h, table, bias, ids):
         decoder = heads.MLMDecoder(h, table, bias)
         return heads.mlm_cross_entropy({"mlm_decoder": decoder,
                                         "mlm_logits": jnp.einsum("...e,ve->...v", h, table)
-                                        + bias}, ids)
+                                        + bias}, ids, BertConfig(fused_mlm_loss="auto"))
 
     text = str(jax.make_jaxpr(parallel.traced_in_mesh(routed, mesh, parallel.DEFAULT_RULES))(
         h, table, bias, ids))
@@ -209,9 +209,9 @@ def test_bad_input_is_named():
     assert fused_xent.supported(30592) and not fused_xent.supported(30522)
 
 
-def test_pretraining_loss_through_the_switch_matches_default(monkeypatch):
+def test_pretraining_loss_through_the_kernels_matches_xla():
     """A tiny BertForPreTraining (vocabulary 120 padded to 128): loss_sums and the parameter
-    gradients with heads.FUSED_MLM_LOSS = "force" (the kernels) equal the XLA path's (False),
+    gradients with fused_mlm_loss="force" (the kernels) equal the XLA path's ("off"),
     padded predictions (weight 0) included; the forced trace holds both kernels."""
     from bert_jax import modeling
     from bert_jax.config import get_preset
@@ -229,16 +229,18 @@ def test_pretraining_loss_through_the_switch_matches_default(monkeypatch):
              "next_sentence_labels": jnp.array([0, 1])}
     params = model.init(k[2], ids, batch["input_mask"])["params"]
 
-    def loss(p):
-        sums = steps.loss_sums(steps._apply(model, p, batch), batch, pair_head=True)
-        return sums["mlm_loss_sum"] + sums["nsp_loss_sum"], sums
+    def loss_of(fused):
+        config = cfg.replace(fused_mlm_loss=fused)
 
-    monkeypatch.setattr(heads, "FUSED_MLM_LOSS", False)
-    assert "bert_mlm_xent" not in str(jax.make_jaxpr(lambda p: loss(p))(params))
-    want = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
-    monkeypatch.setattr(heads, "FUSED_MLM_LOSS", "force")
-    text = str(jax.make_jaxpr(jax.grad(lambda p: loss(p)[0]))(params))
+        def loss(p):
+            sums = steps.loss_sums(steps._apply(model, p, batch), batch, True, config)
+            return sums["mlm_loss_sum"] + sums["nsp_loss_sum"], sums
+        return loss
+
+    assert "bert_mlm_xent" not in str(jax.make_jaxpr(loss_of("off"))(params))
+    want = jax.jit(jax.value_and_grad(loss_of("off"), has_aux=True))(params)
+    text = str(jax.make_jaxpr(jax.grad(lambda p: loss_of("force")(p)[0]))(params))
     assert "bert_mlm_xent_forward" in text and "bert_mlm_xent_backward" in text
-    got = jax.jit(jax.value_and_grad(lambda p: loss(p), has_aux=True))(params)  # fresh trace
+    got = jax.jit(jax.value_and_grad(loss_of("force"), has_aux=True))(params)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         _close(g, w, 1e-5, "pretraining")

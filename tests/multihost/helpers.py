@@ -4,6 +4,10 @@ Every child gets ``BERT_JAX_COORDINATOR_ADDRESS`` / ``BERT_JAX_NUM_PROCESSES`` /
 ``BERT_JAX_PROCESS_ID`` (the path ``bert_jax.parallel.maybe_initialize_distributed`` reads),
 CPU only, ``devices_per_process`` simulated devices and gloo collectives. Children are always
 killed (by pid) when the launching block ends, whatever happened.
+
+Time limits are generous (a loaded 2-core machine runs several of these processes, each
+compiling its steps, at once) and scale with ``BERT_JAX_TEST_TIME_SCALE`` (default 1) for
+slower machines: see :func:`time_limit`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,21 @@ SMALL = [
     "--config.progress_bar=false", "--config.log_every=1", "--config.eval_steps=0",
     "--config.optimizer.warmup_steps=2", "--config.optimizer.decay_steps=100",
 ]
+
+
+# Seconds a multi-process run (start, compile, a few steps, checkpoint) may take before
+# time_limit's scaling: about 10x what it takes on an idle 2-core machine.
+RUN_S = 900
+
+
+def time_limit(seconds: float) -> float:
+    """``seconds`` times ``BERT_JAX_TEST_TIME_SCALE`` (default 1)."""
+    raw = os.environ.get("BERT_JAX_TEST_TIME_SCALE", "1")
+    try:
+        scale = float(raw)
+    except ValueError:
+        raise ValueError(f"BERT_JAX_TEST_TIME_SCALE={raw!r} is not a number") from None
+    return seconds * max(scale, 1e-3)
 
 
 def free_port() -> int:
@@ -76,8 +95,9 @@ def launched(commands: Sequence[Sequence[str]], devices_per_process: int = 2,
 
 def run_all(commands: Sequence[Sequence[str]], timeout: float, devices_per_process: int = 2,
             **extra_env: str) -> list[str]:
-    """Runs the processes to completion (all must exit 0 within ``timeout`` seconds);
-    returns their outputs."""
+    """Runs the processes to completion (all must exit 0 within ``time_limit(timeout)``
+    seconds); returns their outputs."""
+    timeout = time_limit(timeout)
     with launched(commands, devices_per_process, **extra_env) as procs:
         deadline = time.monotonic() + timeout
         outputs = []

@@ -16,7 +16,7 @@ from bert_jax.checkpoint import store
 from bert_jax.training.config import load_config
 from bert_jax.training.loop import train_and_evaluate
 
-from .helpers import EXPERIMENT, SMALL, pretrain_command, run_all, train_losses
+from .helpers import EXPERIMENT, RUN_S, SMALL, pretrain_command, run_all, train_losses
 
 pytestmark = pytest.mark.multiprocess
 
@@ -39,7 +39,7 @@ def test_two_process_checkpoint_resumes_on_one_and_four_processes(materialized, 
             "--config.model.vocab_size=64", "--config.global_batch_size=24",
             "--config.checkpoint.every_steps=2")
     two = tmp_path / "two"
-    run_all([pretrain_command(two, *data, "--config.num_train_steps=4")] * 2, timeout=240)
+    run_all([pretrain_command(two, *data, "--config.num_train_steps=4")] * 2, timeout=RUN_S)
     one, four = tmp_path / "one", tmp_path / "four"
     shutil.copytree(two, one)
     shutil.copytree(two, four)
@@ -55,7 +55,7 @@ def test_two_process_checkpoint_resumes_on_one_and_four_processes(materialized, 
                         "--config.parallel.mesh.data=1", "--config.parallel.mesh.fsdp=-1")
     assert result["step"] == 6
     outputs = run_all([pretrain_command(four, *data, "--config.num_train_steps=6")] * 4,
-                      timeout=240, devices_per_process=1)
+                      timeout=RUN_S, devices_per_process=1)
     assert f"resumed from {four}/checkpoints/4" in outputs[0]
     want = train_losses(reference)
     for run in (two, one, four):
@@ -78,11 +78,11 @@ def test_tfrecord_run_resumes_on_the_same_and_another_process_count(pretraining_
     data = ("--config.data.source=tfrecord", f"--config.data.directory={data_dir}",
             f"--config.data.tokenizer={vocab}", "--config.global_batch_size=8",
             "--config.checkpoint.every_steps=2")
-    run_all([pretrain_command(tmp_path, *data, "--config.num_train_steps=2")] * 2, timeout=240)
+    run_all([pretrain_command(tmp_path, *data, "--config.num_train_steps=2")] * 2, timeout=RUN_S)
     # Every process restores the data position (the checkpoint holds process 0's iterator
     # state) and continues.
     outputs = run_all([pretrain_command(tmp_path, *data, "--config.num_train_steps=3")] * 2,
-                      timeout=240)
+                      timeout=RUN_S)
     assert f"resumed from {tmp_path}/checkpoints/2" in outputs[0]
     result = in_process(tmp_path, *data, "--config.num_train_steps=4")
     assert result["step"] == 4

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from .helpers import run_all, worker_command
+from .helpers import RUN_S, run_all, worker_command
 from .worker import expected_global_batch
 
 pytestmark = pytest.mark.multiprocess
@@ -25,7 +25,7 @@ REPLICATED_ACROSS_PROCESSES = {"ici": {"data": 1, "tensor": 4}}
 def test_local_rows_assemble_into_the_global_batch(tmp_path):
     meshes = json.dumps([*MESHES, REPLICATED_ACROSS_PROCESSES])
     run_all([worker_command("global_batch", str(tmp_path), meshes) for _ in range(2)],
-            timeout=120)
+            timeout=RUN_S)
     want = expected_global_batch(8)
     for process in range(2):
         errors = json.loads((tmp_path / f"{process}.errors.json").read_text())

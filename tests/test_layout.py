@@ -1,0 +1,163 @@
+"""The package's import graph: no cycles among modules, and no layer imports one above it.
+
+Every ``import`` and ``from ... import`` of every module under ``bert_jax/`` counts, at module
+level and inside functions alike (a deferred import is still a dependency)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "bert_jax"
+
+# Layer (first component under bert_jax) -> the layers it must never import.
+FORBIDDEN = {
+    "kernels": {"modeling", "training", "tasks", "checkpoint", "data", "cli"},
+    "modeling": {"training", "tasks", "checkpoint", "data", "cli"},
+    "data": {"tasks", "training", "cli"},
+    "tokenization": {"modeling", "training", "tasks"},
+}
+# config.py is pure data: of bert_jax, it imports only errors.
+CONFIG_MAY_IMPORT = {"bert_jax.errors"}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _resolve(name: str, modules: dict[str, pathlib.Path]) -> str | None:
+    """The bert_jax module an imported dotted name refers to (a module, or a name inside
+    one), or None outside the package."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def imports_of(module: str, path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
+    """The bert_jax modules ``module`` imports anywhere in its file."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            # ``from pkg import mod`` imports the module pkg.mod where there is one, else a
+            # name defined by pkg (its __init__ for a package).
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                     for alias in node.names]
+        for name in names:
+            target = _resolve(name, modules)
+            if target is not None and target != module:
+                found.add(target)
+    return found
+
+
+@functools.cache
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    # Importing bert_jax.x.y runs bert_jax/x/__init__.py first; that edge is Python's, not the
+    # module's: only written imports count.
+    return {m: imports_of(m, p, modules) for m, p in modules.items()}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if _layer(target) in FORBIDDEN.get(_layer(module), ()):
+                found.append(f"{module} imports {target}")
+            if module == "bert_jax.config" and target not in CONFIG_MAY_IMPORT:
+                found.append(f"{module} imports {target}")
+    return found
+
+
+def test_the_graph_sees_every_kind_of_import():
+    """Absolute, relative and function-level imports are all edges (the checker is able to
+    fail)."""
+    graph = import_graph()
+    assert "bert_jax.errors" in graph["bert_jax.config"]
+    assert "bert_jax.kernels.fused_norm" in graph["bert_jax.modeling.encoder"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert layer_violations({"bert_jax.kernels.flash": {"bert_jax.modeling.ops"},
+                             "bert_jax.config": {"bert_jax.parallel"}}) == [
+        "bert_jax.config imports bert_jax.parallel",
+        "bert_jax.kernels.flash imports bert_jax.modeling.ops"]
+
+
+def test_relative_imports_resolve(tmp_path):
+    pkg = tmp_path / "bert_jax" / "sub"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from . import b\n    from ..errors import E\n")
+    modules = {"bert_jax.sub": pkg / "__init__.py", "bert_jax.sub.a": pkg / "a.py",
+               "bert_jax.sub.b": pkg / "b.py", "bert_jax.errors": tmp_path / "e.py"}
+    (pkg / "c.py").write_text("from bert_jax.sub import b, name\n")
+    assert imports_of("bert_jax.sub.a", pkg / "a.py", modules) == {
+        "bert_jax.sub.b", "bert_jax.errors"}
+    assert imports_of("bert_jax.sub.c", pkg / "c.py", modules) == {
+        "bert_jax.sub.b", "bert_jax.sub"}
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN) + ["config"])
+def test_no_upward_imports(layer):
+    graph = import_graph()
+    mine = {m: t for m, t in graph.items()
+            if (_layer(m) == layer if layer != "config" else m == "bert_jax.config")}
+    assert mine, layer
+    assert layer_violations(mine) == []
