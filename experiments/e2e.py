@@ -19,27 +19,11 @@ Variants (``experiments/e2e.py:<variant>``)
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import ml_collections
 
 from bert_jax.errors import BertJaxError
+from bert_jax.tasks.recipes import split_variant, task_config
 from bert_jax.training.config import base_config
-
-
-def _sibling(name: str):
-    """The experiment module ``name`` beside this file, loaded by path (experiment files
-    are loaded by path too; they are not a package)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"bert_jax_experiment_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_finetune = _sibling("finetune_common")
-split_variant, task_config = _finetune.split_variant, _finetune.task_config
 
 VOCAB_SIZE = 8192
 SEQ_LEN = 128

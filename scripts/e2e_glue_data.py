@@ -6,7 +6,7 @@ runner would hold out itself), optionally subsamples the remaining train rows, a
 ``OUT/<Folder>/train.tsv`` and ``dev.tsv`` as verbatim lines of the original file (header kept,
 CoLA stays headerless), so the GPU machine needs neither the shared data nor this script.
 
-    python scripts/e2e_glue_data.py --glue ../shared/data/glue --output e2e_data/glue
+    python scripts/e2e_glue_data.py --glue GLUE_TRAIN_DIR --output e2e_data/glue
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ masked logits) up to float32 summation order; ``correct`` bit for bit (same floa
 ``logits + bias``). Padded vocabulary entries are excluded by the caller's bias (``NEG_INF``
 there, ``heads.masked_bias``): their ``exp`` underflows to 0 and their gradient is 0.
 
-Measured on an H100 (``bench/bench_xent.py``): the loss with its three gradients
+Measured on an H100 (``python -m bench kernels --kernel xent``): the loss with its three gradients
 at Base/128's [5,120 predictions x 30,592] 2,322 -> 1,626 us (XLA's passes -> these kernels,
 the decoder matmuls included in both), at [2,432 x 30,592] (near Large/512 at batch 32, which
 has 2,560 predictions) 1,286 -> 967; in the step's profile the forward kernel reads the logits

@@ -216,7 +216,7 @@ class Projection(nn.Module):
         kernel flattened to one output axis and reshaped after the bias: the bias add is then
         a vector bias on the matmul's 2-D output, the form XLA can fold into a cuBLAS
         epilogue (it does for the float32 MLM decoder; for bfloat16 outputs the add stays one
-        pass, ``bench/probe_bias_epilogue.py``)."""
+        pass, see docs/performance.md, "Tried and not kept")."""
         out_shape = kernel.shape[self.in_dims:]
         flat = kernel.reshape(*kernel.shape[:self.in_dims], -1)
         y = add_bias(self._matmul(x, flat), bias.reshape(-1))

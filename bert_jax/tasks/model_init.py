@@ -8,19 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from bert_jax.checkpoint.detect import load_checkpoint
-from bert_jax.config import BertConfig
+from bert_jax.config import RUNTIME_FIELDS, BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.params import flatten_params, merge_pretrained, to_layout
 from bert_jax.tasks.base import Task
 from bert_jax.tasks.trainer import HEAD_NAMES
 from bert_jax.training import config as config_lib
-
-# Model fields a fine-tuning run may change on a checkpoint's config; every other field must
-# match the checkpoint (it decides the encoder's shapes and function).
-RUNTIME_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dtype",
-                  "param_dtype", "attention_impl", "dropout_attention_impl",
-                  "hidden_dropout_impl", "dropout_hash", "qkv_projection", "layer_norm_impl",
-                  "residual_dtype", "scan_layers", "remat_policy", "initializer_range")
 
 
 def model_config_for_checkpoint(config, ckpt: BertConfig, source: str) -> BertConfig:
