@@ -43,9 +43,9 @@ from bert_jax.kernels.dropout import salt_from_rng as _salts
 LOG2E = math.log2(math.e)
 FUSED_BACKWARD_MAX_KV = 128  # ``backward="auto"``: one-pass backward up to this many keys
 # The split backward's dQ kernel: 128-query tiles stepping over 64 keys, 4 warps, 3 stages
-# (a sweep on an H100, python -m bench kernels --kernel attention: 0.816 vs 0.857 ms fwd+bwd at 32 x 512 x 16 x
-# 64 with the dK/dV kernel's 64 x 64); () would give it the dK/dV kernel's blocks, warps and
-# stages.
+# (a sweep on an H100, `python -m bench kernels --kernel attention`: 0.816 vs 0.857 ms
+# fwd+bwd at 32 x 512 x 16 x 64 with the dK/dV kernel's 64 x 64); () would give it the dK/dV
+# kernel's blocks, warps and stages.
 SPLIT_DQ_KERNEL = (128, 64, 4, 3)
 BACKWARDS = ("auto", "fused", "split")
 MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 gives 0)
