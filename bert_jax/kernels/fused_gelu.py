@@ -39,8 +39,8 @@ the exp2 and the division are the hardware's approximate ones (a few ulp).
 
 Measured (``python -m bench kernels --kernel gelu``, bf16, the default settings, XLA's
 fusions on the same machine): on an H100, [32768, 3072] forward 152 us against XLA's 170
-(2.65 TB/s, 79% of the nominal 3.35), backward 242 against 253 (2.50 TB/s, 75%); [16384, 4096] (Large/512 at batch 32)
-forward 102 against 119, backward 186 against 170 (2 rows x 1024 columns x 4 warps: 173). On
+(2.65 TB/s, 79% of the nominal 3.35), backward 242 against 253 (2.50 TB/s, 75%);
+[16384, 4096] (Large/512 at batch 32) forward 102 against 119, backward 186 against 170 (2 rows x 1024 columns x 4 warps: 173). On
 an H200 (4.8 TB/s) the best settings gave 140 against 163 and 203 against 224. So the forward
 gains 11-14%, the backward little or nothing: both kernels sit near the arithmetic limit of the
 erf evaluation as much as the memory limit (the H200's extra bandwidth buys XLA nothing), short
