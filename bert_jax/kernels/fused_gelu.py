@@ -37,16 +37,16 @@ rounding), the normal CDF ``Phi`` within 8.4e-8 on [-12, 12] (XLA's ``0.5 + 0.5 
 float32: 1.7e-7), the GELU within 1.2e-7 x max(|x|, 1) (XLA's ``gelu_erf``: 2.0e-7). On GPUs
 the exp2 and the division are the hardware's approximate ones (a few ulp).
 
-Measured (``python -m bench kernels --kernel gelu``, bf16, the default settings, XLA's
-fusions on the same machine): on an H100, [32768, 3072] forward 152 us against XLA's 170
-(2.65 TB/s, 79% of the nominal 3.35), backward 242 against 253 (2.50 TB/s, 75%);
-[16384, 4096] (Large/512 at batch 32) forward 102 against 119, backward 186 against 170 (2 rows x 1024 columns x 4 warps: 173). On
-an H200 (4.8 TB/s) the best settings gave 140 against 163 and 203 against 224. So the forward
-gains 11-14%, the backward little or nothing: both kernels sit near the arithmetic limit of the
-erf evaluation as much as the memory limit (the H200's extra bandwidth buys XLA nothing), short
-of the 85-90% of the bandwidth hoped for. In a training step they pay anyway (Base/128 +1.3% on
-an H100, docs/performance.md): ``BertConfig.fused_gelu`` (default ``auto``) picks them on GPUs
-where they apply.
+Measured (``python -m bench kernels --kernel gelu``, bf16, the default settings, XLA's fusions
+on the same machine): on an H100, [32768, 3072] forward 152 us against XLA's 170 (2.65 TB/s,
+79% of the nominal 3.35), backward 242 against 253 (2.50 TB/s, 75%); [16384, 4096] (Large/512
+at batch 32) forward 102 against 119, backward 186 against 170 (2 rows x 1024 columns x 4
+warps: 173). On an H200 (4.8 TB/s) the best settings gave 140 against 163 and 203 against 224.
+So the forward gains 11-14%, the backward little or nothing: both kernels sit near the
+arithmetic limit of the erf evaluation as much as the memory limit (the H200's extra bandwidth
+buys XLA nothing), short of the 85-90% of the bandwidth hoped for. In a training step they pay
+anyway (Base/128 +1.3% on an H100, docs/performance.md): ``BertConfig.fused_gelu`` (default
+``auto``) picks them on GPUs where they apply.
 
 Under a device mesh the kernels run per batch shard (``shard_map``), the intermediate axis
 unsplit; the partial sums of all shards are summed by XLA. On the CPU the kernels run in

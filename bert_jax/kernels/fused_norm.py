@@ -60,12 +60,12 @@ class NormSettings:
     cotangents: int = 1
 
 
-# Kernel settings (block_rows, num_warps, recompute, sum_blocks) from
-# ``python -m bench kernels --kernel norm`` on an H100 (docs/performance.md). Long row
-# counts: 2 rows x 1 warp, 8 row blocks per backward program (Base/128 at batch 256: 237 us forward + backward against 330 for 16 rows x 8 warps
-# and XLA's 346; Large/512 at batch 32: 159 vs 227 and 238; the step +3.4% and +2.5%). Short
-# ones: 4 rows x 2 warps (Base/128 at batch 32: 77 vs XLA's 79 us). Callers override them for
-# every shape (``BertConfig.norm_blocks``, ``norm_sum_blocks``).
+# Kernel settings (block_rows, num_warps, recompute, sum_blocks) from ``python -m bench kernels
+# --kernel norm`` on an H100 (docs/performance.md). Long row counts: 2 rows x 1 warp, 8 row
+# blocks per backward program (Base/128 at batch 256: 237 us forward + backward against 330 for
+# 16 rows x 8 warps and XLA's 346; Large/512 at batch 32: 159 vs 227 and 238; the step +3.4%
+# and +2.5%). Short ones: 4 rows x 2 warps (Base/128 at batch 32: 77 vs XLA's 79 us). Callers
+# override them for every shape (``BertConfig.norm_blocks``, ``norm_sum_blocks``).
 LONG_BLOCKS = (2, 1, True, 8)
 SHORT_BLOCKS = (4, 2, True, 1)
 LONG_ROWS = 16384  # rows per shard from which LONG_BLOCKS apply
