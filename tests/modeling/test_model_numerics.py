@@ -400,9 +400,13 @@ def test_runtime_variants_agree(field, value, reference):
     # Two float32 summation orders (tests/float_sums.py): per layer, sums over the 32 tokens
     # (parameter gradients) and over hidden (LayerNorm).
     summands = cfg.num_hidden_layers * (ids.size + cfg.hidden_size)
-    for a, b in zip(jax.tree.leaves(jax.grad(loss)(params, value)),
-                    jax.tree.leaves(jax.grad(loss)(params, reference)), strict=True):
-        assert_same_sums(a, b, summands)
+    got = jax.tree.leaves(jax.grad(loss)(params, value))
+    want = jax.tree.leaves(jax.grad(loss)(params, reference))
+    # The key bias's gradient is zero up to rounding (softmax ignores a per-key constant): its
+    # rounding scales with the terms of the sum, bounded here by the largest gradient anywhere.
+    scale = max(float(jnp.max(jnp.abs(w))) for w in want)
+    for a, b in zip(got, want, strict=True):
+        assert_same_sums(a, b, summands, scale=scale)
 
 
 def test_column_sum_dtype_and_stages():
