@@ -130,16 +130,20 @@ def load_document_table(files: Sequence[str], vocab_size: int) -> DocumentTable:
                 "document": tf.io.FixedLenFeature([3], tf.int64)}
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.int32
     tokens, token_counts, lengths, sentence_counts, keys = [], [], [], [], []
-    ds = tf.data.TFRecordDataset(list(files)).batch(4096).map(
-        lambda s: tf.io.parse_example(s, features))
+    def parse(serialized):
+        p = tf.io.parse_example(serialized, features)
+        return (p["token_ids"].flat_values, p["token_ids"].row_lengths(),
+                p["sentence_lengths"].flat_values, p["sentence_lengths"].row_lengths(),
+                p["document"])
+
+    ds = tf.data.TFRecordDataset(list(files)).batch(4096).map(parse)
     try:
-        for batch in ds.as_numpy_iterator():
-            tok, sen = batch["token_ids"], batch["sentence_lengths"]
-            tokens.append(tok.flat_values.astype(dtype))
-            token_counts.append(tok.row_lengths())
-            lengths.append(sen.flat_values)
-            sentence_counts.append(sen.row_lengths())
-            keys.append(batch["document"])
+        for tok, tok_counts, sen, sen_counts, key in ds.as_numpy_iterator():
+            tokens.append(tok.astype(dtype))
+            token_counts.append(tok_counts)
+            lengths.append(sen)
+            sentence_counts.append(sen_counts)
+            keys.append(key)
     except tf.errors.OpError as e:
         raise BertJaxError(f"document shards {files[0]}...: unreadable record "
                            f"({type(e).__name__}: {e.message.splitlines()[0]})") from e
