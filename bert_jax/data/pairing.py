@@ -49,6 +49,7 @@ class Plan:
     example_pieces: np.ndarray  # int64 [E + 1]
     labels: np.ndarray  # int8 [E]: 1 = NotNext (nsp) / swapped (sop)
     target: np.ndarray  # int32 [E]: the target length of the example's document (pairs)
+    document: np.ndarray  # int64 [E]: the document of the example's first token
 
     @property
     def num_examples(self) -> int:
@@ -119,10 +120,10 @@ def _pair_plan(table: DocumentTable, mode: str, max_seq_length: int, short_seq_p
             label = swap.astype(np.int8)
         current[active] = nxt
         k = np.flatnonzero(keep)
-        parts.append((a_lo[k], a_hi[k], b_lo[k], b_hi[k], label[k], t[k]))
+        parts.append((a_lo[k], a_hi[k], b_lo[k], b_hi[k], label[k], t[k], active[k]))
         active = active[current[active] < end]
 
-    a_lo, a_hi, b_lo, b_hi, labels, targets = (np.concatenate(p) for p in zip(*parts))
+    a_lo, a_hi, b_lo, b_hi, labels, targets, docs = (np.concatenate(p) for p in zip(*parts))
     len_a, len_b = a_hi - a_lo, b_hi - b_lo
     new_a, new_b = truncated_lengths(len_a, len_b, max_num_tokens)
     front_a = rng.binomial(len_a - new_a, 0.5)
@@ -133,7 +134,7 @@ def _pair_plan(table: DocumentTable, mode: str, max_seq_length: int, short_seq_p
     hi = np.stack([a_lo + new_a, b_lo + new_b], axis=1).reshape(-1)
     segment = np.tile(np.array([0, 1], np.int8), num)
     return Plan(lo, hi, segment, np.arange(0, 2 * num + 1, 2, dtype=np.int64),
-                labels.astype(np.int8), targets.astype(np.int32))
+                labels.astype(np.int8), targets.astype(np.int32), docs)
 
 
 def _packing_plan(table: DocumentTable, cross_documents: bool, max_seq_length: int,
@@ -182,7 +183,8 @@ def _packing_plan(table: DocumentTable, cross_documents: bool, max_seq_length: i
     example_pieces = np.append(np.searchsorted(piece_start, example_starts), len(piece_start))
     num_examples = len(example_starts)
     return Plan(piece_lo, piece_hi, np.zeros(len(piece_start), np.int8), example_pieces,
-                np.zeros(num_examples, np.int8), np.full(num_examples, capacity, np.int32))
+                np.zeros(num_examples, np.int8), np.full(num_examples, capacity, np.int32),
+                np.repeat(order_docs, counts_in_order)[example_starts])
 
 
 def make_plan(table: DocumentTable, pairing: str, max_seq_length: int, short_seq_prob: float,
