@@ -254,14 +254,17 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
     def from_data_dir(cls, data_dir: str, *, per_host_batch_size: int,
                       max_predictions_per_seq: int, seq_len: int | None = None,
                       tokenizer=None, split: str = "train", state: dict | None = None,
-                      pairing: str = "static", short_seq_prob: float = 0.1,
+                      pairing: str | None = None, short_seq_prob: float = 0.1,
                       **kwargs: Any):
         """Reads metadata.json (checking the tokenizer if given) and fills in the vocabulary.
 
         ``pairing="static"`` reads pair shards; ``nsp``, ``sop``, ``full_sentences`` or
         ``doc_sentences`` pair document shards afresh every epoch (a
-        :class:`~bert_jax.data.dynamic_pipeline.DocumentPretrainingIterator`)."""
+        :class:`~bert_jax.data.dynamic_pipeline.DocumentPretrainingIterator`); ``None``: static
+        for pair shards, nsp for document shards."""
         meta: PretrainingDataConfig = load_metadata(data_dir)
+        if pairing is None:
+            pairing = "nsp" if meta.format == "documents" else "static"
         check_pairing(meta, pairing)
         if tokenizer is not None:
             meta.check_tokenizer(tokenizer)
