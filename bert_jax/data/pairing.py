@@ -123,7 +123,8 @@ def _pair_plan(table: DocumentTable, mode: str, max_seq_length: int, short_seq_p
         parts.append((a_lo[k], a_hi[k], b_lo[k], b_hi[k], label[k], t[k], active[k]))
         active = active[current[active] < end]
 
-    a_lo, a_hi, b_lo, b_hi, labels, targets, docs = (np.concatenate(p) for p in zip(*parts))
+    a_lo, a_hi, b_lo, b_hi, labels, targets, docs = (np.concatenate(column)
+                                                     for column in zip(*parts, strict=True))
     len_a, len_b = a_hi - a_lo, b_hi - b_lo
     new_a, new_b = truncated_lengths(len_a, len_b, max_num_tokens)
     front_a = rng.binomial(len_a - new_a, 0.5)

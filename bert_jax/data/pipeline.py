@@ -231,6 +231,23 @@ def check_pairing(meta: PretrainingDataConfig, pairing: str) -> None:
                            "--format documents), or use pairing 'static'")
 
 
+def check_training_data(meta: PretrainingDataConfig, objective: str, pairing: str,
+                        max_seq_length: int) -> None:
+    """BertJaxError unless the shards, ``pairing`` and the training ``objective`` (nsp, sop,
+    mlm) fit together: nsp/sop need examples labelled for that task."""
+    check_pairing(meta, pairing)
+    directory = meta.directory
+    made = meta.mode if meta.format == "pairs" else pairing
+    if objective in ("nsp", "sop") and made != objective:
+        what = f"data was created in mode {made!r}" if meta.format == "pairs" \
+            else f"data.pairing={made!r}"
+        raise BertJaxError(f"{directory}: {what} but objective={objective!r} needs mode "
+                           f"{objective!r}")
+    if meta.format == "pairs" and meta.max_seq_length != max_seq_length:
+        raise BertJaxError(f"{directory}: examples have max_seq_length {meta.max_seq_length}, "
+                           f"config.data.max_seq_length is {max_seq_length}")
+
+
 class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
     """Numpy batches from :func:`make_pretraining_dataset`, with a resumable position.
 

@@ -1,7 +1,6 @@
 """`bert-jax create-pretraining-data`: shards, metadata, determinism, malformed input."""
 
 import json
-import os
 
 import numpy as np
 import pytest

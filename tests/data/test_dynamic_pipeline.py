@@ -180,3 +180,24 @@ def test_cli_and_materialized_batches(data, tmp_path):
         expected = next(live)
         for key in BATCH_KEYS:
             np.testing.assert_array_equal(got[key], expected[key])
+
+
+def test_training_config_reads_document_shards(data):
+    from bert_jax.data.pipeline import check_training_data
+    from bert_jax.training.config import base_config
+    from bert_jax.training.inputs import make_batches
+
+    _, out, tokenizer, _ = data
+    config = base_config()
+    config.data.directory, config.data.max_seq_length = out, SEQ
+    config.data.pairing = "sop"
+    meta = load_metadata(out)
+    check_training_data(meta, "sop", "sop", SEQ)
+    with pytest.raises(BertJaxError, match="needs mode 'nsp'"):
+        check_training_data(meta, "nsp", "sop", SEQ)
+    with pytest.raises(BertJaxError, match="paired in the pipeline"):
+        check_training_data(meta, "mlm", "static", SEQ)
+    source = make_batches(config, "train", batch_size=4, vocab_size=meta.vocab_size,
+                          process_index=0, process_count=1, tokenizer=tokenizer)
+    batch = next(source)
+    assert batch["input_ids"].shape == (4, SEQ) and source.state()["pairing"] == "sop"
