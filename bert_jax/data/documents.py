@@ -136,7 +136,8 @@ def load_document_table(files: Sequence[str], vocab_size: int) -> DocumentTable:
                 p["sentence_lengths"].flat_values, p["sentence_lengths"].row_lengths(),
                 p["document"])
 
-    ds = tf.data.TFRecordDataset(list(files)).batch(4096).map(parse)
+    ds = tf.data.TFRecordDataset(list(files)).batch(1024).map(
+        parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(2)
     try:
         for tok, tok_counts, sen, sen_counts, key in ds.as_numpy_iterator():
             tokens.append(tok.astype(dtype))

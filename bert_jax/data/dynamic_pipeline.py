@@ -155,13 +155,14 @@ def make_document_dataset(stream: DocumentStream, masking: MaskingConfig, *, see
     base_seed = tf.constant([_mix(seed, 3), process_index], tf.int64)
     pad_id = stream.pad_id
 
-    def make_batch(step):
+    def pair(step):
         ids, segs, labels = tf.numpy_function(
             lambda s: stream.host_batch(s, limit), [step], (tf.int32, tf.int32, tf.int32),
             stateful=False)
-        ids = tf.ensure_shape(ids, [None, seq_len])
-        segs = tf.ensure_shape(segs, [None, seq_len])
-        labels = tf.ensure_shape(labels, [None])
+        return (step, tf.ensure_shape(ids, [None, seq_len]),
+                tf.ensure_shape(segs, [None, seq_len]), tf.ensure_shape(labels, [None]))
+
+    def mask(step, ids, segs, labels):
         batch_seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
         masked, positions, lm_ids, weights = mask_batch(ids, batch_seed, masking, tables)
         return {"input_ids": masked,
@@ -172,7 +173,9 @@ def make_document_dataset(stream: DocumentStream, masking: MaskingConfig, *, see
                 "masked_lm_weights": weights,
                 "next_sentence_labels": labels}
 
-    ds = steps.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    # Pairing (numpy, holds the GIL) and masking (TF ops) in separate stages, each parallel.
+    ds = steps.map(pair, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(8)
+    ds = ds.map(mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if not repeat:
         ds = ds.filter(lambda b: tf.shape(b["input_ids"])[0] > 0)
     ds = ds.prefetch(tf.data.AUTOTUNE)

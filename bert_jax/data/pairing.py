@@ -211,6 +211,8 @@ def materialize(table: DocumentTable, plan: Plan, rows: np.ndarray, seq_len: int
     """int32 input_ids [R, seq_len] ([CLS] piece [SEP] piece [SEP] ..., padded), segment_ids
     [R, seq_len] and labels [R] of plan ``rows``."""
     num = len(rows)
+    if len(plan.piece_lo) == 2 * plan.num_examples:  # pairs: one vectorised layout
+        return _materialize_pairs(table, plan, rows, seq_len, cls_id, sep_id, pad_id)
     first, last = plan.example_pieces[rows], plan.example_pieces[rows + 1]
     pieces_per_row = last - first
     piece = np.repeat(first - (np.cumsum(pieces_per_row) - pieces_per_row),
@@ -237,4 +239,27 @@ def materialize(table: DocumentTable, plan: Plan, rows: np.ndarray, seq_len: int
     segs[token_row, token_col] = np.repeat(segment, length)
     ids[piece_row, column + length] = sep_id
     segs[piece_row, column + length] = segment
+    return ids, segs, plan.labels[rows].astype(np.int32)
+
+
+def _materialize_pairs(table: DocumentTable, plan: Plan, rows: np.ndarray, seq_len: int,
+                       cls_id: int, sep_id: int, pad_id: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[CLS] A [SEP] B [SEP] for every row at once: column c of a row holds A's token c - 1,
+    or B's token c - 2 - len(A)."""
+    a_lo, b_lo = plan.piece_lo[2 * rows][:, None], plan.piece_lo[2 * rows + 1][:, None]
+    len_a = plan.piece_hi[2 * rows][:, None] - a_lo
+    len_b = plan.piece_hi[2 * rows + 1][:, None] - b_lo
+    longest = int((len_a + len_b).max(initial=0)) + 3
+    if longest > seq_len:
+        raise BertJaxError(f"an example of {longest} tokens does not fit seq_len {seq_len}")
+    column = np.arange(seq_len)[None, :]
+    in_b = column >= len_a + 2
+    source = np.where(in_b, b_lo - 2 - len_a, a_lo - 1) + column
+    ids = table.tokens[np.clip(source, 0, len(table.tokens) - 1)].astype(np.int32)
+    end = len_a + len_b + 2  # the last [SEP]
+    ids[(column == len_a + 1) | (column == end)] = sep_id
+    ids[:, 0] = cls_id
+    ids[column > end] = pad_id
+    segs = (in_b & (column <= end)).astype(np.int32)
     return ids, segs, plan.labels[rows].astype(np.int32)
