@@ -119,6 +119,21 @@ class DocumentStream:
                 offset += take
         return groups
 
+    def host_pair_rows(self, step, limit_epoch: int = -1):
+        """int64 [b] A start, A length, B start, B length and int32 [b] labels of this host's
+        rows of global batch ``step`` (nsp/sop plans: two pieces per example)."""
+        parts = []
+        for epoch, positions in self.host_rows(int(step),
+                                               None if limit_epoch < 0 else int(limit_epoch)):
+            plan, order = self.epoch(epoch)
+            rows = order[positions]
+            lo, hi = plan.piece_lo.reshape(-1, 2)[rows], plan.piece_hi.reshape(-1, 2)[rows]
+            parts.append((lo[:, 0], hi[:, 0] - lo[:, 0], lo[:, 1], hi[:, 1] - lo[:, 1],
+                          plan.labels[rows].astype(np.int32)))
+        if not parts:
+            return tuple(np.zeros(0, np.int64) for _ in range(4)) + (np.zeros(0, np.int32),)
+        return tuple(np.concatenate(p) for p in zip(*parts, strict=True))
+
     def host_batch(self, step, limit_epoch: int = -1):
         """int32 input_ids [b, seq_len], segment_ids [b, seq_len], labels [b] of this host's
         rows of global batch ``step`` (b < B only at the end of a single epoch)."""
@@ -155,6 +170,25 @@ def make_document_dataset(stream: DocumentStream, masking: MaskingConfig, *, see
     base_seed = tf.constant([_mix(seed, 3), process_index], tf.int64)
     pad_id = stream.pad_id
 
+    def pair_in_tf(step):
+        """[CLS] A [SEP] B [SEP] laid out with TF ops (no Python per batch beyond the row
+        lookup); the same layout as :func:`bert_jax.data.pairing.materialize`."""
+        a_lo, len_a, b_lo, len_b, labels = tf.numpy_function(
+            lambda s: stream.host_pair_rows(s, limit), [step], (tf.int64,) * 4 + (tf.int32,),
+            stateful=False)
+        a_lo, len_a, b_lo, len_b = (tf.reshape(x, [-1, 1]) for x in (a_lo, len_a, b_lo, len_b))
+        column = tf.range(seq_len, dtype=tf.int64)[None, :]
+        in_b = column >= len_a + 2
+        source = tf.where(in_b, b_lo - 2 - len_a, a_lo - 1) + column
+        ids = tf.cast(tf.gather(tokens, tf.clip_by_value(source, 0, num_tokens - 1)), tf.int32)
+        end = len_a + len_b + 2  # the last [SEP]; the plan truncated pairs to seq_len
+        ids = tf.where((column == len_a + 1) | (column == end), stream.sep_id, ids)
+        ids = tf.where(column == 0, stream.cls_id, ids)
+        ids = tf.where(column > end, pad_id, ids)
+        segs = tf.cast(in_b & (column <= end), tf.int32)
+        return (step, tf.ensure_shape(ids, [None, seq_len]),
+                tf.ensure_shape(segs, [None, seq_len]), tf.ensure_shape(labels, [None]))
+
     def pair(step):
         ids, segs, labels = tf.numpy_function(
             lambda s: stream.host_batch(s, limit), [step], (tf.int32, tf.int32, tf.int32),
@@ -173,8 +207,15 @@ def make_document_dataset(stream: DocumentStream, masking: MaskingConfig, *, see
                 "masked_lm_weights": weights,
                 "next_sentence_labels": labels}
 
-    # Pairing (numpy, holds the GIL) and masking (TF ops) in separate stages, each parallel.
-    ds = steps.map(pair, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(8)
+    # Pairs are laid out with TF ops (parallel, no GIL); packed examples, whose number of
+    # pieces varies, in numpy. Masking is a separate parallel stage.
+    if stream.pairing in ("nsp", "sop"):
+        tokens = tf.constant(stream.table.tokens)
+        num_tokens = int(stream.table.tokens.shape[0])
+        ds = steps.map(pair_in_tf, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    else:
+        ds = steps.map(pair, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.prefetch(8)
     ds = ds.map(mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if not repeat:
         ds = ds.filter(lambda b: tf.shape(b["input_ids"])[0] > 0)

@@ -75,6 +75,11 @@ def test_exact_resume_across_epochs(data):
     epoch_size = full.stream.epoch_size(0)
     steps = epoch_size // 16 + 4  # crosses into the second epoch
     stream = [next(full) for _ in range(steps)]
+    for step in (0, steps - 1):  # the pipeline's layout is pairing.materialize's
+        ids, segs, labels = full.stream.host_batch(step)
+        np.testing.assert_array_equal(unmasked(stream[step]), ids)
+        np.testing.assert_array_equal(stream[step]["segment_ids"], segs)
+        np.testing.assert_array_equal(stream[step]["next_sentence_labels"], labels)
     assert full.state()["epoch"] == 1
     first = iterator(out, tokenizer, seed=3)
     for _ in range(steps - 3):
