@@ -14,6 +14,9 @@ Variants
                        base hyperparameters (8k batch, lr 6e-4, b2 0.98, 500k steps).
   albert_base          ALBERT-Base: SOP, one shared layer, 128-wide factorized embeddings,
                        LAMB lr 0.00176, batch 4096, 125k steps at seq 512.
+All but tiny read document shards (`create-pretraining-data --format documents`) and pair
+them in the pipeline every epoch: nsp for the BERT variants, sop for albert_base,
+full_sentences for roberta_style (data.pairing; static reads pair shards).
 Override anything with --config.<key>=<value>, e.g. --config.data.directory=DATA.
 """
 
@@ -114,4 +117,7 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
         c.optimizer.warmup_steps = 3_125
     if variant != "tiny":
         c.model.dtype = "bfloat16"  # bf16 compute; parameters and optimizer state stay fp32
+        # Document shards (create-pretraining-data --format documents), paired afresh every
+        # epoch; --config.data.pairing=static reads pair shards instead.
+        c.data.pairing = {"nsp": "nsp", "sop": "sop", "mlm": "full_sentences"}[c.objective]
     return c

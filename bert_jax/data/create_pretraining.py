@@ -28,6 +28,7 @@ import sys
 import time
 from typing import Any
 
+from bert_jax.data import documents as document_shards
 from bert_jax.data import instances, text
 from bert_jax.data.example_proto import ExampleEncoder
 from bert_jax.data.metadata import FORMAT_VERSION, write_metadata
@@ -50,8 +51,15 @@ class CreationConfig:
     seed: int = 12345
     input_format: str = "auto"
     holdout_fraction: float = 0.0
+    output_format: str = "pairs"  # pairs | documents (paired in the pipeline)
+    max_record_tokens: int = document_shards.DEFAULT_MAX_RECORD_TOKENS  # documents: chunk size
 
     def validate(self) -> None:
+        if self.output_format not in document_shards.FORMATS:
+            raise BertJaxError(f"--format {self.output_format!r}: expected one of "
+                               f"{document_shards.FORMATS}")
+        if self.max_record_tokens < 0:
+            raise BertJaxError(f"--max-record-tokens {self.max_record_tokens}: must be >= 0")
         if self.mode not in instances.MODES:
             raise BertJaxError(f"--mode {self.mode!r}: expected one of {instances.MODES}")
         if self.input_format not in text.INPUT_FORMATS:
@@ -134,7 +142,7 @@ def process_unit(unit_index: int, paths: list[str]) -> dict[str, Any]:
                 stats["sentences_without_tokens"] += 1
         stats["documents"] += 1
         stats["sentences"] += len(doc)
-        if not instances.document_is_usable(token_doc, config.mode):
+        if not instances.document_is_usable(token_doc, _usability_mode(config)):
             stats["documents_too_short"] += 1
             continue
         if len(token_doc) == 1:
@@ -144,18 +152,28 @@ def process_unit(unit_index: int, paths: list[str]) -> dict[str, Any]:
 
     rng = random.Random(config.seed * 1_000_003 + unit_index)
     pools: dict[str, list] = {"train": [], "eval": []}
-    for doc in token_docs:
+    for index, doc in enumerate(token_docs):
         held_out = config.holdout_fraction > 0 and rng.random() < config.holdout_fraction
-        pools["eval" if held_out else "train"].append(doc)
+        pools["eval" if held_out else "train"].append((index, doc))
     records = {}
     for split, pool in pools.items():
         stats[f"{split}_documents"] += len(pool)
+        if config.output_format == "documents":
+            records[split] = document_shards.encode_documents(pool, unit_index,
+                                                        config.max_record_tokens,
+                                                        _WORKER["encoder"])
+            continue
         examples = instances.create_examples(
-            pool, config.mode, config.max_seq_length, config.short_seq_prob,
+            [doc for _, doc in pool], config.mode, config.max_seq_length, config.short_seq_prob,
             config.dupe_factor, rng, tokenizer.cls_id, tokenizer.sep_id, stats)
         records[split] = _serialize(examples, config.max_seq_length, tokenizer.pad_id,
                                     _WORKER["encoder"])
     return {"unit": unit_index, "records": records, "stats": stats}
+
+
+def _usability_mode(config: CreationConfig) -> str:
+    """Document shards keep every document with a token (the pairing is chosen later)."""
+    return config.mode if config.output_format == "pairs" else "nsp"
 
 
 def _run_unit(args: tuple[int, list[str]]) -> dict[str, Any]:
@@ -273,14 +291,38 @@ def create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir:
         "seconds": round(seconds, 3),
         "mb_per_second": round(total_bytes / 1e6 / max(seconds, 1e-9), 3),
     }
+    if config.output_format == "documents":
+        metadata.update(documents_metadata(config, metadata))
     write_metadata(output_dir, metadata)
     return metadata
+
+
+def documents_metadata(config: CreationConfig, metadata: dict[str, Any]) -> dict[str, Any]:
+    """What differs in metadata.json for document shards (``examples`` counts records)."""
+    stats = metadata["input"]
+    splits = {split: {**metadata["splits"][split],
+                      "documents": stats.get(f"{split}_documents", 0)}
+              for split in ("train", "eval")}
+    return {
+        "format": "documents", "mode": None, "max_seq_length": 0,
+        "max_record_tokens": config.max_record_tokens,
+        "boundaries": "lines" if config.input_format == "lines" else
+        "sentences (paragraphs layout) or lines (lines layout), per file; see input.files_*",
+        "features": {
+            "token_ids": "int64[n]: a document, or a chunk of at most max_record_tokens tokens "
+                         "of whole sentences",
+            "sentence_lengths": "int64[k]: its sentences (lines), sum = n",
+            "document": "int64[3]: (work unit, document in unit, chunk)",
+        },
+        "splits": splits,
+    }
 
 
 def _summary(metadata: dict[str, Any]) -> str:
     s = metadata["input"]
     lines = [
-        f"wrote {metadata['splits']['train']['examples']} train examples in "
+        f"wrote {metadata['splits']['train']['examples']} train "
+        f"{'records' if metadata.get('format') == 'documents' else 'examples'} in "
         f"{len(metadata['splits']['train']['shards'])} shards"
         + (f" and {metadata['splits']['eval']['examples']} eval examples"
            if metadata["splits"]["eval"]["shards"] else ""),
@@ -316,6 +358,16 @@ class command:  # noqa: N801 - the CLI registry names this attribute
         parser.add_argument("--input-format", choices=text.INPUT_FORMATS, default="auto")
         parser.add_argument("--holdout-fraction", type=float, default=0.0,
                             help="fraction of documents written to eval-*.tfrecord instead")
+        parser.add_argument("--format", choices=document_shards.FORMATS, default="pairs",
+                            dest="output_format",
+                            help="pairs: finished NSP/SOP/packed examples; documents: tokenized "
+                                 "documents with sentence boundaries, paired afresh every epoch "
+                                 "by the pipeline (--max-seq-length, --mode, --short-seq-prob "
+                                 "and --dupe-factor then do not apply)")
+        parser.add_argument("--max-record-tokens", type=int,
+                            default=document_shards.DEFAULT_MAX_RECORD_TOKENS,
+                            help="documents: longer documents are stored in chunks of whole "
+                                 "sentences of at most this many tokens (0: never chunk)")
         parser.add_argument("--no-progress", action="store_true")
 
     @staticmethod
@@ -328,7 +380,8 @@ class command:  # noqa: N801 - the CLI registry names this attribute
         config = CreationConfig(
             max_seq_length=args.max_seq_length, short_seq_prob=args.short_seq_prob,
             mode=args.mode, dupe_factor=args.dupe_factor, seed=args.seed,
-            input_format=args.input_format, holdout_fraction=args.holdout_fraction)
+            input_format=args.input_format, holdout_fraction=args.holdout_fraction,
+            output_format=args.output_format, max_record_tokens=args.max_record_tokens)
         metadata = create_pretraining_data(
             args.input, tokenizer, args.output_dir, config, num_shards=args.num_shards,
             num_workers=args.num_workers, progress=not args.no_progress)

@@ -40,9 +40,11 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
                         max_predictions: int, seed: int = 0, whole_word: bool = False,
                         span_masking: bool = False, seq_len: int | None = None,
                         tokenizer=None, shuffle_buffer: int = 10_000, split: str = "train",
+                        pairing: str | None = None, short_seq_prob: float = 0.1,
                         progress: bool = True) -> dict[str, Any]:
     """Runs the pipeline for ``steps`` global batches of ``split`` (train, or eval: the
-    held-out shards) and writes them; returns the manifest."""
+    held-out shards) and writes them; returns the manifest. Document shards are paired with
+    ``pairing`` (nsp, sop, full_sentences, doc_sentences) at ``seq_len``, as in training."""
     from tqdm import tqdm
 
     from bert_jax.data.metadata import load_metadata
@@ -53,10 +55,13 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
     meta = load_metadata(data_dir)
     if whole_word and tokenizer is None:
         raise BertJaxError("--whole-word needs --tokenizer (its word-start table)")
+    if meta.format == "documents" and not seq_len:
+        raise BertJaxError(f"{data_dir}: document shards need --seq-len")
     iterator = PretrainingIterator.from_data_dir(
         data_dir, per_host_batch_size=batch_size, max_predictions_per_seq=max_predictions,
         seq_len=seq_len, tokenizer=tokenizer, seed=seed, whole_word=whole_word,
-        span_masking=span_masking, shuffle_buffer=shuffle_buffer, split=split)
+        span_masking=span_masking, shuffle_buffer=shuffle_buffer, split=split,
+        pairing=pairing, short_seq_prob=short_seq_prob)
     seq = seq_len or meta.max_seq_length
     shapes = {"input_ids": (seq,), "input_mask": (seq,), "segment_ids": (seq,),
               "masked_lm_positions": (max_predictions,), "masked_lm_ids": (max_predictions,),
@@ -83,6 +88,8 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
         "steps": steps, "batch_size": batch_size, "seq_len": seq,
         "max_predictions": max_predictions, "seed": seed, "whole_word": whole_word,
         "span_masking": span_masking, "split": split, "mode": meta.mode,
+        "pairing": pairing or ("nsp" if meta.format == "documents" else "static"),
+        "short_seq_prob": short_seq_prob,
         "data_dir": os.path.abspath(data_dir),
         "tokenizer": meta.raw["tokenizer"],
         "keys": {k: {"dtype": d, "storage_dtype": on_disk[k],
@@ -160,6 +167,12 @@ class command:  # noqa: N801 - the CLI registry names this attribute
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--split", choices=("train", "eval"), default="train",
                             help="eval: the held-out shards (--holdout-fraction)")
+        parser.add_argument("--pairing", default=None,
+                            choices=("static", "nsp", "sop", "full_sentences", "doc_sentences"),
+                            help="static: pair shards; the others pair document shards "
+                                 "(default: static for pair shards, nsp for document shards)")
+        parser.add_argument("--short-seq-prob", type=float, default=0.1,
+                            help="document shards, nsp/sop: chance of a shorter target length")
         parser.add_argument("--whole-word", action="store_true")
         parser.add_argument("--span-masking", action="store_true")
         parser.add_argument("--tokenizer", default=None,
@@ -177,6 +190,7 @@ class command:  # noqa: N801 - the CLI registry names this attribute
             args.data_dir, args.output, steps=args.steps, batch_size=args.batch_size,
             max_predictions=args.max_predictions, seed=args.seed, whole_word=args.whole_word,
             span_masking=args.span_masking, seq_len=args.seq_len, tokenizer=tokenizer,
-            split=args.split, progress=not args.no_progress)
+            split=args.split, pairing=args.pairing, short_seq_prob=args.short_seq_prob,
+            progress=not args.no_progress)
         print(f"wrote {manifest['steps']} batches of {manifest['batch_size']} to {args.output}")
         return 0

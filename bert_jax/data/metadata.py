@@ -28,6 +28,9 @@ class PretrainingDataConfig:
     eval_files: list[str]
     eval_examples: list[int]
     raw: dict[str, Any]  # the whole metadata.json
+    # pairs: finished examples (max_seq_length, mode fixed); documents: tokenized documents,
+    # paired in the pipeline (bert_jax.data.documents), max_seq_length 0 and mode None.
+    format: str = "pairs"
 
     @property
     def pad_id(self) -> int:
@@ -96,7 +99,8 @@ def load_metadata(directory: str) -> PretrainingDataConfig:
             vocab_size=int(tok["vocab_size"]), tokenizer_fingerprint=tok["fingerprint"],
             special_ids={k: int(v) for k, v in tok["special_ids"].items()},
             train_files=splits["train"][0], train_examples=splits["train"][1],
-            eval_files=splits["eval"][0], eval_examples=splits["eval"][1], raw=raw)
+            eval_files=splits["eval"][0], eval_examples=splits["eval"][1], raw=raw,
+            format=raw.get("format", "pairs"))
     except (KeyError, TypeError, ValueError) as e:
         raise BertJaxError(f"{path}: malformed metadata ({type(e).__name__}: {e})") from e
     if raw.get("format_version") != FORMAT_VERSION:

@@ -214,6 +214,40 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
     return ds.with_options(options)
 
 
+def check_pairing(meta: PretrainingDataConfig, pairing: str) -> None:
+    """BertJaxError unless ``pairing`` fits the shards' format (static pairing reads pair
+    shards, dynamic pairing document shards)."""
+    from bert_jax.data.pairing import PAIRINGS
+
+    path = os.path.join(meta.directory, METADATA_JSON)
+    if pairing not in ("static", *PAIRINGS):
+        raise BertJaxError(f"pairing {pairing!r}: expected 'static' or one of {PAIRINGS}")
+    if meta.format == "documents" and pairing == "static":
+        raise BertJaxError(f"{path}: document shards are paired in the pipeline; choose a "
+                           f"pairing ({', '.join(PAIRINGS)}) instead of 'static'")
+    if meta.format != "documents" and pairing != "static":
+        raise BertJaxError(f"{path}: these shards hold finished {meta.mode} pairs; pairing "
+                           f"{pairing!r} needs document shards (create-pretraining-data "
+                           "--format documents), or use pairing 'static'")
+
+
+def check_training_data(meta: PretrainingDataConfig, objective: str, pairing: str,
+                        max_seq_length: int) -> None:
+    """BertJaxError unless the shards, ``pairing`` and the training ``objective`` (nsp, sop,
+    mlm) fit together: nsp/sop need examples labelled for that task."""
+    check_pairing(meta, pairing)
+    directory = meta.directory
+    made = meta.mode if meta.format == "pairs" else pairing
+    if objective in ("nsp", "sop") and made != objective:
+        what = f"data was created in mode {made!r}" if meta.format == "pairs" \
+            else f"data.pairing={made!r}"
+        raise BertJaxError(f"{directory}: {what} but objective={objective!r} needs mode "
+                           f"{objective!r}")
+    if meta.format == "pairs" and meta.max_seq_length != max_seq_length:
+        raise BertJaxError(f"{directory}: examples have max_seq_length {meta.max_seq_length}, "
+                           f"config.data.max_seq_length is {max_seq_length}")
+
+
 class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
     """Numpy batches from :func:`make_pretraining_dataset`, with a resumable position.
 
@@ -237,9 +271,18 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
     def from_data_dir(cls, data_dir: str, *, per_host_batch_size: int,
                       max_predictions_per_seq: int, seq_len: int | None = None,
                       tokenizer=None, split: str = "train", state: dict | None = None,
-                      **kwargs: Any) -> PretrainingIterator:
-        """Reads metadata.json (checking the tokenizer if given) and fills in the vocabulary."""
+                      pairing: str | None = None, short_seq_prob: float = 0.1,
+                      **kwargs: Any):
+        """Reads metadata.json (checking the tokenizer if given) and fills in the vocabulary.
+
+        ``pairing="static"`` reads pair shards; ``nsp``, ``sop``, ``full_sentences`` or
+        ``doc_sentences`` pair document shards afresh every epoch (a
+        :class:`~bert_jax.data.dynamic_pipeline.DocumentPretrainingIterator`); ``None``: static
+        for pair shards, nsp for document shards."""
         meta: PretrainingDataConfig = load_metadata(data_dir)
+        if pairing is None:
+            pairing = "nsp" if meta.format == "documents" else "static"
+        check_pairing(meta, pairing)
         if tokenizer is not None:
             meta.check_tokenizer(tokenizer)
             if kwargs.get("whole_word") and "word_start_mask" not in kwargs:
@@ -248,6 +291,13 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
         files, _ = meta.files(split)
         if not files:
             raise BertJaxError(f"{data_dir}: no {split} shards")
+        if meta.format == "documents":
+            from bert_jax.data.dynamic_pipeline import open_document_iterator
+
+            return open_document_iterator(
+                meta, files, state=state, per_host_batch_size=per_host_batch_size,
+                max_predictions_per_seq=max_predictions_per_seq, seq_len=seq_len,
+                pairing=pairing, short_seq_prob=short_seq_prob, **kwargs)
         return cls(files, state=state, per_host_batch_size=per_host_batch_size,
                    seq_len=seq_len or meta.max_seq_length,
                    max_predictions_per_seq=max_predictions_per_seq,

@@ -58,6 +58,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.max_predictions_per_seq = 20
     c.data.masked_lm_prob = 0.15  # every batch is masked afresh (dynamic masking)
     c.data.whole_word_masking = False
+    # static: the pairs stored in the shards (create-pretraining-data --format pairs);
+    # nsp | sop | full_sentences | doc_sentences: document shards (--format documents) paired
+    # afresh every epoch in the pipeline (docs/data.md).
+    c.data.pairing = "static"
+    c.data.short_seq_prob = 0.1  # nsp/sop pairing: chance of a shorter target length
     c.data.shuffle_buffer = 10_000
     c.data.seed = 0
     # materialized: cycle back to the first batch (the same masks again) when the batches run

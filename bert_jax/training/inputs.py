@@ -109,7 +109,8 @@ def make_batches(config, split: str, *, batch_size: int, vocab_size: int, proces
             tokenizer=tokenizer, split=split, state=state, mask_rate=data.masked_lm_prob,
             whole_word=data.whole_word_masking, seed=data.seed + (0 if split == "train" else 1),
             process_index=process_index, process_count=process_count,
-            shuffle_buffer=data.shuffle_buffer)
+            shuffle_buffer=data.shuffle_buffer, pairing=data.pairing,
+            short_seq_prob=data.short_seq_prob)
     raise BertJaxError(f"data.source={data.source!r}: expected tfrecord, materialized or "
                        "synthetic")
 

@@ -48,16 +48,11 @@ def _data_vocab_size(config) -> int | None:
     if config.data.source != "tfrecord" or not config.data.directory:
         return None
     from bert_jax.data.metadata import load_metadata
+    from bert_jax.data.pipeline import check_training_data
 
     meta = load_metadata(config.data.directory)
-    wanted = {"nsp": "nsp", "sop": "sop"}.get(config.objective)
-    if wanted and meta.mode != wanted:
-        raise BertJaxError(f"{config.data.directory}: data was created in mode {meta.mode!r} "
-                           f"but objective={config.objective!r} needs mode {wanted!r}")
-    if meta.max_seq_length != config.data.max_seq_length:
-        raise BertJaxError(f"{config.data.directory}: examples have max_seq_length "
-                           f"{meta.max_seq_length}, config.data.max_seq_length is "
-                           f"{config.data.max_seq_length}")
+    check_training_data(meta, config.objective, config.data.pairing,
+                        config.data.max_seq_length)
     return meta.vocab_size
 
 

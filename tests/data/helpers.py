@@ -41,6 +41,17 @@ def random_sentence(rng: np.random.Generator, n_words: int) -> str:
     return " ".join(out).capitalize() + "."
 
 
+def write_corpus(directory, n_files=3, docs_per_file=20, seed=0):
+    rng = np.random.default_rng(seed)
+    os.makedirs(directory, exist_ok=True)
+    for f in range(n_files):
+        docs = ["\n".join(random_sentence(rng, int(rng.integers(3, 12)))
+                          for _ in range(int(rng.integers(2, 12))))
+                for _ in range(docs_per_file)]
+        with open(os.path.join(directory, f"part{f}.txt"), "w") as fh:
+            fh.write("\n\n".join(docs) + "\n")
+
+
 def write_shards(directory: str, num_examples: int, num_shards: int, seq_len: int = 32,
                  vocab_size: int = 1000) -> list[np.ndarray]:
     """Synthetic shards: example i starts [CLS] 100+i//100 100+i%100 (identifiable), then

@@ -1,7 +1,6 @@
 """`bert-jax create-pretraining-data`: shards, metadata, determinism, malformed input."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -9,20 +8,9 @@ import pytest
 from bert_jax.cli import main
 from bert_jax.data.create_pretraining import CreationConfig, create_pretraining_data
 from bert_jax.data.metadata import load_metadata
-from data.helpers import CLS, PAD, SEP, random_sentence, wordpiece, write_vocab
+from data.helpers import CLS, PAD, SEP, wordpiece, write_corpus, write_vocab
 
 tf = pytest.importorskip("tensorflow")
-
-
-def write_corpus(directory, n_files=3, docs_per_file=20, seed=0):
-    rng = np.random.default_rng(seed)
-    os.makedirs(directory, exist_ok=True)
-    for f in range(n_files):
-        docs = ["\n".join(random_sentence(rng, int(rng.integers(3, 12)))
-                          for _ in range(int(rng.integers(2, 12))))
-                for _ in range(docs_per_file)]
-        with open(os.path.join(directory, f"part{f}.txt"), "w") as fh:
-            fh.write("\n\n".join(docs) + "\n")
 
 
 def read_records(path, seq_len):

@@ -1,0 +1,309 @@
+"""tf.data pipeline over document shards: sentence pairs made afresh each epoch, then masked.
+
+All hosts load every document of the split (:func:`~bert_jax.data.documents.load_document_table`)
+and see one global stream of examples:
+
+* Epoch ``e`` is the plan :func:`~bert_jax.data.pairing.make_plan` draws with
+  ``numpy.random.default_rng([seed, e, 0])`` (NotNext partners from any document of the
+  split), in the order of a permutation drawn with ``default_rng([seed, e, 1])``. Epochs follow
+  each other without a gap; their sizes differ a little (the chunking is random).
+* Global batch ``step`` is positions ``[step * G, (step + 1) * G)`` of that stream
+  (``G = process_count * per_host_batch_size``) and host ``i`` takes rows
+  ``[i * B, (i + 1) * B)`` of it: hosts are disjoint, and the union of the hosts' batches is
+  the one-host stream with batch ``G``, whatever the number of hosts.
+* The example at a position is a pure function of (seed, epoch, position in the epoch); the
+  iterator state stores the epoch and position of the next global batch, so a run resumed
+  from it (on the same or another number of hosts, with the same global batch) sees exactly
+  the examples it would have seen. Without them, positions are counted from epoch 0.
+* Each host batch is made in numpy inside the pipeline (``tf.numpy_function``, parallel
+  calls) and masked with :func:`~bert_jax.data.masking.mask_batch` exactly as the pair-shard
+  pipeline does: seed ``fold_in((seed, process_index), step)``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from bert_jax.data.documents import DocumentTable
+from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch
+from bert_jax.data.pairing import PAIRINGS, Plan, make_plan, materialize
+from bert_jax.errors import BertJaxError
+
+_PLAN, _ORDER = 0, 1
+_CACHED_EPOCHS = 3
+
+
+class DocumentStream:
+    """The global stream of one split: plans per epoch (cached), host batches by step."""
+
+    def __init__(self, table: DocumentTable, *, pairing: str, seq_len: int,
+                 short_seq_prob: float, seed: int, cls_id: int, sep_id: int, pad_id: int,
+                 per_host_batch_size: int, process_index: int = 0, process_count: int = 1,
+                 start_step: int = 0, start_epoch: int = 0, start_position: int = 0):
+        if pairing not in PAIRINGS:
+            raise BertJaxError(f"pairing {pairing!r}: expected one of {PAIRINGS}")
+        if not 0 <= process_index < process_count:
+            raise BertJaxError(f"process_index {process_index} not in [0, {process_count})")
+        if per_host_batch_size < 1:
+            raise BertJaxError(f"per_host_batch_size {per_host_batch_size}: must be >= 1")
+        self.table, self.pairing, self.seq_len = table, pairing, seq_len
+        self.short_seq_prob, self.seed = short_seq_prob, seed
+        self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
+        self.batch, self.global_batch = per_host_batch_size, per_host_batch_size * process_count
+        self.host_offset = process_index * per_host_batch_size
+        # Anchor: global batch ``start_step`` begins at ``start_position`` of ``start_epoch``.
+        self.start_step, self.start_epoch = start_step, start_epoch
+        self._bounds = [-start_position]  # stream offset of each epoch's start, from the anchor
+        self._cache: collections.OrderedDict[int, tuple[Plan, np.ndarray]] = \
+            collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def epoch(self, epoch: int) -> tuple[Plan, np.ndarray]:
+        """(plan, order) of ``epoch``: position ``p`` of the epoch is plan row ``order[p]``."""
+        with self._lock:
+            return self._epoch(epoch)
+
+    def _epoch(self, epoch: int) -> tuple[Plan, np.ndarray]:
+        if epoch in self._cache:
+            self._cache.move_to_end(epoch)
+            return self._cache[epoch]
+        plan = make_plan(self.table, self.pairing, self.seq_len, self.short_seq_prob,
+                         np.random.default_rng([self.seed, epoch, 0]))
+        order = np.random.default_rng([self.seed, epoch, 1]).permutation(plan.num_examples)
+        self._cache[epoch] = (plan, order)
+        while len(self._cache) > _CACHED_EPOCHS:
+            self._cache.popitem(last=False)
+        return plan, order
+
+    def _locate(self, offset: int) -> tuple[int, int]:
+        """(epoch, position) of stream ``offset`` counted from the anchor (lock held)."""
+        while len(self._bounds) == 1 or offset >= self._bounds[-1]:
+            epoch = self.start_epoch + len(self._bounds) - 1
+            self._bounds.append(self._bounds[-1] + self._epoch(epoch)[_PLAN].num_examples)
+            if self._bounds[1] < 0:
+                raise BertJaxError(f"data position {-self._bounds[0]} is past the end of epoch "
+                                   f"{self.start_epoch} ({self._bounds[1] - self._bounds[0]} "
+                                   "examples): the state does not belong to this data")
+        k = bisect.bisect_right(self._bounds, offset) - 1
+        return self.start_epoch + k, offset - self._bounds[k]
+
+    def epoch_size(self, epoch: int) -> int:
+        return self.epoch(epoch)[_PLAN].num_examples
+
+    def position(self, step: int) -> tuple[int, int]:
+        """(epoch, position) where global batch ``step`` begins."""
+        with self._lock:
+            return self._locate((step - self.start_step) * self.global_batch)
+
+    def host_rows(self, step: int, limit_epoch: int | None = None
+                  ) -> list[tuple[int, np.ndarray]]:
+        """This host's rows of global batch ``step``, as (epoch, positions) groups; with
+        ``limit_epoch``, positions past that epoch's end are left out."""
+        first = (step - self.start_step) * self.global_batch + self.host_offset
+        groups = []
+        with self._lock:
+            offset, end = first, first + self.batch
+            while offset < end:
+                epoch, pos = self._locate(offset)
+                if limit_epoch is not None and epoch > limit_epoch:
+                    break
+                size = self._epoch(epoch)[_PLAN].num_examples
+                take = min(end - offset, size - pos)
+                groups.append((epoch, np.arange(pos, pos + take)))
+                offset += take
+        return groups
+
+    def host_pair_rows(self, step, limit_epoch: int = -1):
+        """int64 [b] A start, A length, B start, B length and int32 [b] labels of this host's
+        rows of global batch ``step`` (nsp/sop plans: two pieces per example)."""
+        parts = []
+        for epoch, positions in self.host_rows(int(step),
+                                               None if limit_epoch < 0 else int(limit_epoch)):
+            plan, order = self.epoch(epoch)
+            rows = order[positions]
+            lo, hi = plan.piece_lo.reshape(-1, 2)[rows], plan.piece_hi.reshape(-1, 2)[rows]
+            parts.append((lo[:, 0], hi[:, 0] - lo[:, 0], lo[:, 1], hi[:, 1] - lo[:, 1],
+                          plan.labels[rows].astype(np.int32)))
+        if not parts:
+            return tuple(np.zeros(0, np.int64) for _ in range(4)) + (np.zeros(0, np.int32),)
+        return tuple(np.concatenate(p) for p in zip(*parts, strict=True))
+
+    def host_batch(self, step, limit_epoch: int = -1):
+        """int32 input_ids [b, seq_len], segment_ids [b, seq_len], labels [b] of this host's
+        rows of global batch ``step`` (b < B only at the end of a single epoch)."""
+        parts = []
+        for epoch, positions in self.host_rows(int(step),
+                                               None if limit_epoch < 0 else int(limit_epoch)):
+            plan, order = self.epoch(epoch)
+            parts.append(materialize(self.table, plan, order[positions], self.seq_len,
+                                     self.cls_id, self.sep_id, self.pad_id))
+        if not parts:
+            return (np.zeros((0, self.seq_len), np.int32), np.zeros((0, self.seq_len), np.int32),
+                    np.zeros(0, np.int32))
+        return tuple(np.concatenate(p) for p in zip(*parts, strict=True))
+
+
+def make_document_dataset(stream: DocumentStream, masking: MaskingConfig, *, seed: int,
+                          process_index: int, start_step: int = 0, repeat: bool = True):
+    """A ``tf.data.Dataset`` of masked batches (the pair-shard pipeline's BATCH_KEYS)."""
+    import tensorflow as tf
+
+    from bert_jax.data.pipeline import _mix
+
+    tables = make_tables(masking)
+    seq_len = stream.seq_len
+    if repeat:
+        steps = tf.data.Dataset.range(start_step, np.iinfo(np.int64).max)
+        limit = -1
+    else:
+        epoch, position = stream.position(start_step)
+        remaining = stream.epoch_size(epoch) - position
+        steps = tf.data.Dataset.range(
+            start_step, start_step + -(-remaining // stream.global_batch))
+        limit = epoch
+    base_seed = tf.constant([_mix(seed, 3), process_index], tf.int64)
+    pad_id = stream.pad_id
+
+    def pair_in_tf(step):
+        """[CLS] A [SEP] B [SEP] laid out with TF ops (no Python per batch beyond the row
+        lookup); the same layout as :func:`bert_jax.data.pairing.materialize`."""
+        a_lo, len_a, b_lo, len_b, labels = tf.numpy_function(
+            lambda s: stream.host_pair_rows(s, limit), [step], (tf.int64,) * 4 + (tf.int32,),
+            stateful=False)
+        a_lo, len_a, b_lo, len_b = (tf.reshape(x, [-1, 1]) for x in (a_lo, len_a, b_lo, len_b))
+        column = tf.range(seq_len, dtype=tf.int64)[None, :]
+        in_b = column >= len_a + 2
+        source = tf.where(in_b, b_lo - 2 - len_a, a_lo - 1) + column
+        ids = tf.cast(tf.gather(tokens, tf.clip_by_value(source, 0, num_tokens - 1)), tf.int32)
+        end = len_a + len_b + 2  # the last [SEP]; the plan truncated pairs to seq_len
+        ids = tf.where((column == len_a + 1) | (column == end), stream.sep_id, ids)
+        ids = tf.where(column == 0, stream.cls_id, ids)
+        ids = tf.where(column > end, pad_id, ids)
+        segs = tf.cast(in_b & (column <= end), tf.int32)
+        return (step, tf.ensure_shape(ids, [None, seq_len]),
+                tf.ensure_shape(segs, [None, seq_len]), tf.ensure_shape(labels, [None]))
+
+    def pair(step):
+        ids, segs, labels = tf.numpy_function(
+            lambda s: stream.host_batch(s, limit), [step], (tf.int32, tf.int32, tf.int32),
+            stateful=False)
+        return (step, tf.ensure_shape(ids, [None, seq_len]),
+                tf.ensure_shape(segs, [None, seq_len]), tf.ensure_shape(labels, [None]))
+
+    def mask(step, ids, segs, labels):
+        batch_seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
+        masked, positions, lm_ids, weights = mask_batch(ids, batch_seed, masking, tables)
+        return {"input_ids": masked,
+                "input_mask": tf.cast(ids != pad_id, tf.int32),
+                "segment_ids": segs,
+                "masked_lm_positions": positions,
+                "masked_lm_ids": lm_ids,
+                "masked_lm_weights": weights,
+                "next_sentence_labels": labels}
+
+    # Pairs are laid out with TF ops (parallel, no GIL); packed examples, whose number of
+    # pieces varies, in numpy. Masking is a separate parallel stage.
+    if stream.pairing in ("nsp", "sop"):
+        tokens = tf.constant(stream.table.tokens)
+        num_tokens = int(stream.table.tokens.shape[0])
+        ds = steps.map(pair_in_tf, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    else:
+        ds = steps.map(pair, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.prefetch(8)
+    ds = ds.map(mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if not repeat:
+        ds = ds.filter(lambda b: tf.shape(b["input_ids"])[0] > 0)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options)
+
+
+class DocumentPretrainingIterator(Iterator[dict[str, np.ndarray]]):
+    """Numpy batches of :func:`make_document_dataset` with a resumable position.
+
+    ``state()`` holds the step, the epoch and position of the next global batch, and the
+    pipeline's identity; ``DocumentPretrainingIterator(table, ..., state=s)`` continues exactly
+    there (another ``process_count`` with the same global batch included).
+    """
+
+    def __init__(self, table: DocumentTable, *, per_host_batch_size: int, seq_len: int,
+                 max_predictions_per_seq: int, vocab_size: int, special_ids, mask_id: int,
+                 cls_id: int, sep_id: int, pad_id: int, pairing: str = "nsp",
+                 short_seq_prob: float = 0.1, word_start_mask: np.ndarray | None = None,
+                 mask_rate: float = 0.15, whole_word: bool = False, span_masking: bool = False,
+                 seed: int = 0, process_index: int = 0, process_count: int = 1,
+                 start_step: int = 0, repeat: bool = True, state: dict | None = None,
+                 shuffle_buffer: int | None = None):
+        del shuffle_buffer  # every epoch is a full permutation
+        self._identity_fields = {"seed": seed, "process_index": process_index,
+                                 "process_count": process_count,
+                                 "per_host_batch_size": per_host_batch_size,
+                                 "pairing": pairing}
+        epoch, position = 0, 0
+        if state is not None:
+            self._check_state(state)
+            start_step = int(state["step"])
+            if "epoch" in state:
+                epoch, position = int(state["epoch"]), int(state["position"])
+        anchor_step = start_step if state is not None and "epoch" in state else 0
+        self.stream = DocumentStream(
+            table, pairing=pairing, seq_len=seq_len, short_seq_prob=short_seq_prob, seed=seed,
+            cls_id=cls_id, sep_id=sep_id, pad_id=pad_id,
+            per_host_batch_size=per_host_batch_size, process_index=process_index,
+            process_count=process_count, start_step=anchor_step, start_epoch=epoch,
+            start_position=position)
+        masking = MaskingConfig(vocab_size=vocab_size,
+                                special_ids=tuple(int(i) for i in special_ids), mask_id=mask_id,
+                                max_predictions=max_predictions_per_seq, mask_rate=mask_rate,
+                                whole_word=whole_word, span_masking=span_masking,
+                                word_start_mask=word_start_mask)
+        self.step = start_step
+        self._dataset = make_document_dataset(self.stream, masking, seed=seed,
+                                              process_index=process_index,
+                                              start_step=start_step, repeat=repeat)
+        self._iterator = iter(self._dataset.as_numpy_iterator())
+
+    def _check_state(self, state: dict) -> None:
+        diff = {k: (state.get(k), v) for k, v in self._identity_fields.items()
+                if state.get(k, v if k == "pairing" else None) != v}
+        if diff or "step" not in state:
+            raise BertJaxError(f"data iterator state {state} does not match this pipeline "
+                               f"(saved vs now: {diff})")
+
+    def state(self) -> dict[str, Any]:
+        """The position to resume from: the next batch to be returned."""
+        epoch, position = self.stream.position(self.step)
+        return {"step": self.step, "epoch": epoch, "position": position,
+                **self._identity_fields}
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = next(self._iterator)
+        self.step += 1
+        return batch
+
+
+def open_document_iterator(meta, files, *, per_host_batch_size: int,
+                           max_predictions_per_seq: int, seq_len: int | None,
+                           state: dict | None = None, **kwargs: Any
+                           ) -> DocumentPretrainingIterator:
+    """The iterator over document shards ``files`` described by ``meta`` (metadata.json)."""
+    from bert_jax.data.documents import load_document_table
+
+    if not seq_len:
+        raise BertJaxError(f"{meta.directory}: document shards need seq_len "
+                           "(config.data.max_seq_length)")
+    special = meta.special_ids
+    table = load_document_table(files, meta.vocab_size)
+    return DocumentPretrainingIterator(
+        table, state=state, per_host_batch_size=per_host_batch_size, seq_len=seq_len,
+        max_predictions_per_seq=max_predictions_per_seq, vocab_size=meta.vocab_size,
+        special_ids=[special[k] for k in ("pad", "unk", "cls", "sep", "mask")],
+        mask_id=special["mask"], cls_id=special["cls"], sep_id=special["sep"],
+        pad_id=special["pad"], **kwargs)

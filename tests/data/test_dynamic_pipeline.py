@@ -1,0 +1,208 @@
+"""Document shards and the pipeline that pairs them each epoch: round trip, exact resume,
+disjoint hosts, N -> M hosts, errors, materialized batches."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bert_jax.cli import main
+from bert_jax.data import text
+from bert_jax.data.create_pretraining import CreationConfig, create_pretraining_data
+from bert_jax.data.documents import load_document_table
+from bert_jax.data.dynamic_pipeline import DocumentStream
+from bert_jax.data.metadata import load_metadata
+from bert_jax.data.pipeline import BATCH_KEYS, PretrainingIterator
+from bert_jax.errors import BertJaxError
+from data.helpers import PAD, SEP, unmasked, wordpiece, write_corpus, write_shards, write_vocab
+
+pytest.importorskip("tensorflow")
+
+SEQ = 48
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("documents")
+    write_corpus(str(root / "corpus"), n_files=3, docs_per_file=20)
+    tokenizer = wordpiece(str(root))
+    meta = create_pretraining_data(
+        [str(root / "corpus")], tokenizer, str(root / "out"),
+        CreationConfig(output_format="documents", max_record_tokens=30, holdout_fraction=0.2),
+        num_shards=3, progress=False)
+    return str(root), str(root / "out"), tokenizer, meta
+
+
+def iterator(data_dir, tokenizer, batch=16, **kwargs):
+    return PretrainingIterator.from_data_dir(data_dir, per_host_batch_size=batch,
+                                             max_predictions_per_seq=6, seq_len=SEQ,
+                                             tokenizer=tokenizer, **kwargs)
+
+
+def test_document_shards_hold_the_tokenized_corpus(data):
+    root, out, tokenizer, meta = data
+    assert meta["format"] == "documents" and meta["mode"] is None
+    config = load_metadata(out)
+    assert config.format == "documents"
+    train = load_document_table(config.train_files, config.vocab_size)
+    held_out = load_document_table(config.eval_files, config.vocab_size)
+    assert train.num_documents == meta["splits"]["train"]["documents"]
+    assert held_out.num_documents == meta["splits"]["eval"]["documents"] > 0
+    records = meta["splits"]["train"]["examples"]
+    assert records == sum(s["examples"] for s in meta["splits"]["train"]["shards"])
+    assert records > train.num_documents  # long documents were stored in chunks
+    expected = set()
+    for name in sorted(os.listdir(os.path.join(root, "corpus"))):
+        raw = text.read_text_file(os.path.join(root, "corpus", name)).text
+        for doc in text.split_documents(raw, "lines"):
+            expected.add(tuple(tuple(ids) for ids in tokenizer.encode_batch(doc)))
+
+    def documents(table):
+        return {tuple(tuple(table.tokens[table.sentence_starts[k]:table.sentence_starts[k + 1]]
+                            .tolist())
+                      for k in range(table.document_sentences[d],
+                                     table.document_sentences[d + 1]))
+                for d in range(table.num_documents)}
+
+    got_train, got_eval = documents(train), documents(held_out)
+    assert not got_train & got_eval and got_train | got_eval == expected
+
+
+def test_exact_resume_across_epochs(data):
+    _, out, tokenizer, _ = data
+    full = iterator(out, tokenizer, seed=3)
+    epoch_size = full.stream.epoch_size(0)
+    steps = epoch_size // 16 + 4  # crosses into the second epoch
+    stream = [next(full) for _ in range(steps)]
+    for step in (0, steps - 1):  # the pipeline's layout is pairing.materialize's
+        ids, segs, labels = full.stream.host_batch(step)
+        np.testing.assert_array_equal(unmasked(stream[step]), ids)
+        np.testing.assert_array_equal(stream[step]["segment_ids"], segs)
+        np.testing.assert_array_equal(stream[step]["next_sentence_labels"], labels)
+    assert full.state()["epoch"] == 1
+    first = iterator(out, tokenizer, seed=3)
+    for _ in range(steps - 3):
+        next(first)
+    state = json.loads(json.dumps(first.state()))
+    for saved in (state, {k: v for k, v in state.items() if k not in ("epoch", "position")}):
+        resumed = iterator(out, tokenizer, seed=3, state=saved)
+        for expected in stream[steps - 3:]:
+            got = next(resumed)
+            for key in BATCH_KEYS:
+                np.testing.assert_array_equal(got[key], expected[key])
+    with pytest.raises(BertJaxError, match="does not match"):
+        iterator(out, tokenizer, seed=3, state={**state, "pairing": "sop"}, pairing="nsp")
+    # Epochs pair the text differently.
+    plans = [full.stream.epoch(e)[0] for e in (0, 1)]
+    pairs = [set(zip(p.piece_lo.tolist(), p.piece_hi.tolist(), strict=True)) for p in plans]
+    assert len(pairs[0] & pairs[1]) < 0.5 * len(pairs[0])
+
+
+@pytest.fixture(scope="module")
+def table(data):
+    config = load_metadata(data[1])
+    return load_document_table(config.train_files, config.vocab_size)
+
+
+def host_streams(table, hosts, start=(0, 0, 0)):
+    """One DocumentStream per host (global batch 16), from ``start`` = (step, epoch,
+    position)."""
+    step, epoch, position = start
+    return [DocumentStream(table, pairing="nsp", seq_len=SEQ, short_seq_prob=0.1, seed=1,
+                           cls_id=2, sep_id=SEP, pad_id=PAD, per_host_batch_size=16 // hosts,
+                           process_index=i, process_count=hosts, start_step=step,
+                           start_epoch=epoch, start_position=position) for i in range(hosts)]
+
+
+def global_batches(streams, first, steps):
+    """Per step: the hosts' ids and labels concatenated in host order."""
+    return [tuple(np.concatenate(parts) for parts in zip(
+        *[s.host_batch(k)[::2] for s in streams], strict=True))
+        for k in range(first, first + steps)]
+
+
+def test_hosts_are_disjoint_and_reshard_exactly(table):
+    one_host = host_streams(table, 1)
+    one = global_batches(one_host, 0, 12)
+    assert one_host[0].position(12)[0] == 1  # the steps cross an epoch end
+    for hosts in (2, 4):
+        for (ids, labels), (ref_ids, ref_labels) in zip(
+                global_batches(host_streams(table, hosts), 0, 12), one, strict=True):
+            np.testing.assert_array_equal(ids, ref_ids)
+            np.testing.assert_array_equal(labels, ref_labels)
+    # Host rows are disjoint positions that add up to exactly one epoch.
+    size = one_host[0].epoch_size(0)
+    seen = [p for s in host_streams(table, 4) for step in range(-(-size // 16))
+            for _, rows in s.host_rows(step, limit_epoch=0) for p in rows.tolist()]
+    assert sorted(seen) == list(range(size))
+    # Resumed on another number of hosts, the stream continues where the old one stood.
+    two = host_streams(table, 2)
+    resumed = global_batches(host_streams(table, 4, (7, *two[0].position(7))), 7, 5)
+    for (ids, labels), (ref_ids, ref_labels) in zip(resumed, one[7:], strict=True):
+        np.testing.assert_array_equal(ids, ref_ids)
+        np.testing.assert_array_equal(labels, ref_labels)
+
+
+def test_batches_layout(data):
+    _, out, tokenizer, _ = data
+    for pairing in ("nsp", "sop", "full_sentences", "doc_sentences"):
+        batch = next(iterator(out, tokenizer, pairing=pairing))
+        assert set(batch) == set(BATCH_KEYS) and batch["input_ids"].shape == (16, SEQ)
+        ids = unmasked(batch)
+        np.testing.assert_array_equal(batch["input_mask"], ids != PAD)
+        if pairing in ("nsp", "sop"):
+            assert ((ids == SEP).sum(axis=1) == 2).all()
+            assert 0 < batch["next_sentence_labels"].sum() < 16
+        else:
+            assert (batch["segment_ids"] == 0).all() and (batch["next_sentence_labels"] == 0).all()
+
+
+def test_pairing_and_shard_format_must_agree(data, tmp_path):
+    _, out, tokenizer, _ = data
+    with pytest.raises(BertJaxError, match="paired in the pipeline"):
+        iterator(out, tokenizer, pairing="static")
+    write_shards(str(tmp_path / "pairs"), num_examples=20, num_shards=1)
+    with pytest.raises(BertJaxError, match="--format documents"):
+        PretrainingIterator.from_data_dir(str(tmp_path / "pairs"), per_host_batch_size=4,
+                                          max_predictions_per_seq=4, pairing="nsp")
+
+
+def test_cli_and_materialized_batches(data, tmp_path):
+    root, out, tokenizer, _ = data
+    rc = main(["create-pretraining-data", "--input", os.path.join(root, "corpus"),
+               "--tokenizer", write_vocab(str(tmp_path)), "--output-dir", str(tmp_path / "d"),
+               "--format", "documents", "--num-workers", "1", "--no-progress"])
+    assert rc == 0 and load_metadata(str(tmp_path / "d")).format == "documents"
+    rc = main(["materialize-batches", "--data-dir", out, "--output", str(tmp_path / "mat"),
+               "--steps", "3", "--batch-size", "8", "--max-predictions", "6", "--seed", "4",
+               "--seq-len", str(SEQ), "--pairing", "sop", "--no-progress"])
+    assert rc == 0
+    from bert_jax.data.materialize import MaterializedBatches
+
+    live = iterator(out, None, batch=8, seed=4, pairing="sop")
+    for got in MaterializedBatches(str(tmp_path / "mat")):
+        expected = next(live)
+        for key in BATCH_KEYS:
+            np.testing.assert_array_equal(got[key], expected[key])
+
+
+def test_training_config_reads_document_shards(data):
+    from bert_jax.data.pipeline import check_training_data
+    from bert_jax.training.config import base_config
+    from bert_jax.training.inputs import make_batches
+
+    _, out, tokenizer, _ = data
+    config = base_config()
+    config.data.directory, config.data.max_seq_length = out, SEQ
+    config.data.pairing = "sop"
+    meta = load_metadata(out)
+    check_training_data(meta, "sop", "sop", SEQ)
+    with pytest.raises(BertJaxError, match="needs mode 'nsp'"):
+        check_training_data(meta, "nsp", "sop", SEQ)
+    with pytest.raises(BertJaxError, match="paired in the pipeline"):
+        check_training_data(meta, "mlm", "static", SEQ)
+    source = make_batches(config, "train", batch_size=4, vocab_size=meta.vocab_size,
+                          process_index=0, process_count=1, tokenizer=tokenizer)
+    batch = next(source)
+    assert batch["input_ids"].shape == (4, SEQ) and source.state()["pairing"] == "sop"
