@@ -41,7 +41,7 @@ def layer_selection(name: str, num_states: int) -> tuple[list[int], str]:
     """(hidden-state indices, how: "one" | "sum" | "concat" | "mix") of a ``feature_layers``
     name for a model with ``num_states`` hidden states (embeddings + L layers)."""
     last = num_states - 1
-    four = list(range(max(1, num_states - 4), num_states))
+    four = list(range(max(0, num_states - 4), num_states))
     table = {"last": ([last], "one"), "second_to_last": ([max(last - 1, 0)], "one"),
              "embeddings": ([0], "one"), "sum4": (four, "sum"), "last4": (four, "concat"),
              "mix4": (four, "mix"), "sum_all": (list(range(1, num_states)), "sum"),
@@ -116,9 +116,9 @@ class BiLSTM(nn.Module):
         for i in range(self.num_layers):
             if i:
                 x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
-            forward = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size), name=f"forward_{i}")
-            backward = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size), reverse=True,
-                              keep_order=True, name=f"backward_{i}")
+            forward = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size, name=f"forward_{i}"))
+            backward = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size, name=f"backward_{i}"),
+                              reverse=True, keep_order=True)
             x = jnp.concatenate([forward(x, seq_lengths=lengths),
                                  backward(x, seq_lengths=lengths)], axis=-1)
             x = jnp.where(valid, x, 0.0)
@@ -187,3 +187,48 @@ class BertFeatureClassifier(nn.Module):
         out["logits"] = dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(
             x).astype(jnp.float32)
         return out
+
+
+def embed_layer_spec(spec: str, num_states: int) -> tuple[list[int], str, list[float] | None]:
+    """``bert-jax embed --layer`` -> (hidden-state indices, how, weights).
+
+    An integer indexes the hidden states (0 = embeddings, -1 = last); ``last4`` concatenates
+    and ``sum4`` sums the last four; ``all`` stacks every state ([..., L+1, D]);
+    ``mix:w0,w1,...`` is ``sum_j w_j h_j`` over all L+1 states (or L weights: layers 1..L),
+    weights used as given (a trained run's ``gamma * softmax(w)``, see :func:`mix_weights`);
+    the other ``feature_layers`` names without learned weights (last, second_to_last,
+    embeddings, sum_all) work too.
+    """
+    if spec == "all":
+        return list(range(num_states)), "stack", None
+    if spec == "mix" or spec == "mix4":
+        raise BertJaxError(f"--layer {spec} needs the mix weights: pass --layer mix:w0,w1,... "
+                           f"({num_states} numbers, embeddings first, or {num_states - 1} for "
+                           "layers 1..L), or learn them by fine-tuning with "
+                           "--config.feature_layers=mix --config.freeze_encoder=true")
+    if spec.startswith("mix:"):
+        try:
+            weights = [float(x) for x in spec[4:].split(",")]
+        except ValueError:
+            raise BertJaxError(f"--layer {spec}: weights must be numbers separated by commas"
+                               ) from None
+        if len(weights) == num_states:
+            return list(range(num_states)), "weighted", weights
+        if len(weights) == num_states - 1:
+            return list(range(1, num_states)), "weighted", weights
+        raise BertJaxError(f"--layer {spec}: {len(weights)} weights for a model with "
+                           f"{num_states} hidden states (give {num_states}, embeddings first, "
+                           f"or {num_states - 1} for layers 1..L)")
+    if spec in FEATURE_LAYERS:
+        indices, how = layer_selection(spec, num_states)
+        return indices, how, None
+    try:
+        index = int(spec)
+    except ValueError:
+        raise BertJaxError(f"--layer must be an integer, last4, sum4, all, mix:w0,w1,... or one "
+                           f"of {', '.join(n for n in FEATURE_LAYERS if 'mix' not in n)}; got "
+                           f"{spec!r}") from None
+    if not -num_states <= index < num_states:
+        raise BertJaxError(f"--layer {index} out of range for {num_states} hidden states "
+                           "(embeddings + each layer)")
+    return [index % num_states], "one", None
