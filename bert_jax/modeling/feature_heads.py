@@ -81,6 +81,7 @@ class ScalarMix(nn.Module):
 def mix_weights(mix_params: dict) -> list[float]:
     """Effective per-state weights ``gamma * softmax(w)`` of trained ScalarMix parameters (the
     values ``bert-jax embed --layer mix:w0,w1,...`` takes)."""
+    mix_params = nn.unbox(mix_params)
     w = jax.nn.softmax(jnp.asarray(mix_params["weights"], jnp.float32))
     return [float(x) for x in w * jnp.asarray(mix_params["gamma"], jnp.float32)]
 
