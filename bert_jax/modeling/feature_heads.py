@@ -129,7 +129,8 @@ class BiLSTM(nn.Module):
 class BertFeatureTagger(nn.Module):
     """Token labels from combined hidden states: ``feature_layers`` -> (BiLSTM) -> dropout ->
     dense, logits [B, S, labels] float32. With ``freeze_encoder`` no gradient reaches the
-    encoder (the paper's feature-based rows); the head alone trains."""
+    encoder and it runs without dropout (the paper's feature-based rows); the head alone
+    trains."""
 
     config: BertConfig
     num_labels: int
@@ -146,9 +147,10 @@ class BertFeatureTagger(nn.Module):
         if self.feature_head not in FEATURE_HEADS:
             raise BertJaxError(f"feature_head={self.feature_head!r}: choose one of "
                                f"{', '.join(FEATURE_HEADS)}")
+        # A frozen encoder gives its features as extracted: no dropout inside it.
         out = BertModel(cfg, add_pooler=False, name="bert")(
-            input_ids, input_mask, segment_ids, deterministic=deterministic,
-            output_hidden_states=True)
+            input_ids, input_mask, segment_ids,
+            deterministic=deterministic or self.freeze_encoder, output_hidden_states=True)
         states = out.pop("hidden_states")
         if self.freeze_encoder:
             states = [jax.lax.stop_gradient(s) for s in states]
@@ -177,9 +179,10 @@ class BertFeatureClassifier(nn.Module):
     def __call__(self, input_ids, input_mask=None, segment_ids=None, *,
                  deterministic: bool = True) -> dict[str, Any]:
         cfg = self.config
+        # A frozen encoder gives its features as extracted: no dropout inside it.
         out = BertModel(cfg, add_pooler=False, name="bert")(
-            input_ids, input_mask, segment_ids, deterministic=deterministic,
-            output_hidden_states=True)
+            input_ids, input_mask, segment_ids,
+            deterministic=deterministic or self.freeze_encoder, output_hidden_states=True)
         states = out.pop("hidden_states")
         if self.freeze_encoder:
             states = [jax.lax.stop_gradient(s) for s in states]
