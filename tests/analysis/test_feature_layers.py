@@ -54,8 +54,7 @@ def test_layer_selection_names():
         embed_layer_spec("mix:1,2,3", 7)
 
 
-@pytest.mark.parametrize("layer", ["sum4", "all", "mix:0.5,0,0,0,0,0.25", "mix:1,0,0,0,2",
-                                   "last4", "-2"])
+@pytest.mark.parametrize("layer", ["sum4", "all", "mix:0.5,0,0,0,0,0.25", "mix:1,0,0,0,2"])
 def test_embed_layer_options_match_hidden_states(checkpoint, layer):
     path, params, config, tokenizer = checkpoint
     texts = ["the cat sat", "a big red dog ran on the mat ."]
