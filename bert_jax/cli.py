@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fill-mask": ("bert_jax.inference:fill_mask_command", "top-k fillers for each [MASK]"),
     "embed": ("bert_jax.inference:embed_command",
               "per-token or pooled vectors from any layer to .npy"),
+    "analyze-attention": ("bert_jax.analysis.attention:command",
+                          "per-layer, per-head attention statistics and figures"),
+    "probe": ("bert_jax.analysis.probe:command",
+              "linear / MLP probes per layer of a frozen checkpoint (which layer knows what)"),
 }
 
 

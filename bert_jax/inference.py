@@ -17,6 +17,7 @@ import numpy as np
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling import BertForPreTraining, BertModel
+from bert_jax.modeling.feature_heads import combine, embed_layer_spec
 from bert_jax.modeling.params import to_layout
 
 MASK_TOKEN = "[MASK]"
@@ -81,33 +82,25 @@ def fill_mask(path: str, texts: list[str], top_k: int = 5) -> list[list[list[dic
 def embed(path: str, texts: list[str], layer: str = "-1", pooling: str = "none",
           max_length: int = 128, batch_size: int = 64):
     """Contextual embeddings. ``layer``: an index into [embeddings, layer_1..layer_L] (negative
-    counts from the top) or ``last4`` (concatenation of the last four layers). ``pooling``:
-    none (per token, padded) | cls | mean | pooled (the pooler's tanh output).
+    counts from the top), ``last4`` (concatenation of the last four layers), ``sum4`` (their
+    sum), ``all`` (every hidden state stacked: [..., L+1, D]) or ``mix:w0,w1,...`` (a weighted
+    sum; see ``modeling.feature_heads.embed_layer_spec``). ``pooling``: none (per token,
+    padded) | cls | mean | pooled (the pooler's tanh output).
 
-    Returns (vectors, lengths): [N, S, D] or [N, D], and the token count of each text.
+    Returns (vectors, lengths): [N, S, D] or [N, D] ([N, S, L+1, D] / [N, L+1, D] for
+    ``all``), and the token count of each text.
     """
     params, config, tokenizer = _load(path)
     model = BertModel(config, add_pooler="pooler" in params["bert"])
     if pooling == "pooled" and "pooler" not in params["bert"]:
         raise BertJaxError(f"{path}: checkpoint has no pooler; use --pooling cls or mean")
-    num_states = config.num_hidden_layers + 1
-    if layer == "last4":
-        indices = list(range(num_states - 4, num_states))
-    else:
-        try:
-            index = int(layer)
-        except ValueError:
-            raise BertJaxError(f"--layer must be an integer or 'last4', got {layer!r}") from None
-        if not -num_states <= index < num_states:
-            raise BertJaxError(f"--layer {index} out of range for {num_states} hidden states "
-                               "(embeddings + each layer)")
-        indices = [index % num_states]
+    indices, how, weights = embed_layer_spec(layer, config.num_hidden_layers + 1)
 
     @jax.jit
     def run(p, ids, mask):
         out = model.apply({"params": p}, ids, mask, output_hidden_states=True)
-        feats = jnp.concatenate([out["hidden_states"][i] for i in indices], axis=-1)
-        m = mask[..., None].astype(feats.dtype)
+        feats = combine([out["hidden_states"][i] for i in indices], how, weights)
+        m = mask.reshape(mask.shape + (1,) * (feats.ndim - 2)).astype(feats.dtype)
         return {"none": feats, "cls": feats[:, 0],
                 "mean": (feats * m).sum(1) / jnp.maximum(m.sum(1), 1),
                 "pooled": out.get("pooled_output")}[pooling]
@@ -161,7 +154,9 @@ class embed_command:  # noqa: N801 (CLI command object)
         p.add_argument("--input", help="file with one text per line")
         p.add_argument("--output", required=True, help="output .npy path")
         p.add_argument("--layer", default="-1",
-                       help="hidden-state index (0 = embeddings, -1 = last) or 'last4'")
+                       help="hidden-state index (0 = embeddings, -1 = last), last4 (concat of "
+                            "the last four), sum4 (their sum), all (every state stacked) or "
+                            "mix:w0,w1,... (weighted sum, embeddings first)")
         p.add_argument("--pooling", default="none", choices=["none", "cls", "mean", "pooled"])
         p.add_argument("--max-length", type=int, default=128)
         p.add_argument("--batch-size", type=int, default=64)

@@ -77,6 +77,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.hidden_dropout_prob = 0.1
     c.model.attention_probs_dropout_prob = 0.1
     c.freeze_encoder = False  # feature-based: train only the head
+    # The head's input (modeling/feature_heads.py): last second_to_last embeddings sum4 last4
+    # mix4 sum_all mix; and for token tasks a linear head or a BiLSTM tagger on those features.
+    c.feature_layers = "last"
+    c.feature_head = "linear"  # linear | bilstm
+    c.lstm_hidden_size = 768  # units per direction of the BiLSTM tagger
+    c.lstm_layers = 2
 
     c.global_batch_size = 32  # sequences per optimizer step, over all processes
     c.eval_batch_size = 64
@@ -96,6 +102,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.parallel.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
     c.parallel.logical_axis_rules = parallel.DEFAULT_RULES
     c.log_every = 100  # steps; the loss is fetched from the device only then
+    # Tasks from your own files (tasks/custom.py, experiments/custom.py): the columns to read
+    # and the label set (empty: inferred from train, then stored here with the model).
+    c.text_column = ""
+    c.text_pair_column = ""
+    c.label_column = "label"
+    c.labels = ""  # label names in id order: a,b,c or a JSON list (for names with commas)
+    c.file_format = ""  # csv | tsv | jsonl; empty: from the file's extension
     return c
 
 

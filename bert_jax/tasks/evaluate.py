@@ -43,7 +43,7 @@ def load_finetuned(workdir: str, overrides: Sequence[str] = ()):
     apply_overrides(config, overrides)
     if tokenizer is None:
         raise BertJaxError(f"{workdir}: no tokenizer/ directory")
-    task = get_task(extra["task"])
+    task = get_task(extra["task"], config)
     finetuner = build_finetuner(task, config, model_cfg, None)
     params = finetuner.place_params(to_layout(params, model_cfg))
     return task, config, tokenizer, finetuner, params

@@ -50,7 +50,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Trains, evaluates after each epoch, keeps the best epoch in ``workdir``; returns the
     contents of metrics.json."""
     parallel.maybe_initialize_distributed()
-    task = get_task(config.task)
+    task = get_task(config.task, config)
     if not task.label_keys:
         raise BertJaxError(f"task {task.name} has no training data (predict it with a model "
                            "of its parent task, e.g. AX with MNLI)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bert_jax.errors import BertJaxError
 from bert_jax.tasks.base import Task
+from bert_jax.tasks.custom import CUSTOM_KINDS, CustomTask
 from bert_jax.tasks.glue import GLUE_SPECS, GlueTask
 from bert_jax.tasks.ner import NerTask
 from bert_jax.tasks.squad import SquadTask
@@ -24,12 +25,21 @@ _ALIASES = {"sst-2": "sst2", "sts-b": "stsb", "mnli-m": "mnli", "mnli-mm": "mnli
 TASK_NAMES = tuple(_FACTORIES)
 
 
-def get_task(name: str) -> Task:
-    """Returns the task called ``name`` (case-insensitive; e.g. cola, mnli, squad_v2, swag)."""
+# Tasks on the user's own files (tasks/custom.py): built from the run config.
+CUSTOM_TASK_NAMES = tuple(CUSTOM_KINDS)
+
+
+def get_task(name: str, config=None) -> Task:
+    """Returns the task called ``name`` (case-insensitive; e.g. cola, mnli, squad_v2, swag);
+    the custom tasks (custom_classification, custom_regression, custom_tagging) read their
+    columns and labels from the run ``config``."""
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
+    if key in CUSTOM_KINDS:
+        return CustomTask(key, config)
     if key not in _FACTORIES:
-        raise BertJaxError(f"unknown task {name!r}; known tasks: {', '.join(TASK_NAMES)}")
+        raise BertJaxError(f"unknown task {name!r}; known tasks: "
+                           f"{', '.join(TASK_NAMES + CUSTOM_TASK_NAMES)}")
     return _FACTORIES[key]()
 
 

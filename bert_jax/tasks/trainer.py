@@ -40,11 +40,31 @@ from bert_jax.training.state import TrainState
 
 Batch = dict[str, jax.Array]
 WEIGHT_KEY = "example_weight"  # [batch] float32: 1 for real rows, 0 for padding rows
-HEAD_NAMES = ("classifier", "qa_outputs")
+HEAD_NAMES = ("classifier", "qa_outputs", "feature_mix", "bilstm")
 
 
-def build_model(task: Task, config: BertConfig, freeze_encoder: bool = False) -> nn.Module:
-    """The Flax model for the task's kind: {"bert": encoder, head name: head}."""
+def build_model(task: Task, config: BertConfig, freeze_encoder: bool = False,
+                features: Mapping[str, Any] | None = None) -> nn.Module:
+    """The Flax model for the task's kind: {"bert": encoder, head name: head}.
+
+    ``features``: the run's ``feature_layers``, ``feature_head``, ``lstm_hidden_size`` and
+    ``lstm_layers``; other than the last layer and a linear head they select the feature-based
+    models of ``modeling/feature_heads.py`` (token and sequence classification)."""
+    features = dict(features or {})
+    layers = features.get("feature_layers", "last")
+    head = features.get("feature_head", "linear")
+    if layers != "last" or head != "linear":
+        from bert_jax.modeling.feature_heads import BertFeatureClassifier, BertFeatureTagger
+
+        if task.kind == "token_classification":
+            return BertFeatureTagger(config, task.num_labels, freeze_encoder, layers, head,
+                                     features.get("lstm_hidden_size", 768),
+                                     features.get("lstm_layers", 2))
+        if head != "linear" or task.kind not in ("classification", "regression"):
+            raise BertJaxError(f"task {task.name} ({task.kind}): feature_layers={layers!r} / "
+                               f"feature_head={head!r} apply to token classification "
+                               "(any head) and sequence classification (linear head) only")
+        return BertFeatureClassifier(config, task.num_labels, freeze_encoder, layers)
     if task.kind in ("classification", "regression"):
         return BertForSequenceClassification(config, task.num_labels, freeze_encoder)
     if task.kind == "token_classification":
@@ -337,6 +357,9 @@ def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: Be
     mesh = parallel.create_mesh(config.parallel.mesh)
     rules = parallel.rules_from_config(config.parallel.logical_axis_rules)
     tx, schedule = make_tx(config, total_steps) if total_steps else (None, None)
-    return Finetuner(task, build_model(task, model_cfg, config.freeze_encoder), mesh, rules,
+    features = {k: config[k] for k in ("feature_layers", "feature_head", "lstm_hidden_size",
+                                       "lstm_layers") if k in config}
+    return Finetuner(task, build_model(task, model_cfg, config.freeze_encoder, features),
+                     mesh, rules,
                      config.global_batch_size, config.eval_batch_size, config.max_seq_length,
                      tx, schedule)
