@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.data.documents import DocumentTable
-from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch
+from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch, mix_seed
 from bert_jax.data.pairing import PAIRINGS, Plan, make_plan, materialize
 from bert_jax.errors import BertJaxError
 
@@ -154,8 +154,6 @@ def make_document_dataset(stream: DocumentStream, masking: MaskingConfig, *, see
     """A ``tf.data.Dataset`` of masked batches (the pair-shard pipeline's BATCH_KEYS)."""
     import tensorflow as tf
 
-    from bert_jax.data.pipeline import _mix
-
     tables = make_tables(masking)
     seq_len = stream.seq_len
     if repeat:
@@ -167,7 +165,7 @@ def make_document_dataset(stream: DocumentStream, masking: MaskingConfig, *, see
         steps = tf.data.Dataset.range(
             start_step, start_step + -(-remaining // stream.global_batch))
         limit = epoch
-    base_seed = tf.constant([_mix(seed, 3), process_index], tf.int64)
+    base_seed = tf.constant([mix_seed(seed, 3), process_index], tf.int64)
     pad_id = stream.pad_id
 
     def pair_in_tf(step):

@@ -21,6 +21,17 @@ import numpy as np
 
 from bert_jax.errors import BertJaxError
 
+_SEED_MIX = 1_000_003
+
+
+def mix_seed(*values: int) -> int:
+    """One 62-bit seed from several integers (the run's seed and a stream index): the tf.data
+    stages (file order, shuffle, masking) each draw from their own mix of the run's seed."""
+    out = 0
+    for v in values:
+        out = (out * _SEED_MIX + int(v)) % (1 << 62)
+    return out
+
 
 @dataclasses.dataclass(frozen=True)
 class MaskingConfig:

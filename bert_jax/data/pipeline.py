@@ -28,13 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch
+from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch, mix_seed
 from bert_jax.data.metadata import METADATA_JSON, PretrainingDataConfig, load_metadata
 from bert_jax.errors import BertJaxError
 
 BATCH_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
               "masked_lm_weights", "next_sentence_labels")
-_SEED_MIX = 1_000_003
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,13 +111,6 @@ def _scan(path: str) -> tuple[int, int]:
     return count, length
 
 
-def _mix(*values: int) -> int:
-    out = 0
-    for v in values:
-        out = (out * _SEED_MIX + int(v)) % (1 << 62)
-    return out
-
-
 def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_batch_size: int,
                              seq_len: int, max_predictions_per_seq: int, vocab_size: int,
                              special_ids: Sequence[int], mask_id: int,
@@ -166,13 +158,13 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                                                            host.example_offset)
         else:
             order = tf.random.experimental.stateless_shuffle(
-                host_files, tf.stack([tf.constant(_mix(seed, 1), tf.int64), epoch]),
+                host_files, tf.stack([tf.constant(mix_seed(seed, 1), tf.int64), epoch]),
                 alg="philox")
             ds = tf.data.Dataset.from_tensor_slices(order).interleave(
                 tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if shuffle_buffer > 1:
-            ds = ds.shuffle(shuffle_buffer, seed=tf.constant(_mix(seed, 2), tf.int64) + epoch,
+            ds = ds.shuffle(shuffle_buffer, seed=tf.constant(mix_seed(seed, 2), tf.int64) + epoch,
                             reshuffle_each_iteration=False)
         return ds
 
@@ -181,7 +173,7 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
     ds = ds.batch(per_host_batch_size, drop_remainder=repeat)
     ds = ds.enumerate(start=start_step)
 
-    base_seed = tf.constant([_mix(seed, 3), process_index], tf.int64)
+    base_seed = tf.constant([mix_seed(seed, 3), process_index], tf.int64)
     features = {"input_ids": tf.io.FixedLenFeature([stored_len], tf.int64),
                 "segment_ids": tf.io.FixedLenFeature([stored_len], tf.int64),
                 "next_sentence_label": tf.io.FixedLenFeature([1], tf.int64)}
