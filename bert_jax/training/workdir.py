@@ -1,0 +1,81 @@
+"""What a pretraining run checks in its workdir before it writes anything there.
+
+A workdir holds one kind of run. ``config.json`` says which: a pretraining run records its
+``experiment``, a fine-tuning run its ``task``, a converted model neither. A pretraining run
+refuses a workdir of another kind (unless ``overwrite``), and refuses to resume checkpoints
+made with a model or optimizer of another shape: the restore would fail after the workdir's
+config had been replaced.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from bert_jax.checkpoint import store
+from bert_jax.config import BertConfig
+from bert_jax.errors import BertJaxError
+
+# BertConfig fields that fix the parameter tree (names, shapes, dtypes, layout). The others
+# (dropout rates, kernels, dtypes of the computation) may change between restarts.
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                "embedding_size", "share_layers", "vocab_pad_multiple", "param_dtype",
+                "qkv_projection", "scan_layers")
+# Experiment keys that fix the optimizer state or the heads.
+STATE_KEYS = (("objective",), ("optimizer", "name"))
+
+
+def run_kind(extra: dict[str, Any]) -> str:
+    """'pretraining', 'fine-tuning' or 'model' from the extra fields of a config.json."""
+    if "experiment" in extra:
+        return "pretraining"
+    if "task" in extra or "finetune" in extra:
+        return "fine-tuning"
+    return "model"
+
+
+def _get(tree: dict[str, Any], keys: tuple[str, ...]):
+    for key in keys:
+        if not isinstance(tree, dict):
+            return None
+        tree = tree.get(key)
+    return tree
+
+
+def check_pretraining_workdir(workdir: str, model_cfg: BertConfig, experiment: dict[str, Any],
+                              *, overwrite: bool = False) -> None:
+    """BertJaxError if ``workdir`` holds another kind of run, or checkpoints that this
+    model/optimizer cannot resume. Reads only; call before writing into the workdir."""
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise BertJaxError(f"{workdir}: exists and is not a directory")
+    if not os.path.exists(os.path.join(workdir, store.CONFIG_FILE)):
+        if os.path.isdir(os.path.join(workdir, store.PARAMS_ITEM)) and not overwrite:
+            raise BertJaxError(f"{workdir}: holds a model ({store.PARAMS_ITEM}/), not a "
+                               "pretraining run; choose another --workdir (or pass "
+                               "--overwrite)")
+        return
+    saved_cfg, extra = store.read_config(workdir)
+    kind = run_kind(extra)
+    if kind != "pretraining":
+        if overwrite:
+            return
+        raise BertJaxError(f"{workdir}: holds a {kind} run ({store.CONFIG_FILE}), not a "
+                           "pretraining run; choose another --workdir (or pass --overwrite "
+                           "to reuse it)")
+    if not store.step_dirs(workdir):
+        return  # nothing to resume: a new config may replace the old one
+    saved, now = saved_cfg.to_dict(), model_cfg.to_dict()
+    for field in SHAPE_FIELDS:
+        if saved.get(field) != now.get(field):
+            raise BertJaxError(
+                f"{workdir}: its checkpoints were made with model.{field}={saved.get(field)!r}"
+                f", this config has {now.get(field)!r}; resume with the config the run was "
+                "started with, or use a new --workdir")
+    for keys in STATE_KEYS:
+        before, after = _get(extra["experiment"], keys), _get(experiment, keys)
+        if before is not None and before != after:
+            raise BertJaxError(
+                f"{workdir}: its checkpoints were made with {'.'.join(keys)}={before!r}, this "
+                f"config has {after!r}; resume with the config the run was started with, or "
+                "use a new --workdir")
