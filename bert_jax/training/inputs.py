@@ -158,6 +158,10 @@ class Prefetcher:
                     return
             self._queue.put(self._END)
         except BaseException as e:  # surfaced in the consumer
+            if type(e).__name__ in ("DataLossError", "InvalidArgumentError"):
+                # tf.data reading a damaged record: a data problem, not a program error
+                detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                e = BertJaxError(f"the {self._what} data is damaged: {detail[:300]}")
             self._queue.put(e)
 
     def __iter__(self):
