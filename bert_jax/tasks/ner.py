@@ -25,6 +25,7 @@ from bert_jax.tasks.base import (
     resolve_file,
 )
 from bert_jax.tasks.conlleval import conlleval
+from bert_jax.textio import open_text
 
 ENTITY_TYPES = ("PER", "ORG", "LOC", "MISC")
 # The label order of tensorflow-datasets' conll2003 (and Hugging Face's).
@@ -74,7 +75,7 @@ def read_conll(path: str, labels: Sequence[str] = NER_LABELS, scheme: str = "iob
             examples.append(NerExample(f"{len(examples)}", tuple(words), tuple(fixed)))
         words, tags, bad = [], [], False
 
-    with open(path, encoding="utf-8-sig") as f:
+    with open_text(path) as f:
         for number, line in enumerate(f, start=1):
             fields = line.split()
             if not fields or fields[0] == DOCSTART:

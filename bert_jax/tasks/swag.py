@@ -24,6 +24,7 @@ from bert_jax.tasks.base import (
     encode_inputs,
     resolve_file,
 )
+from bert_jax.textio import open_text
 
 NUM_CHOICES = 4
 REQUIRED = ("sent1", "sent2", *(f"ending{i}" for i in range(NUM_CHOICES)))
@@ -43,7 +44,7 @@ def read_swag_csv(path: str, on_error: str = "raise") -> ExampleList:
     """Reads a SWAG CSV by its header names; bad rows are reported with ``file:line``."""
     problems = RowProblems(on_error)
     examples = []
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open_text(path, newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:
