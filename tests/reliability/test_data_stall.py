@@ -103,3 +103,25 @@ def test_stop_request_ends_a_data_wait():
         next(prefetch)
     source.release.set()
     prefetch.close()
+
+
+class DataLossError(Exception):
+    """Stands in for tensorflow's error on a record whose checksum fails."""
+
+
+class _Corrupt:
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        raise DataLossError("corrupted record at 1234")
+
+    def state(self):
+        return {}
+
+
+def test_corrupt_record_is_one_data_error():
+    prefetch = Prefetcher(_Corrupt(), lambda b: b)
+    with pytest.raises(BertJaxError, match="training data is damaged: corrupted record at 1234"):
+        next(prefetch)
+    prefetch.close()
