@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from bert_jax.errors import BertJaxError
+from bert_jax.fileio import atomic_write
 from bert_jax.tasks import metrics as M
 from bert_jax.tasks.base import (
     ExampleList,
@@ -287,13 +288,12 @@ class GlueTask(Task):
         if len(predictions) != len(examples):
             raise BertJaxError(f"{self.name}: {len(predictions)} predictions for "
                                f"{len(examples)} examples")
-        os.makedirs(output_dir, exist_ok=True)
         path = os.path.join(output_dir, self.submission_name(split))
-        with open(path, "w", encoding="utf-8") as f:
-            f.write("index\tprediction\n")
-            for ex, pred in zip(examples, predictions, strict=True):
-                value = f"{pred:.3f}" if self.kind == "regression" else str(pred)
-                f.write(f"{ex.index}\t{value}\n")
+        lines = ["index\tprediction\n"]
+        for ex, pred in zip(examples, predictions, strict=True):
+            value = f"{pred:.3f}" if self.kind == "regression" else str(pred)
+            lines.append(f"{ex.index}\t{value}\n")
+        atomic_write(path, "".join(lines))
         return [path]
 
 

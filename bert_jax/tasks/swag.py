@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import os
 
 import numpy as np
 
 from bert_jax.errors import BertJaxError
+from bert_jax.fileio import atomic_write
 from bert_jax.tasks import metrics as M
 from bert_jax.tasks.base import (
     ExampleList,
@@ -120,11 +122,11 @@ class SwagTask(Task):
 
     def write_predictions(self, predictions, examples, output_dir, split) -> list[str]:
         """``predictions.<split>.csv`` with columns ``index,prediction`` (the ending number)."""
-        os.makedirs(output_dir, exist_ok=True)
         path = os.path.join(output_dir, f"predictions.{split}.csv")
-        with open(path, "w", encoding="utf-8", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["index", "prediction"])
-            for ex, pred in zip(examples, predictions, strict=True):
-                writer.writerow([ex.index, pred])
+        buffer = io.StringIO(newline="")
+        writer = csv.writer(buffer)
+        writer.writerow(["index", "prediction"])
+        for ex, pred in zip(examples, predictions, strict=True):
+            writer.writerow([ex.index, pred])
+        atomic_write(path, buffer.getvalue())
         return [path]

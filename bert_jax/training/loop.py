@@ -95,7 +95,8 @@ def _write_workdir_files(config, workdir: str, model_cfg: BertConfig, tokenizer)
         return
     store.write_config(workdir, model_cfg, extra={"experiment": config.to_dict()})
     if tokenizer is not None:
-        tokenizer.save(os.path.join(workdir, store.TOKENIZER_DIR))
+        with fileio.replace_directory(os.path.join(workdir, store.TOKENIZER_DIR)) as tmp:
+            tokenizer.save(tmp)
 
 
 def _load_init_params(path: str, model_cfg: BertConfig, params, shardings):
