@@ -1,4 +1,4 @@
-"""What a pretraining run checks in its workdir before it writes anything there.
+"""What a run checks in its workdir before it writes anything there.
 
 A workdir holds one kind of run. ``config.json`` says which: a pretraining run records its
 ``experiment``, a fine-tuning run its ``task``, a converted model neither. A pretraining run
@@ -43,27 +43,38 @@ def _get(tree: dict[str, Any], keys: tuple[str, ...]):
     return tree
 
 
+def check_run_kind(workdir: str, kind: str, *, overwrite: bool = False) -> None:
+    """BertJaxError if ``workdir`` holds a run of another kind than ``kind`` (a fine-tuning
+    run in a pretraining workdir, a converted model...), unless ``overwrite``. Reads only."""
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise BertJaxError(f"{workdir}: exists and is not a directory")
+    if overwrite:
+        return
+    config_path = os.path.join(workdir, store.CONFIG_FILE)
+    if os.path.exists(config_path):
+        _, extra = store.read_config(workdir)
+        found = run_kind(extra)
+    elif store.step_dirs(workdir):
+        found = "pretraining"
+    elif os.path.isdir(os.path.join(workdir, store.PARAMS_ITEM)):
+        found = "model"
+    else:
+        return
+    if found != kind:
+        what = "a model" if found == "model" else f"a {found} run"
+        raise BertJaxError(f"{workdir}: holds {what}, not a {kind} run; choose another "
+                           "--workdir (or pass --overwrite to write into it anyway)")
+
+
 def check_pretraining_workdir(workdir: str, model_cfg: BertConfig, experiment: dict[str, Any],
                               *, overwrite: bool = False) -> None:
     """BertJaxError if ``workdir`` holds another kind of run, or checkpoints that this
     model/optimizer cannot resume. Reads only; call before writing into the workdir."""
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise BertJaxError(f"{workdir}: exists and is not a directory")
+    check_run_kind(workdir, "pretraining", overwrite=overwrite)
     if not os.path.exists(os.path.join(workdir, store.CONFIG_FILE)):
-        if os.path.isdir(os.path.join(workdir, store.PARAMS_ITEM)) and not overwrite:
-            raise BertJaxError(f"{workdir}: holds a model ({store.PARAMS_ITEM}/), not a "
-                               "pretraining run; choose another --workdir (or pass "
-                               "--overwrite)")
         return
     saved_cfg, extra = store.read_config(workdir)
-    kind = run_kind(extra)
-    if kind != "pretraining":
-        if overwrite:
-            return
-        raise BertJaxError(f"{workdir}: holds a {kind} run ({store.CONFIG_FILE}), not a "
-                           "pretraining run; choose another --workdir (or pass --overwrite "
-                           "to reuse it)")
-    if not store.step_dirs(workdir):
+    if run_kind(extra) != "pretraining" or not store.step_dirs(workdir):
         return  # nothing to resume: a new config may replace the old one
     saved, now = saved_cfg.to_dict(), model_cfg.to_dict()
     for field in SHAPE_FIELDS:
