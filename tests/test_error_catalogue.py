@@ -181,6 +181,83 @@ def create_data_output_holds_other_files(tmp, _):
             "--no-progress"], tmp
 
 
+def _sst2(tmp):
+    from tests.finetune.helpers import write_sst2
+
+    return write_sst2(str(tmp / "SST-2"), n_train=8, n_dev=4)
+
+
+def _finetune(tmp, model_dir, *overrides, workdir=None, data=None):
+    return ["finetune", "--config", "experiments/glue.py:sst2", "--workdir",
+            str(workdir or tmp / "ft"), f"--config.init_checkpoint={model_dir}",
+            f"--config.data_dir={data or _sst2(tmp)}", "--config.max_seq_length=32", *overrides]
+
+
+def finetune_zero_batch(tmp, model_dir):
+    return _finetune(tmp, model_dir, "--config.global_batch_size=0"), tmp
+
+
+def finetune_zero_epochs(tmp, model_dir):
+    return _finetune(tmp, model_dir, "--config.epochs=0"), tmp
+
+
+def finetune_zero_eval_batch(tmp, model_dir):
+    return _finetune(tmp, model_dir, "--config.eval_batch_size=0"), tmp
+
+
+def finetune_nan_learning_rate(tmp, model_dir):
+    return _finetune(tmp, model_dir, "--config.optimizer.learning_rate=nan"), tmp
+
+
+def finetune_warmup_proportion_above_one(tmp, model_dir):
+    return _finetune(tmp, model_dir, "--config.optimizer.warmup_proportion=2"), tmp
+
+
+def finetune_unknown_variant(tmp, model_dir):
+    return ["finetune", "--config", "experiments/glue.py:mrpcx", "--workdir",
+            str(tmp / "ft")], tmp
+
+
+def finetune_into_pretraining_workdir(tmp, model_dir):
+    workdir = _pretraining_workdir(tmp)
+    return _finetune(tmp, model_dir, workdir=workdir), workdir
+
+
+def finetune_into_its_init_checkpoint(tmp, model_dir):
+    return _finetune(tmp, model_dir, workdir=model_dir), model_dir
+
+
+def finetune_score_out_of_range(tmp, model_dir):
+    from tests.finetune.helpers import write_stsb
+
+    sts = write_stsb(str(tmp / "STS-B"), n=6)
+    with open(os.path.join(sts, "train.tsv"), "a", encoding="utf-8") as f:
+        f.write("6\tmain\tx\t2012\t6\tnone\tnone\tthe cat\tthe dog\t9.5\n")
+    return ["finetune", "--config", "experiments/glue.py:stsb", "--workdir", str(tmp / "ft"),
+            f"--config.init_checkpoint={model_dir}", f"--config.data_dir={sts}"], tmp
+
+
+def finetune_non_utf8_tsv(tmp, model_dir):
+    data = _sst2(tmp)
+    with open(os.path.join(data, "train.tsv"), "ab") as f:
+        f.write(b"caf\xe9 au lait\t1\n")
+    return _finetune(tmp, model_dir, data=data), tmp
+
+
+def evaluate_pretraining_workdir(tmp, model_dir):
+    return ["evaluate", "--workdir", model_dir], model_dir
+
+
+def evaluate_damaged_checkpoint(tmp, model_dir):
+    damaged = _damaged_model(tmp, model_dir)
+    return ["evaluate", "--workdir", damaged], damaged
+
+
+def predict_output_is_a_file(tmp, model_dir):
+    (tmp / "pred").write_text("x")
+    return ["predict", "--workdir", model_dir, "--output", str(tmp / "pred")], tmp
+
+
 CASES = [pretrain_zero_batch, pretrain_nan_learning_rate, pretrain_zero_log_every,
          pretrain_zero_eval_every, pretrain_probability_above_one, pretrain_unknown_variant,
          pretrain_other_model_shape, pretrain_into_fine_tuning_workdir,
@@ -188,7 +265,12 @@ CASES = [pretrain_zero_batch, pretrain_nan_learning_rate, pretrain_zero_log_ever
          fill_mask_negative_top_k, fill_mask_damaged_checkpoint, embed_non_utf8_input,
          embed_output_is_a_directory, embed_damaged_config, export_damaged_checkpoint,
          export_output_is_a_file, convert_truncated_safetensors,
-         create_data_output_holds_other_files]
+         create_data_output_holds_other_files, finetune_zero_batch, finetune_zero_epochs,
+         finetune_zero_eval_batch, finetune_nan_learning_rate,
+         finetune_warmup_proportion_above_one, finetune_unknown_variant,
+         finetune_into_pretraining_workdir, finetune_into_its_init_checkpoint,
+         finetune_score_out_of_range, finetune_non_utf8_tsv, evaluate_pretraining_workdir,
+         evaluate_damaged_checkpoint, predict_output_is_a_file]
 # What the single error line must name, per case.
 EXPECTED = {
     "pretrain_zero_batch": "global_batch_size=0: expected an integer >= 1",
@@ -211,6 +293,19 @@ EXPECTED = {
     "export_output_is_a_file": "exists and is not a directory",
     "convert_truncated_safetensors": "model.safetensors: not a readable safetensors file",
     "create_data_output_holds_other_files": "not pretraining data (a.txt)",
+    "finetune_zero_batch": "global_batch_size=0: expected an integer >= 1",
+    "finetune_zero_epochs": "epochs=0: expected an integer >= 1",
+    "finetune_zero_eval_batch": "eval_batch_size=0",
+    "finetune_nan_learning_rate": "optimizer.learning_rate=nan",
+    "finetune_warmup_proportion_above_one": "optimizer.warmup_proportion=2.0",
+    "finetune_unknown_variant": "mrpcx",
+    "finetune_into_pretraining_workdir": "holds a pretraining run, not a fine-tuning run",
+    "finetune_into_its_init_checkpoint": "is the init_checkpoint",
+    "finetune_score_out_of_range": "train.tsv:8: score '9.5' is outside the task's range",
+    "finetune_non_utf8_tsv": "train.tsv: not utf-8 text (byte offset",
+    "evaluate_pretraining_workdir": "not a fine-tuned workdir",
+    "evaluate_damaged_checkpoint": "bytes,",
+    "predict_output_is_a_file": "exists and is not a directory",
 }
 
 
