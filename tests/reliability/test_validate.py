@@ -1,5 +1,5 @@
-"""Every number of a pretraining config is range-checked when the config is loaded, and the
-error names the key and the allowed range."""
+"""Every number of a pretraining or fine-tuning config is range-checked when the config is
+loaded, and the error names the key and the allowed range."""
 
 import pytest
 
@@ -52,3 +52,39 @@ def test_every_shipped_variant_is_valid():
 
     for variant in VARIANTS:
         load_config(f"{EXPERIMENT}:{variant}")
+
+
+FINETUNE_BAD = [
+    ("global_batch_size=0", "global_batch_size=0: expected an integer >= 1"),
+    ("eval_batch_size=-1", "eval_batch_size=-1: expected an integer >= 1"),
+    ("epochs=0", "epochs=0: expected an integer >= 1"),
+    ("log_every=-1", "log_every=-1: expected an integer >= 0"),
+    ("max_seq_length=4", "max_seq_length=4: expected an integer >= 8"),
+    ("holdout_fraction=1.0", "holdout_fraction=1.0: expected a finite number >= 0 and < 1"),
+    ("optimizer.learning_rate=-2e-5", "optimizer.learning_rate=-2e-05"),
+    ("optimizer.warmup_proportion=1.5", "optimizer.warmup_proportion=1.5"),
+    ("optimizer.warmup_steps=-2", "optimizer.warmup_steps=-2: expected an integer >= 0 (or -1)"),
+    ("parallel.mesh.data=0", "parallel.mesh.data=0"),
+    ("on_error=ignore", "on_error='ignore': expected one of raise, skip"),
+    ("model.attention_probs_dropout_prob=-0.1", "model.attention_probs_dropout_prob=-0.1"),
+]
+
+
+@pytest.mark.parametrize("override,message", FINETUNE_BAD, ids=[b[0] for b in FINETUNE_BAD])
+def test_fine_tuning_value_names_key_and_range(override, message):
+    from bert_jax.tasks.config import load_config as load_finetune_config
+
+    with pytest.raises(BertJaxError) as error:
+        load_finetune_config("experiments/glue.py:mrpc", [f"--config.{override}"])
+    assert message in str(error.value)
+
+
+def test_every_shipped_fine_tuning_variant_is_valid():
+    from bert_jax.tasks.config import load_config as load_finetune_config
+
+    for name, variants in (("glue", ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli",
+                                     "rte", "wnli", "sst2_quick")),
+                           ("squad", ("v1", "v2")), ("ner", ("conll2003",)),
+                           ("swag", ("swag",))):
+        for variant in variants:
+            load_finetune_config(f"experiments/{name}.py:{variant}")
