@@ -7,8 +7,9 @@
   crash at any moment leaves a complete old or a complete new directory (plus, at worst, a
   ``.old-*``/``.tmp-*`` sibling that the next write removes).
 * :class:`WorkdirLock` keeps two runs off one workdir: ``WORKDIR/.lock`` holds the owner's
-  pid and host; a second run fails naming them; a lock left by a dead process on this host
-  is taken over with a warning.
+  pid and host, and the owner touches it every ``heartbeat_s`` seconds; a second run fails
+  naming them. A lock left by a dead process on this host, or not touched for
+  ``stale_after_s`` seconds (a run on a host that is gone), is taken over with a warning.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -170,9 +173,12 @@ def _pid_alive(pid: int) -> bool:
 class WorkdirLock:
     """``WORKDIR/.lock`` (pid, host) for the life of a run; see the module docstring."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, *, heartbeat_s: float = 30.0,
+                 stale_after_s: float = 300.0):
         self.path = os.path.join(os.path.abspath(workdir), LOCK_FILE)
+        self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self._held = False
+        self._stop = threading.Event()
 
     def acquire(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -189,8 +195,11 @@ class WorkdirLock:
                         f"{os.path.dirname(self.path)}: in use by process {owner['pid']} on "
                         f"{owner['host']} ({self.path}); wait for it to finish or stop it. "
                         "If that process is gone, remove the lock file") from None
-                detail = (f"process {owner['pid']} on {owner['host']} is gone"
-                          if owner else "unreadable lock file")
+                detail = ("unreadable lock file" if owner is None else
+                          f"process {owner['pid']} on {owner['host']} is gone"
+                          if owner["host"] == me["host"] else
+                          f"process {owner['pid']} on {owner['host']} has not touched it for "
+                          f"{self.stale_after_s:g} s")
                 print(f"warning: taking over the stale lock {self.path} ({detail})",
                       file=sys.stderr, flush=True)
                 with contextlib.suppress(FileNotFoundError):
@@ -199,6 +208,8 @@ class WorkdirLock:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(me, f)
             self._held = True
+            self._stop.clear()
+            threading.Thread(target=self._heartbeat, daemon=True, name="workdir-lock").start()
             return
         raise BertJaxError(f"{self.path}: could not take the workdir lock")
 
@@ -210,11 +221,21 @@ class WorkdirLock:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    @staticmethod
-    def _stale(owner: dict[str, Any]) -> bool:
-        return owner["host"] == socket.gethostname() and not _pid_alive(owner["pid"])
+    def _stale(self, owner: dict[str, Any]) -> bool:
+        if owner["host"] == socket.gethostname():
+            return not _pid_alive(owner["pid"])
+        try:
+            return time.time() - os.path.getmtime(self.path) > self.stale_after_s
+        except OSError:
+            return True
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
 
     def release(self) -> None:
+        self._stop.set()
         if self._held and self._owner() == {"pid": os.getpid(), "host": socket.gethostname()}:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path)

@@ -71,8 +71,15 @@ def test_workdir_lock_names_holder_and_takes_over_stale(tmp_path, capsys):
     assert json.loads((tmp_path / fileio.LOCK_FILE).read_text())["pid"] == os.getpid()
     lock.release()
     assert not (tmp_path / fileio.LOCK_FILE).exists()
-    # Another host's lock is never taken over (its pid means nothing here).
+    # Another host's lock (its pid means nothing here) holds while its owner touches it...
     with open(tmp_path / fileio.LOCK_FILE, "w") as f:
         json.dump({"pid": 1, "host": "another-host"}, f)
     with pytest.raises(BertJaxError, match="another-host"):
         fileio.WorkdirLock(str(tmp_path)).acquire()
+    # ... and is taken over once untouched for longer than stale_after_s (that host is gone).
+    old = os.path.getmtime(tmp_path / fileio.LOCK_FILE) - 3600
+    os.utime(tmp_path / fileio.LOCK_FILE, (old, old))
+    lock = fileio.WorkdirLock(str(tmp_path), stale_after_s=600)
+    lock.acquire()
+    assert "has not touched it for 600 s" in capsys.readouterr().err
+    lock.release()
