@@ -138,6 +138,10 @@ def embed_non_utf8_input(tmp, model_dir):
             str(tmp / "v.npy")], tmp
 
 
+def fill_mask_input_is_a_directory(tmp, model_dir):
+    return ["fill-mask", model_dir, "--input", str(tmp)], tmp
+
+
 def embed_output_is_a_directory(tmp, model_dir):
     (tmp / "out.npy").mkdir()
     return ["embed", model_dir, "--text", "the cat", "--output", str(tmp / "out.npy")], tmp
@@ -263,7 +267,8 @@ CASES = [pretrain_zero_batch, pretrain_nan_learning_rate, pretrain_zero_log_ever
          pretrain_other_model_shape, pretrain_into_fine_tuning_workdir,
          pretrain_workdir_is_a_file, pretrain_zero_byte_shard, fill_mask_zero_top_k,
          fill_mask_negative_top_k, fill_mask_damaged_checkpoint, embed_non_utf8_input,
-         embed_output_is_a_directory, embed_damaged_config, export_damaged_checkpoint,
+         fill_mask_input_is_a_directory, embed_output_is_a_directory, embed_damaged_config,
+         export_damaged_checkpoint,
          export_output_is_a_file, convert_truncated_safetensors,
          create_data_output_holds_other_files, finetune_zero_batch, finetune_zero_epochs,
          finetune_zero_eval_batch, finetune_nan_learning_rate,
@@ -287,6 +292,7 @@ EXPECTED = {
     "fill_mask_negative_top_k": "--top-k -3",
     "fill_mask_damaged_checkpoint": "bytes,",
     "embed_non_utf8_input": "in.txt: not utf-8 text (byte offset 12, line 2",
+    "fill_mask_input_is_a_directory": "Is a directory",
     "embed_output_is_a_directory": "out.npy: is a directory",
     "embed_damaged_config": "config.json: not valid JSON",
     "export_damaged_checkpoint": "truncated",
