@@ -92,6 +92,8 @@ def validate_pretraining(config) -> None:
     c.integer("data.shuffle_buffer", 1)
     c.integer("data.seed", 0)
     c.number("data.wait_timeout_s", 0.0)
+    if "short_seq_prob" in config.data:
+        c.probability("data.short_seq_prob")
     batch = c.integer("global_batch_size", 1)
     micro = c.integer("microbatches", 1)
     if batch % micro:
