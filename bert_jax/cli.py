@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     except BertJaxError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if not e.filename:  # not about a path the user gave: a real failure, keep the trace
+            raise
+        print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -16,9 +16,11 @@ import numpy as np
 
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
+from bert_jax.fileio import atomic_write, check_output_path
 from bert_jax.modeling import BertForPreTraining, BertModel
 from bert_jax.modeling.feature_heads import combine, embed_layer_spec
 from bert_jax.modeling.params import to_layout
+from bert_jax.textio import ERROR_MODES, read_text
 
 MASK_TOKEN = "[MASK]"
 
@@ -58,6 +60,8 @@ def _pad(rows: list[list[int]], pad_id: int, multiple: int = 8, length: int | No
 
 def fill_mask(path: str, texts: list[str], top_k: int = 5) -> list[list[list[dict]]]:
     """For each text and each [MASK] in it: the top-k (token, id, probability) fillers."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise BertJaxError(f"--top-k {top_k}: expected an integer >= 1")
     params, config, tokenizer = _load(path)
     if "mlm" not in params:
         raise BertJaxError(f"{path}: checkpoint has no masked-LM head (it was saved as an "
@@ -122,11 +126,20 @@ def _read_texts(args) -> list[str]:
     if args.input:
         if not os.path.exists(args.input):
             raise BertJaxError(f"{args.input}: input file not found")
-        with open(args.input, encoding="utf-8") as f:
-            texts += [line.rstrip("\n") for line in f if line.strip()]
+        text = read_text(args.input, encoding=args.encoding, errors=args.encoding_errors,
+                         hint="pass --encoding, or --encoding-errors replace to replace "
+                              "undecodable bytes (counted)")
+        texts += [line.rstrip("\r") for line in text.split("\n") if line.strip()]
     if not texts:
         raise BertJaxError("no input text: pass --text or --input FILE (one text per line)")
     return texts
+
+
+def _add_encoding_arguments(p) -> None:
+    p.add_argument("--encoding", default="utf-8", help="text encoding of --input")
+    p.add_argument("--encoding-errors", choices=ERROR_MODES, default="strict",
+                   help="strict: an undecodable byte is an error naming its offset; replace: "
+                        "replace it with U+FFFD (the count is reported)")
 
 
 class fill_mask_command:  # noqa: N801 (CLI command object)
@@ -135,6 +148,7 @@ class fill_mask_command:  # noqa: N801 (CLI command object)
         p.add_argument("checkpoint", help="bert-jax model directory or workdir")
         p.add_argument("--text", action="append", help="text with [MASK] (repeatable)")
         p.add_argument("--input", help="file with one text per line")
+        _add_encoding_arguments(p)
         p.add_argument("--top-k", type=int, default=5)
 
     @staticmethod
@@ -152,6 +166,7 @@ class embed_command:  # noqa: N801 (CLI command object)
         p.add_argument("checkpoint", help="bert-jax model directory or workdir")
         p.add_argument("--text", action="append", help="a text (repeatable)")
         p.add_argument("--input", help="file with one text per line")
+        _add_encoding_arguments(p)
         p.add_argument("--output", required=True, help="output .npy path")
         p.add_argument("--layer", default="-1",
                        help="hidden-state index (0 = embeddings, -1 = last), last4 (concat of "
@@ -163,12 +178,18 @@ class embed_command:  # noqa: N801 (CLI command object)
 
     @staticmethod
     def run(args):
+        for name in ("max_length", "batch_size"):
+            if getattr(args, name) < 1:
+                raise BertJaxError(f"--{name.replace('_', '-')} {getattr(args, name)}: "
+                                   "expected an integer >= 1")
+        lengths_path = os.path.splitext(args.output)[0] + ".lengths.npy"
+        check_output_path(args.output, directory=False)
+        check_output_path(lengths_path, directory=False)
         texts = _read_texts(args)
         vectors, lengths = embed(args.checkpoint, texts, args.layer, args.pooling,
                                  args.max_length, args.batch_size)
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        np.save(args.output, vectors)
+        atomic_write(args.output, lambda f: np.save(f, vectors))
         if args.pooling == "none":
-            np.save(os.path.splitext(args.output)[0] + ".lengths.npy", lengths)
+            atomic_write(lengths_path, lambda f: np.save(f, lengths))
         print(f"wrote {args.output}: shape {vectors.shape}", file=sys.stderr)
         return 0

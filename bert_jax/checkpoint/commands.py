@@ -8,6 +8,7 @@ import glob
 import json
 import os
 
+from bert_jax import fileio
 from bert_jax.checkpoint import hf
 from bert_jax.checkpoint.google_tf import GOOGLE_CONFIG_FILE
 from bert_jax.errors import BertJaxError
@@ -63,6 +64,7 @@ def convert_checkpoint(source: str, output: str, source_format: str = "auto",
         params, config, tokenizer, report = load_google_tf(source, scan_layers=scan_layers)
     else:
         raise BertJaxError(f"unknown source format {fmt!r} (expected hf, google or auto)")
+    fileio.check_output_path(output, directory=True)
     _refuse_foreign_config(output, "bert-jax")
     extra = {"converted_from": {"format": fmt, "source": os.path.abspath(source),
                                 "architecture": report.architecture, "heads": report.heads,
@@ -71,14 +73,30 @@ def convert_checkpoint(source: str, output: str, source_format: str = "auto",
     return report
 
 
+# What an export writes: an output directory holding anything else is refused, not replaced.
+EXPORT_FILES = (hf.HF_CONFIG_FILE, hf.SAFETENSORS_FILE, "vocab.txt", "tokenizer_config.json")
+
+
 def export_checkpoint(checkpoint: str, output: str, architecture: str | None = None
                       ) -> hf.ConversionReport:
-    """Exports any bert-jax checkpoint (model dir, workdir, step dir) to Hugging Face."""
+    """Exports any bert-jax checkpoint (model dir, workdir, step dir) to Hugging Face.
+
+    The export is written under a staging name and swapped in complete: an earlier export
+    in ``output`` stays whole until then."""
     from bert_jax.checkpoint.store import load_model
 
-    params, config, tokenizer, _ = load_model(checkpoint)
+    fileio.check_output_path(output, directory=True)
     _refuse_foreign_config(output, "hf")
-    return hf.export_hf(params, config, output, tokenizer, architecture=architecture)
+    if os.path.isdir(output):
+        others = sorted(set(os.listdir(output)) - set(EXPORT_FILES))
+        if others:
+            raise BertJaxError(f"{output}: holds files an export does not write "
+                               f"({', '.join(others[:3])}); choose a new or empty --output")
+    params, config, tokenizer, _ = load_model(checkpoint)
+    with fileio.replace_directory(output) as staging:
+        report = hf.export_hf(params, config, staging, tokenizer, architecture=architecture)
+    report.source = os.path.abspath(output)
+    return report
 
 
 class convert:  # noqa: N801 (CLI command object)

@@ -266,14 +266,29 @@ def params_from_hf_state(state: Mapping[str, Any], config: BertConfig, source: s
 
 # ---- reading a Hugging Face directory ---------------------------------------------------------
 def _read_json(path: str) -> dict[str, Any]:
+    from bert_jax.textio import read_text
+
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise BertJaxError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(data, dict):
+        raise BertJaxError(f"{path}: expected a JSON object")
+    return data
 
 
 def _load_safetensors(path: str) -> dict[str, np.ndarray]:
+    try:
+        return _read_safetensors(path)
+    except BertJaxError:
+        raise
+    except Exception as e:  # SafetensorError: truncated header or data, not safetensors
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BertJaxError(f"{path}: not a readable safetensors file ({detail[:200]}); it is "
+                           "damaged or truncated") from None
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
     from safetensors import safe_open
 
     out, half = {}, []

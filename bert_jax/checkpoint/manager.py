@@ -10,20 +10,37 @@ Saves are asynchronous (the device->host copy happens before ``save`` returns, t
 the background) and atomic: Orbax writes ``<step>.orbax-checkpoint-tmp-*`` and renames it to
 ``<step>`` only when complete, so an interrupted save never hides the previous good step.
 Restores take target shardings, so a run resumes onto any mesh or device count.
+
+Once a save is on disk, process 0 adds ``<step>/sha256.json`` (``integrity``: size and hash
+of every file). :meth:`CheckpointManager.restore_latest` restores the newest step that
+verifies, restores and holds finite values; damaged newer steps are reported and moved to
+``WORKDIR/checkpoints.damaged/`` so that the run saves those steps afresh.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from bert_jax.checkpoint import integrity
 from bert_jax.checkpoint.store import CHECKPOINTS_DIR, PARAMS_ITEM
 from bert_jax.errors import BertJaxError
 
 ITEMS = (PARAMS_ITEM, "opt_state", "train_state", "data_state")
+DAMAGED_DIR = CHECKPOINTS_DIR + ".damaged"
+
+
+@jax.jit
+def all_finite(tree) -> jax.Array:
+    """One device-side boolean: every floating-point leaf of ``tree`` is finite."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
 class CheckpointManager:
@@ -35,6 +52,7 @@ class CheckpointManager:
             raise BertJaxError(f"checkpoint.every_steps={every_steps} and checkpoint.keep="
                                f"{keep} must be positive")
         self.every_steps = every_steps
+        self._unsealed: list[int] = []
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True)
@@ -53,6 +71,7 @@ class CheckpointManager:
         yet. Returns whether it saved."""
         if (step % self.every_steps and not force) or step in self._manager.all_steps():
             return False
+        self._seal()
         counters = dict(state.counters(), rng=rng)
         args = ocp.args.Composite(**{
             PARAMS_ITEM: ocp.args.StandardSave(state.params),
@@ -60,7 +79,73 @@ class CheckpointManager:
             "train_state": ocp.args.StandardSave(counters),
             "data_state": ocp.args.JsonSave(data_state),
         })
-        return self._manager.save(step, args=args, force=True)
+        saved = self._manager.save(step, args=args, force=True)
+        if saved:
+            self._unsealed.append(step)
+        return saved
+
+    def _seal(self) -> None:
+        """Writes the checksum manifest of every step this manager saved, once on disk."""
+        if not self._unsealed:
+            return
+        self._manager.wait_until_finished()
+        if jax.process_index() == 0:
+            for step in self._unsealed:
+                directory = os.path.join(self.directory, str(step))
+                if os.path.isdir(directory):
+                    integrity.write_manifest(directory)
+        self._unsealed = []
+
+    def restore_latest(self, abstract_state, abstract_rng, log: Callable[[str], None]):
+        """(step, state, rng, data_state) of the newest usable step, or None without steps.
+
+        A step whose checksums differ, that fails to restore or holds non-finite values is
+        reported through ``log`` and skipped. When an older step restores, the damaged newer
+        ones are moved to ``checkpoints.damaged/``; when none does, nothing is moved and a
+        BertJaxError lists what failed."""
+        failures: list[tuple[int, str]] = []
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            directory = os.path.join(self.directory, str(step))
+            try:
+                integrity.verify(directory)
+                state, rng, data_state = self.restore(step, abstract_state, abstract_rng)
+                if not bool(all_finite((state.params, state.opt_state))):
+                    raise integrity.DamagedCheckpoint(
+                        f"{directory}: parameters or optimizer state hold NaN/Inf")
+            except Exception as e:  # Orbax/tensorstore errors for truncated/missing files
+                reason = integrity.describe_failure(directory, e)
+                log(f"warning: checkpoint step {step} is damaged and skipped: {reason}")
+                failures.append((step, reason))
+                continue
+            if failures:
+                self._set_aside([s for s, _ in failures])
+                log(f"resuming from step {step}, the newest complete checkpoint; the damaged "
+                    f"steps {[s for s, _ in failures]} are in "
+                    f"{os.path.join(os.path.dirname(self.directory), DAMAGED_DIR)}")
+            return step, state, rng, data_state
+        if failures:
+            raise BertJaxError(
+                f"{self.directory}: no usable checkpoint ({'; '.join(r for _, r in failures)})."
+                " If the config changed, rerun with the config the run was started with; to "
+                "start afresh, move the checkpoints directory away")
+        return None
+
+    def _set_aside(self, steps: list[int]) -> None:
+        if jax.process_index() == 0:
+            target = os.path.join(os.path.dirname(self.directory), DAMAGED_DIR)
+            os.makedirs(target, exist_ok=True)
+            for step in steps:
+                destination = os.path.join(target, str(step))
+                suffix = 0
+                while os.path.exists(destination):
+                    suffix += 1
+                    destination = os.path.join(target, f"{step}.{suffix}")
+                os.replace(os.path.join(self.directory, str(step)), destination)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("bert_jax_checkpoints_set_aside")
+        self._manager.reload()
 
     def restore(self, step: int, abstract_state, abstract_rng):
         """Restores (state, rng, data_state) onto the shardings carried by the abstract
@@ -80,9 +165,11 @@ class CheckpointManager:
         return state, rng, restored["data_state"]
 
     def wait(self) -> None:
-        """Blocks until the pending asynchronous save is on disk."""
+        """Blocks until the pending asynchronous save is on disk (with its manifest)."""
         self._manager.wait_until_finished()
+        self._seal()
 
     def close(self) -> None:
         self._manager.wait_until_finished()
+        self._seal()
         self._manager.close()

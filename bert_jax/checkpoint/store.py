@@ -9,18 +9,20 @@ A *model directory* (written by ``convert``, fine-tuning exports, and read every
 A *training workdir* keeps ``config.json`` and ``tokenizer/`` at its root and per-step Orbax
 items under ``checkpoints/<step>/`` (``params``, ``opt_state``, ``train_state``...).
 ``load_model`` accepts either, or a single step directory, and returns the parameters of the
-newest complete step.
+newest complete step whose checksums (``sha256.json``, see ``integrity``) match.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import sys
 from typing import Any
 
 import numpy as np
 
+from bert_jax import fileio
+from bert_jax.checkpoint import integrity
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 
@@ -31,25 +33,26 @@ CHECKPOINTS_DIR = "checkpoints"
 
 
 def write_config(directory: str, config: BertConfig, extra: dict[str, Any] | None = None):
-    os.makedirs(directory, exist_ok=True)
     data = {"format": "bert_jax", "config": config.to_dict()}
     data.update(extra or {})
-    tmp = os.path.join(directory, CONFIG_FILE + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, os.path.join(directory, CONFIG_FILE))
+    fileio.atomic_write_json(os.path.join(directory, CONFIG_FILE), data)
 
 
 def read_config(directory: str) -> tuple[BertConfig, dict[str, Any]]:
     path = os.path.join(directory, CONFIG_FILE)
     if not os.path.exists(path):
         raise BertJaxError(f"{directory}: not a bert-jax checkpoint ({CONFIG_FILE} not found)")
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise BertJaxError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BertJaxError(f"{path}: not UTF-8 text (byte offset {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise BertJaxError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}; truncated or "
+                           "damaged?)") from None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise BertJaxError(f"{path}: not a bert-jax config (no \"config\" object)")
     if data.get("format") != "bert_jax":
         raise BertJaxError(f"{path}: not a bert-jax config (use `bert-jax convert` for Hugging "
                            "Face or Google checkpoints)")
@@ -59,66 +62,128 @@ def read_config(directory: str) -> tuple[BertConfig, dict[str, Any]]:
 
 def save_model(directory: str, params, config: BertConfig, tokenizer=None,
                extra: dict[str, Any] | None = None) -> None:
-    """Writes a model directory. ``params`` may be jax or numpy arrays (unboxed)."""
+    """Writes a model directory. ``params`` may be jax or numpy arrays (unboxed).
+
+    Non-destructive: the parameters are written (with their checksum manifest) under a
+    staging name and swapped in complete; an earlier model in ``directory`` stays readable
+    until then. Every process takes part in the (Orbax) save; process 0 swaps and writes the
+    tokenizer and config.json."""
+    import jax
     import orbax.checkpoint as ocp
 
     directory = os.path.abspath(directory)
+    fileio.check_output_path(directory, directory=True)
     os.makedirs(directory, exist_ok=True)
-    target = os.path.join(directory, PARAMS_ITEM)
-    if os.path.exists(target):
-        shutil.rmtree(target)
+    staging = os.path.join(directory, "." + PARAMS_ITEM + ".new")
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(target, params)
+        ckptr.save(staging, params, force=True)
         ckptr.wait_until_finished()
+    if jax.process_index() != 0:
+        return
+    integrity.write_manifest(staging)
+    fileio.swap_in(staging, os.path.join(directory, PARAMS_ITEM))
     if tokenizer is not None:
-        tokenizer.save(os.path.join(directory, TOKENIZER_DIR))
+        with fileio.replace_directory(os.path.join(directory, TOKENIZER_DIR)) as tmp:
+            tokenizer.save(tmp)
     write_config(directory, config, extra)
 
 
-def latest_step_dir(workdir: str) -> str | None:
-    """The newest complete step directory under ``workdir/checkpoints`` (None if none)."""
+def step_dirs(workdir: str) -> list[str]:
+    """Step directories under ``workdir/checkpoints`` holding a params item, newest first."""
     root = os.path.join(workdir, CHECKPOINTS_DIR)
     if not os.path.isdir(root):
-        return None
+        return []
     steps = sorted((int(d) for d in os.listdir(root) if d.isdigit()
                     and os.path.isdir(os.path.join(root, d, PARAMS_ITEM))), reverse=True)
-    return os.path.join(root, str(steps[0])) if steps else None
+    return [os.path.join(root, str(s)) for s in steps]
 
 
-def resolve(path: str) -> tuple[str, str]:
-    """path -> (directory holding config.json, directory holding the params item)."""
+def latest_step_dir(workdir: str) -> str | None:
+    """The newest step directory under ``workdir/checkpoints`` whose checksums match (or that
+    has no manifest); damaged newer steps are reported on stderr and skipped."""
+    for step in step_dirs(workdir):
+        try:
+            integrity.verify(step)
+        except integrity.DamagedCheckpoint as e:
+            _warn(f"skipping damaged checkpoint {step}: {e}")
+            continue
+        return step
+    return None
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _candidates(path: str) -> tuple[str, list[str]]:
+    """path -> (directory holding config.json, params directories to try, best first)."""
     path = os.path.abspath(path)
     if not os.path.exists(path):
         raise BertJaxError(f"{path}: checkpoint path not found")
     if os.path.isdir(os.path.join(path, PARAMS_ITEM)) and os.path.exists(
             os.path.join(path, CONFIG_FILE)):
-        return path, os.path.join(path, PARAMS_ITEM)
-    step = latest_step_dir(path)
-    if step is not None:
-        return path, os.path.join(step, PARAMS_ITEM)
+        return path, [os.path.join(path, PARAMS_ITEM)]
+    steps = step_dirs(path)
+    if steps:
+        return path, [os.path.join(s, PARAMS_ITEM) for s in steps]
     parent = os.path.dirname(os.path.dirname(path))
     if (os.path.isdir(os.path.join(path, PARAMS_ITEM))
             and os.path.basename(os.path.dirname(path)) == CHECKPOINTS_DIR):
-        return parent, os.path.join(path, PARAMS_ITEM)
+        return parent, [os.path.join(path, PARAMS_ITEM)]
     raise BertJaxError(f"{path}: no bert-jax checkpoint found (expected {CONFIG_FILE} with "
                        f"{PARAMS_ITEM}/, or a workdir with {CHECKPOINTS_DIR}/<step>/)")
 
 
-def load_params(params_dir: str, target=None):
-    """Restores a params pytree (numpy arrays, or ``target``'s shardings if given)."""
+def _check(params_dir: str) -> None:
+    """Verifies the manifest covering ``params_dir`` (its step's, or its own)."""
+    parent = os.path.dirname(params_dir)
+    if integrity.has_manifest(parent):
+        integrity.verify(parent)
+    else:
+        integrity.verify(params_dir)
+
+
+def resolve(path: str) -> tuple[str, str]:
+    """path -> (directory holding config.json, directory holding the params item): the
+    newest step whose checksums match (damaged newer steps are reported and skipped)."""
+    config_dir, params_dirs = _candidates(path)
+    first_error = None
+    for params_dir in params_dirs:
+        try:
+            _check(params_dir)
+        except integrity.DamagedCheckpoint as e:
+            first_error = first_error or e
+            if len(params_dirs) > 1:
+                _warn(f"skipping damaged checkpoint {os.path.dirname(params_dir)}: {e}")
+            continue
+        return config_dir, params_dir
+    raise first_error
+
+
+def load_params(params_dir: str, target=None, *, verify: bool = True):
+    """Restores a params pytree (numpy arrays, or ``target``'s shardings if given); a
+    damaged or unreadable directory raises DamagedCheckpoint naming it."""
     import jax
     import orbax.checkpoint as ocp
 
-    with ocp.StandardCheckpointer() as ckptr:
-        if target is None:
-            # A target on this process's first device: checkpoints written by several
-            # processes (sharded over another topology) restore onto one machine too.
-            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-            tree = ckptr.metadata(params_dir).item_metadata.tree
-            target = jax.tree.map(
-                lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device), tree)
-            return _to_numpy(ckptr.restore(params_dir, target))
-        return ckptr.restore(params_dir, target)
+    if verify:
+        _check(params_dir)
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            if target is None:
+                # A target on this process's first device: checkpoints written by several
+                # processes (sharded over another topology) restore onto one machine too.
+                device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+                tree = ckptr.metadata(params_dir).item_metadata.tree
+                target = jax.tree.map(
+                    lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device),
+                    tree)
+                return _to_numpy(ckptr.restore(params_dir, target))
+            return ckptr.restore(params_dir, target)
+    except BertJaxError:
+        raise
+    except Exception as e:  # Orbax/tensorstore: truncated, missing or garbled files
+        raise integrity.DamagedCheckpoint(integrity.describe_failure(params_dir, e)) from None
 
 
 def _to_numpy(tree):
@@ -133,9 +198,19 @@ def load_model(path: str, *, with_tokenizer: bool = True):
     Params are numpy arrays in the layout they were saved; use
     ``bert_jax.modeling.params.to_layout`` to match another config's scan/unrolled layout.
     """
-    config_dir, params_dir = resolve(path)
+    config_dir, params_dirs = _candidates(path)
     config, extra = read_config(config_dir)
-    params = load_params(params_dir)
+    params, first_error = None, None
+    for params_dir in params_dirs:
+        try:
+            params = load_params(params_dir)
+            break
+        except integrity.DamagedCheckpoint as e:
+            first_error = first_error or e
+            if len(params_dirs) > 1:
+                _warn(f"skipping damaged checkpoint {os.path.dirname(params_dir)}: {e}")
+    if params is None:
+        raise first_error
     tokenizer = None
     tok_dir = os.path.join(config_dir, TOKENIZER_DIR)
     if with_tokenizer and os.path.isdir(tok_dir):

@@ -209,7 +209,22 @@ def create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir:
                             config: CreationConfig, num_shards: int = 1, num_workers: int = 1,
                             unit_bytes: int = DEFAULT_UNIT_BYTES,
                             progress: bool = True) -> dict[str, Any]:
-    """Writes shards and ``metadata.json`` into ``output_dir``; returns the metadata dict."""
+    """Writes shards and ``metadata.json`` into ``output_dir``; returns the metadata dict.
+
+    The data is written under a staging directory beside ``output_dir`` and swapped in
+    complete (``bert_jax.data.output``): earlier data in ``output_dir`` stays readable until
+    then, and an interrupted run leaves it untouched."""
+    from bert_jax.data.output import staged_data_directory
+
+    with staged_data_directory(output_dir) as staging:
+        return _create_pretraining_data(inputs, tokenizer, staging, config, num_shards,
+                                        num_workers, unit_bytes, progress)
+
+
+def _create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir: str,
+                             config: CreationConfig, num_shards: int = 1,
+                             num_workers: int = 1, unit_bytes: int = DEFAULT_UNIT_BYTES,
+                             progress: bool = True) -> dict[str, Any]:
     config.validate()
     if num_shards < 1:
         raise BertJaxError(f"--num-shards {num_shards}: must be >= 1")

@@ -70,13 +70,9 @@ class PretrainingDataConfig:
 
 def write_metadata(directory: str, metadata: dict[str, Any]) -> str:
     """Writes ``metadata.json`` atomically (a temporary name, then rename)."""
-    path = os.path.join(directory, METADATA_JSON)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(metadata, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
+    from bert_jax.fileio import atomic_write_json
+
+    return atomic_write_json(os.path.join(directory, METADATA_JSON), metadata)
 
 
 def load_metadata(directory: str) -> PretrainingDataConfig:
@@ -109,4 +105,9 @@ def load_metadata(directory: str) -> PretrainingDataConfig:
     missing = [f for f in config.train_files + config.eval_files if not os.path.exists(f)]
     if missing:
         raise BertJaxError(f"{path}: shard {missing[0]} is missing ({len(missing)} missing)")
+    from bert_jax.data.shards import check_shards
+
+    sizes = [s.get("bytes") for split in ("train", "eval") for s in raw["splits"][split]["shards"]]
+    check_shards(path, config.train_files + config.eval_files,
+                 config.train_examples + config.eval_examples, sizes)
     return config

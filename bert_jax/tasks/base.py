@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.errors import BertJaxError
+from bert_jax.fileio import atomic_write
 
 KINDS = ("classification", "regression", "token_classification", "span", "multiple_choice")
 IGNORE_INDEX = -100  # label id of positions that carry no loss (specials, padding, sub-tokens)
@@ -120,10 +121,7 @@ def write_json(path: str, obj: Any) -> str:
             return int(x)
         return x
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(clean(obj), f, indent=2, ensure_ascii=False)
-        f.write("\n")
+    atomic_write(path, json.dumps(clean(obj), indent=2, ensure_ascii=False) + "\n")
     return path
 
 

@@ -21,6 +21,9 @@ class finetune_command:  # noqa: N801 - the CLI registry names this attribute
         parser.add_argument("--workdir", required=True,
                             help="output: best model (config.json, params/, tokenizer/), "
                                  "metrics.json")
+        parser.add_argument("--overwrite", action="store_true",
+                            help="write into a workdir that holds another kind of run (a "
+                                 "pretraining run or a model directory)")
         parser.epilog = ("Override any config field with --config.<key>=<value>, e.g. "
                          "--config.init_checkpoint=PATH --config.data_dir=glue_data/MRPC "
                          "--config.optimizer.learning_rate=3e-5. The data root defaults to "
@@ -31,7 +34,7 @@ class finetune_command:  # noqa: N801 - the CLI registry names this attribute
         from bert_jax.tasks.finetune import finetune
 
         config = load_config(args.config, args.overrides)
-        result = finetune(config, args.workdir)
+        result = finetune(config, args.workdir, overwrite=args.overwrite)
         if jax.process_index() == 0:
             print(json.dumps({"workdir": args.workdir, "best": result["best"]}))
         return 0
@@ -55,8 +58,11 @@ class evaluate_command:  # noqa: N801
 
     @staticmethod
     def run(args) -> int:
+        from bert_jax.fileio import check_output_path
         from bert_jax.tasks.evaluate import evaluate
 
+        if args.output:
+            check_output_path(args.output, directory=False)
         result = evaluate(args.workdir, args.split, args.overrides)
         if jax.process_index() == 0:
             if args.output:
@@ -78,8 +84,10 @@ class predict_command:  # noqa: N801
 
     @staticmethod
     def run(args) -> int:
+        from bert_jax.fileio import check_output_path
         from bert_jax.tasks.evaluate import predict
 
+        check_output_path(args.output, directory=True)
         paths = predict(args.workdir, args.split, args.output, args.overrides, args.ax_file)
         if jax.process_index() == 0:
             print(json.dumps({"written": paths}, indent=2))

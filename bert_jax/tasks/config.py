@@ -23,6 +23,7 @@ from ml_collections import config_dict
 
 from bert_jax import parallel
 from bert_jax.errors import BertJaxError
+from bert_jax.tasks.validate import validate_finetuning
 from bert_jax.training import config as config_lib
 
 # The environment variable naming the data root: GLUE tasks at $BERT_JAX_DATA/glue/<TASK>/,
@@ -129,8 +130,10 @@ def check_overrides(overrides: Sequence[str]) -> None:
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
+    """Applies ``--config.k=v`` overrides and range-checks the result."""
     check_overrides(overrides)
     config_lib.apply_overrides(config, overrides)
+    validate_finetuning(config)
 
 
 def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
@@ -150,6 +153,7 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
         if message:
             raise BertJaxError(f"{path}: {message}")
     config_lib.apply_overrides(config, overrides)
+    validate_finetuning(config)
     return config
 
 

@@ -39,6 +39,7 @@ from bert_jax.tasks.base import (
 from bert_jax.tasks.conlleval import conlleval
 from bert_jax.tasks.ner import featurize_ner, words_from_token_labels
 from bert_jax.tasks.tsv import read_tsv_lines
+from bert_jax.textio import open_text
 
 # task name -> kind
 CUSTOM_KINDS = {"custom_classification": "classification",
@@ -108,7 +109,7 @@ def read_rows(path: str, fmt: str) -> tuple[list[str] | None, Iterator[tuple[int
                 yield number, dict(zip(header, fields, strict=True))
 
         return header, tsv_rows()
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open_text(path, newline="") as f:
         reader = csv.reader(f)
         try:
             header = next(reader)
@@ -127,7 +128,7 @@ def read_rows(path: str, fmt: str) -> tuple[list[str] | None, Iterator[tuple[int
 
 
 def _jsonl_rows(path: str) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8-sig") as f:
+    with open_text(path) as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue

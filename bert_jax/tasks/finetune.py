@@ -25,12 +25,14 @@ import numpy as np
 from bert_jax import parallel
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
+from bert_jax.fileio import WorkdirLock
 from bert_jax.tasks.base import write_json
 from bert_jax.tasks.evaluate import score
 from bert_jax.tasks.inputs import featurize, train_and_dev
 from bert_jax.tasks.model_init import initial_model, merge_encoder
 from bert_jax.tasks.registry import get_task
 from bert_jax.tasks.trainer import build_finetuner, num_rows
+from bert_jax.training.workdir import check_run_kind
 
 METRICS_FILE = "metrics.json"
 
@@ -46,15 +48,34 @@ def run_rngs(seed: int) -> tuple[jax.Array, jax.Array]:
     return init_rng, dropout_rng
 
 
-def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def finetune(config: ml_collections.ConfigDict, workdir: str, *, overwrite: bool = False
+             ) -> dict[str, Any]:
     """Trains, evaluates after each epoch, keeps the best epoch in ``workdir``; returns the
-    contents of metrics.json."""
+    contents of metrics.json.
+
+    ``workdir`` must be new or hold a fine-tuning run (a pretraining workdir or a model
+    directory is refused unless ``overwrite``); it is locked for the run, and each new best
+    model replaces the previous one only once written completely."""
     parallel.maybe_initialize_distributed()
     task = get_task(config.task, config)
     if not task.label_keys:
         raise BertJaxError(f"task {task.name} has no training data (predict it with a model "
                            "of its parent task, e.g. AX with MNLI)")
-    os.makedirs(workdir, exist_ok=True)
+    workdir = os.path.abspath(workdir)
+    if config.init_checkpoint and os.path.abspath(config.init_checkpoint) == workdir:
+        raise BertJaxError(f"{workdir}: is the init_checkpoint; fine-tuning would replace the "
+                           "model it starts from. Choose another --workdir")
+    check_run_kind(workdir, "fine-tuning", overwrite=overwrite)
+    lock = WorkdirLock(workdir)
+    if jax.process_index() == 0:
+        lock.acquire()
+    try:
+        return _finetune(config, workdir, task)
+    finally:
+        lock.release()
+
+
+def _finetune(config: ml_collections.ConfigDict, workdir: str, task) -> dict[str, Any]:
     model_cfg, tokenizer, pretrained, report = initial_model(task, config)
     train, devs, dev_source = train_and_dev(task, config)
     _log(f"{task.name}: {len(train)} train examples, "

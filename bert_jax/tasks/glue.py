@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from bert_jax.errors import BertJaxError
+from bert_jax.fileio import atomic_write
 from bert_jax.tasks import metrics as M
 from bert_jax.tasks.base import (
     ExampleList,
@@ -65,6 +66,8 @@ class GlueSpec:
     # Headerless layout (CoLA train/dev): column positions of (label, text_a).
     headerless: tuple[int, int] | None = None
     headerless_columns: int = 0
+    # Regression: the scores the task defines (STS-B: 0 to 5); a score outside is a bad row.
+    label_range: tuple[float, float] | None = None
 
 
 _STANDARD = {"train": ("train.tsv",), "dev": ("dev.tsv",), "test": ("test.tsv",)}
@@ -87,7 +90,7 @@ GLUE_SPECS: dict[str, GlueSpec] = {s.name: s for s in [
     _spec("mrpc", "MRPC", "classification", BINARY_LABELS, "#1 String", "#2 String", "Quality",
           "acc_and_f1", ("sentence1", "sentence2")),
     _spec("stsb", "STS-B", "regression", (), "sentence1", "sentence2", "score", "corr",
-          ("sentence1", "sentence2")),
+          ("sentence1", "sentence2"), label_range=(0.0, 5.0)),
     _spec("qqp", "QQP", "classification", BINARY_LABELS, "question1", "question2",
           "is_duplicate", "acc_and_f1", ("question1", "question2"), index="id"),
     _spec("mnli", "MNLI", "classification", NLI_LABELS, "sentence1", "sentence2", "gold_label",
@@ -197,6 +200,11 @@ class GlueTask(Task):
             if not np.isfinite(value):
                 problems.report(where, f"score {raw!r} is not a number")
                 return None
+            low, high = self.spec.label_range or (-np.inf, np.inf)
+            if not low <= value <= high:
+                problems.report(where, f"score {raw!r} is outside the task's range "
+                                f"[{low:g}, {high:g}]")
+                return None
             return value
         if raw not in self.labels:
             problems.report(where, f"label {raw!r} is not one of {list(self.labels)}")
@@ -287,13 +295,12 @@ class GlueTask(Task):
         if len(predictions) != len(examples):
             raise BertJaxError(f"{self.name}: {len(predictions)} predictions for "
                                f"{len(examples)} examples")
-        os.makedirs(output_dir, exist_ok=True)
         path = os.path.join(output_dir, self.submission_name(split))
-        with open(path, "w", encoding="utf-8") as f:
-            f.write("index\tprediction\n")
-            for ex, pred in zip(examples, predictions, strict=True):
-                value = f"{pred:.3f}" if self.kind == "regression" else str(pred)
-                f.write(f"{ex.index}\t{value}\n")
+        lines = ["index\tprediction\n"]
+        for ex, pred in zip(examples, predictions, strict=True):
+            value = f"{pred:.3f}" if self.kind == "regression" else str(pred)
+            lines.append(f"{ex.index}\t{value}\n")
+        atomic_write(path, "".join(lines))
         return [path]
 
 

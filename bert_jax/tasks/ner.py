@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bert_jax.errors import BertJaxError
+from bert_jax.fileio import atomic_write
 from bert_jax.tasks.base import (
     IGNORE_INDEX,
     ExampleList,
@@ -25,6 +26,7 @@ from bert_jax.tasks.base import (
     resolve_file,
 )
 from bert_jax.tasks.conlleval import conlleval
+from bert_jax.textio import open_text
 
 ENTITY_TYPES = ("PER", "ORG", "LOC", "MISC")
 # The label order of tensorflow-datasets' conll2003 (and Hugging Face's).
@@ -74,7 +76,7 @@ def read_conll(path: str, labels: Sequence[str] = NER_LABELS, scheme: str = "iob
             examples.append(NerExample(f"{len(examples)}", tuple(words), tuple(fixed)))
         words, tags, bad = [], [], False
 
-    with open(path, encoding="utf-8-sig") as f:
+    with open_text(path) as f:
         for number, line in enumerate(f, start=1):
             fields = line.split()
             if not fields or fields[0] == DOCSTART:
@@ -217,12 +219,12 @@ class NerTask(Task):
     def write_predictions(self, predictions, examples, output_dir, split) -> list[str]:
         """``predictions.txt``: ``token gold pred`` per line (conlleval's input), blank line
         between sentences; ``token pred`` when unlabelled."""
-        os.makedirs(output_dir, exist_ok=True)
         path = os.path.join(output_dir, f"predictions.{split}.txt")
-        with open(path, "w", encoding="utf-8") as f:
-            for ex, pred in zip(examples, predictions, strict=True):
-                golds = ex.labels if ex.labels is not None else [None] * len(ex.words)
-                for word, gold, p in zip(ex.words, golds, pred, strict=True):
-                    f.write(f"{word} {gold} {p}\n" if gold is not None else f"{word} {p}\n")
-                f.write("\n")
+        lines = []
+        for ex, pred in zip(examples, predictions, strict=True):
+            golds = ex.labels if ex.labels is not None else [None] * len(ex.words)
+            for word, gold, p in zip(ex.words, golds, pred, strict=True):
+                lines.append(f"{word} {gold} {p}\n" if gold is not None else f"{word} {p}\n")
+            lines.append("\n")
+        atomic_write(path, "".join(lines))
         return [path]

@@ -35,6 +35,7 @@ from bert_jax.tasks.base import (
     resolve_file,
     write_json,
 )
+from bert_jax.textio import read_text
 from bert_jax.tokenization.base import SPECIAL_TOKENS
 
 
@@ -89,8 +90,7 @@ def split_context(context: str) -> tuple[list[str], list[int], list[int]]:
 def read_squad_json(path: str, version_2: bool, on_error: str = "raise") -> ExampleList:
     """Reads an official SQuAD JSON file; bad answer spans are reported with the question id."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise BertJaxError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):

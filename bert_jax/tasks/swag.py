@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import os
 
 import numpy as np
 
 from bert_jax.errors import BertJaxError
+from bert_jax.fileio import atomic_write
 from bert_jax.tasks import metrics as M
 from bert_jax.tasks.base import (
     ExampleList,
@@ -24,6 +26,7 @@ from bert_jax.tasks.base import (
     encode_inputs,
     resolve_file,
 )
+from bert_jax.textio import open_text
 
 NUM_CHOICES = 4
 REQUIRED = ("sent1", "sent2", *(f"ending{i}" for i in range(NUM_CHOICES)))
@@ -43,7 +46,7 @@ def read_swag_csv(path: str, on_error: str = "raise") -> ExampleList:
     """Reads a SWAG CSV by its header names; bad rows are reported with ``file:line``."""
     problems = RowProblems(on_error)
     examples = []
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open_text(path, newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:
@@ -119,11 +122,11 @@ class SwagTask(Task):
 
     def write_predictions(self, predictions, examples, output_dir, split) -> list[str]:
         """``predictions.<split>.csv`` with columns ``index,prediction`` (the ending number)."""
-        os.makedirs(output_dir, exist_ok=True)
         path = os.path.join(output_dir, f"predictions.{split}.csv")
-        with open(path, "w", encoding="utf-8", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["index", "prediction"])
-            for ex, pred in zip(examples, predictions, strict=True):
-                writer.writerow([ex.index, pred])
+        buffer = io.StringIO(newline="")
+        writer = csv.writer(buffer)
+        writer.writerow(["index", "prediction"])
+        for ex, pred in zip(examples, predictions, strict=True):
+            writer.writerow([ex.index, pred])
+        atomic_write(path, buffer.getvalue())
         return [path]

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from bert_jax.textio import read_text
+
 
 def read_tsv_lines(path: str) -> Iterator[tuple[int, list[str]]]:
     """Yields (1-based line number, tab-separated fields) for each non-final line of ``path``."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        text = f.read()
+    text = read_text(path)
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import importlib.util
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ml_collections
@@ -65,6 +65,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.short_seq_prob = 0.1  # nsp/sop pairing: chance of a shorter target length
     c.data.shuffle_buffer = 10_000
     c.data.seed = 0
+    # Seconds to wait for one batch before the run stops with an error (a stalled input
+    # pipeline: unreadable files, a hung filesystem); 0 waits forever.
+    c.data.wait_timeout_s = 600.0
     # materialized: cycle back to the first batch (the same masks again) when the batches run
     # out, instead of stopping; and the held-out batches for evaluation (`bert-jax
     # materialize-batches --split eval`; unset: evaluate on data.directory's first batches).
@@ -142,8 +145,12 @@ def decay_steps(config: ml_collections.ConfigDict) -> int:
 
 
 # ---- loading and overrides ----------------------------------------------------------------
-def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-    """``path/to/file.py[:variant]`` -> locked ConfigDict with ``--config.k=v`` overrides."""
+def load_config(spec: str, overrides: Sequence[str] = (),
+                validate: Callable[[ml_collections.ConfigDict], None] | None = None
+                ) -> ml_collections.ConfigDict:
+    """``path/to/file.py[:variant]`` -> locked ConfigDict with ``--config.k=v`` overrides,
+    checked by ``validate`` (default: a pretraining config's ranges, when the config is
+    one; see ``bert_jax.training.validate``)."""
     path, _, variant = spec.partition(":")
     resolved = _find_file(path)
     module_spec = importlib.util.spec_from_file_location("_bert_jax_experiment", resolved)
@@ -154,11 +161,19 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
         raise BertJaxError(f"{resolved}:{e.lineno}: {e.msg}") from None
     if not hasattr(module, "get_config"):
         raise BertJaxError(f"{resolved}: defines no get_config(variant)")
-    config = module.get_config(variant) if variant else module.get_config()
+    try:
+        config = module.get_config(variant) if variant else module.get_config()
+    except (ValueError, KeyError) as e:  # an unknown variant: the message lists the valid
+        message = e.args[0] if e.args else type(e).__name__
+        raise BertJaxError(f"{resolved}:{variant}: {message}") from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise BertJaxError(f"{resolved}: get_config must return an ml_collections.ConfigDict")
     config.lock()
     apply_overrides(config, overrides)
+    if validate is None and "objective" in config and "optimizer" in config:
+        from bert_jax.training.validate import validate_pretraining as validate
+    if validate is not None:
+        validate(config)
     return config
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -115,14 +116,29 @@ def make_batches(config, split: str, *, batch_size: int, vocab_size: int, proces
                        "synthetic")
 
 
+class DataWaitInterrupted(Exception):
+    """A stop was requested (SIGTERM/SIGINT) while the loop waited for a batch."""
+
+
+class DataStalled(BertJaxError):
+    """No batch arrived within the configured ``data.wait_timeout_s``."""
+
+
 class Prefetcher:
     """Reads batches on a background thread, ``depth`` ahead, each paired with the source's
-    state *after* it, so a checkpoint at step n records exactly where batch n+1 starts."""
+    state *after* it, so a checkpoint at step n records exactly where batch n+1 starts.
+
+    Waiting for a batch never hangs: after ``timeout_s`` seconds (0: no limit) it raises
+    :class:`DataStalled`, and when ``interrupted()`` turns true it raises
+    :class:`DataWaitInterrupted`."""
 
     _END = object()
+    _POLL_S = 0.2
 
-    def __init__(self, source, transform, depth: int = 2):
+    def __init__(self, source, transform, depth: int = 2, *, timeout_s: float = 0.0,
+                 interrupted: Callable[[], bool] | None = None, what: str = "training"):
         self._source, self._transform = source, transform
+        self.timeout_s, self.interrupted, self._what = timeout_s, interrupted, what
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="prefetch")
@@ -142,13 +158,29 @@ class Prefetcher:
                     return
             self._queue.put(self._END)
         except BaseException as e:  # surfaced in the consumer
+            if type(e).__name__ in ("DataLossError", "InvalidArgumentError"):
+                # tf.data reading a damaged record: a data problem, not a program error
+                detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                e = BertJaxError(f"the {self._what} data is damaged: {detail[:300]}")
             self._queue.put(e)
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        item = self._queue.get()
+        started = time.monotonic()
+        while True:
+            try:
+                item = self._queue.get(timeout=self._POLL_S)
+                break
+            except queue.Empty:
+                if self.interrupted is not None and self.interrupted():
+                    raise DataWaitInterrupted() from None
+                if self.timeout_s and time.monotonic() - started > self.timeout_s:
+                    raise DataStalled(
+                        f"no {self._what} batch arrived within data.wait_timeout_s="
+                        f"{self.timeout_s:g} s: the input pipeline is stalled (check that the "
+                        "data files are complete and readable, or raise the timeout)") from None
         if item is self._END:
             raise StopIteration
         if isinstance(item, BaseException):

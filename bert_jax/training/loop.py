@@ -9,7 +9,6 @@ step with device prefetch, and handles logging (fetched from the device only eve
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from typing import Any
@@ -19,18 +18,20 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import parallel
+from bert_jax import fileio, parallel
 from bert_jax.checkpoint import store
 from bert_jax.checkpoint.manager import CheckpointManager
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.params import flatten_params, to_layout
 from bert_jax.training import config as config_lib
-from bert_jax.training.inputs import Prefetcher, make_batches
+from bert_jax.training.inputs import DataWaitInterrupted, Prefetcher, make_batches
 from bert_jax.training.metrics import MetricsWriter, flops_per_sequence, peak_tflops
 from bert_jax.training.setup import build_training
+from bert_jax.training.signals import Preemption
 from bert_jax.training.state import TrainState
 from bert_jax.training.steps import summarize
+from bert_jax.training.workdir import check_pretraining_workdir
 
 
 class TrainingDiverged(BertJaxError):
@@ -94,7 +95,8 @@ def _write_workdir_files(config, workdir: str, model_cfg: BertConfig, tokenizer)
         return
     store.write_config(workdir, model_cfg, extra={"experiment": config.to_dict()})
     if tokenizer is not None:
-        tokenizer.save(os.path.join(workdir, store.TOKENIZER_DIR))
+        with fileio.replace_directory(os.path.join(workdir, store.TOKENIZER_DIR)) as tmp:
+            tokenizer.save(tmp)
 
 
 def _load_init_params(path: str, model_cfg: BertConfig, params, shardings):
@@ -142,49 +144,30 @@ def _data_state_for_this_process(saved: dict[str, Any], config, local_batch: int
 
 
 # ---- the loop -------------------------------------------------------------------------------
-class _Preemption:
-    """SIGTERM -> a flag the loop checks; the loop then saves and exits cleanly."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-
-    def __enter__(self):
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread: leave signals alone
-            self._previous = None
-        return self
-
-    def _handle(self, signum, frame):
-        self.requested = True
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-        return False
-
-    def agreed(self) -> bool:
-        """All processes must stop at the same step: any process's request stops all."""
-        if jax.process_count() == 1:
-            return self.requested
-        from jax.experimental import multihost_utils
-
-        flags = multihost_utils.process_allgather(np.int32(self.requested))
-        return bool(np.max(flags))
-
-
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       overwrite: bool = False) -> dict[str, Any]:
     """Trains (or resumes) the configured experiment in ``workdir``; returns the final
     metrics (last logged train metrics, ``eval_*`` metrics, ``step``, and ``stopped``:
-    completed | preempted)."""
+    completed | preempted). The workdir is locked for the run and checked (kind of run,
+    model shape against its checkpoints) before anything is written into it."""
     parallel.maybe_initialize_distributed()
     workdir = os.path.abspath(workdir)
-    os.makedirs(workdir, exist_ok=True)
     model_cfg = config_lib.model_config(config, _data_vocab_size(config))
+    check_pretraining_workdir(workdir, model_cfg, config.to_dict(), overwrite=overwrite)
     mesh = parallel.create_mesh(config.parallel.mesh, config.parallel.dcn_mesh)
     local_batch = _check_sizes(config, model_cfg, mesh)
     tokenizer = _load_tokenizer(config)
+    lock = fileio.WorkdirLock(workdir)
+    if jax.process_index() == 0:
+        lock.acquire()
+    try:
+        return _train(config, workdir, model_cfg, mesh, local_batch, tokenizer, lock)
+    finally:
+        lock.release()
+
+
+def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, tokenizer,
+           lock: fileio.WorkdirLock) -> dict[str, Any]:
     _write_workdir_files(config, workdir, model_cfg, tokenizer)
 
     training = build_training(config, model_cfg, mesh)
@@ -198,10 +181,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                     keep=config.checkpoint.keep,
                                     async_save=config.checkpoint.async_save)
     data_state = None
-    latest = checkpoints.latest_step()
-    if latest is not None:
-        state, dropout_rng, data_state = checkpoints.restore(latest, abstract_state,
-                                                             abstract_rng)
+    restored = checkpoints.restore_latest(abstract_state, abstract_rng, _log)
+    if restored is not None:
+        latest, state, dropout_rng, data_state = restored
         data_state = _data_state_for_this_process(data_state, config, local_batch)
         _log(f"resumed from {checkpoints.directory}/{latest} onto mesh {dict(mesh.shape)}")
     else:
@@ -222,10 +204,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                               vocab_size=model_cfg.vocab_size,
                               process_index=jax.process_index(),
                               process_count=jax.process_count(), tokenizer=tokenizer)
+        batches = Prefetcher(source, to_global, timeout_s=config.data.wait_timeout_s,
+                             what="evaluation")
         totals = None
-        for _, local in zip(range(config.eval_steps), source, strict=False):
-            sums = eval_step(state.params, to_global(local))
-            totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        try:
+            for _, (batch, _) in zip(range(config.eval_steps), batches, strict=False):
+                sums = eval_step(state.params, batch)
+                totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        finally:
+            batches.close()
         if totals is None:
             return {}
         return {k: float(v) for k, v in summarize(jax.device_get(totals)).items()}
@@ -234,11 +221,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                           vocab_size=model_cfg.vocab_size, process_index=jax.process_index(),
                           process_count=jax.process_count(), state=data_state,
                           tokenizer=tokenizer)
-    writer = MetricsWriter(workdir, enabled=jax.process_index() == 0)
+    start_step = int(jax.device_get(state.step))
+    writer = MetricsWriter(workdir, enabled=jax.process_index() == 0, after_step=start_step)
     flops = flops_per_sequence(seq, model_cfg.num_hidden_layers, model_cfg.hidden_size,
                                model_cfg.vocab_size, preds)
     peak = peak_tflops(config.peak_tflops)
-    start_step = int(jax.device_get(state.step))
     total_steps = config.num_train_steps
     progress = _progress_bar(config, start_step, total_steps)
     result: dict[str, Any] = {"step": start_step, "stopped": "completed"}
@@ -246,10 +233,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     data_state = source.state()
     last_time, last_step = None, start_step
     profile = tuple(config.profile_steps)
-    prefetch = Prefetcher(source, to_global)
+    preemption = Preemption(on_idle_exit=lock.release)
+    # One process stops inside a data wait; several agree on a step first (at log steps).
+    prefetch = Prefetcher(source, to_global, timeout_s=config.data.wait_timeout_s,
+                          interrupted=(lambda: preemption.requested)
+                          if jax.process_count() == 1 else None)
     step = start_step
     try:
-        with _Preemption() as preemption:
+        with preemption:
+            preemption.idle = True  # until the first step: nothing to save, exit at once
             while step < total_steps:
                 if profile and step == profile[0]:
                     jax.profiler.start_trace(os.path.join(workdir, "profile"))
@@ -258,6 +250,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 except StopIteration:
                     raise BertJaxError(f"the training data ran out at step {step}; use more "
                                        "data or fewer num_train_steps") from None
+                except DataWaitInterrupted:
+                    checkpoints.save(step, state, dropout_rng, data_state, force=True)
+                    checkpoints.wait()
+                    _log(f"{preemption.signal_name}: saved step {step} to "
+                         f"{checkpoints.directory} (while waiting for data); exiting")
+                    result.update(step=step, stopped="preempted")
+                    return result
                 state, metrics = train_step(state, batch, dropout_rng)
                 pending.append(metrics)
                 step += 1
@@ -267,6 +266,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                     jax.profiler.stop_trace()
                 if last_time is None:  # the first step includes compilation: time from here
                     jax.block_until_ready(metrics)
+                    preemption.idle = False
                     last_time, last_step = time.perf_counter(), step
                 if progress is not None:
                     progress.update(1)
@@ -292,18 +292,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                     if logged["skipped_in_row"] >= config.max_skipped_in_row:
                         checkpoints.save(step, state, dropout_rng, data_state, force=True)
                         checkpoints.wait()
+                        good = step - logged["skipped_in_row"]
                         raise TrainingDiverged(
                             f"{logged['skipped_in_row']} consecutive steps had a non-finite "
-                            f"loss or gradient (up to step {step}); stopped. The last good "
-                            f"parameters are saved in {checkpoints.directory}/{step}. Lower "
-                            "the learning rate or check the data.")
+                            f"loss, gradient or update (up to step {step}); stopped. Skipped "
+                            f"steps change nothing, so {checkpoints.directory}/{step} holds "
+                            f"the parameters of step {good}, the last good one. Lower the "
+                            "learning rate or check the data.")
                     stop = preemption.agreed()
                 else:
                     stop = jax.process_count() == 1 and preemption.requested
                 if stop:
                     checkpoints.save(step, state, dropout_rng, data_state, force=True)
                     checkpoints.wait()
-                    _log(f"SIGTERM: saved step {step} to {checkpoints.directory}; exiting")
+                    _log(f"{preemption.signal_name or 'SIGTERM'}: saved step {step} to "
+                         f"{checkpoints.directory}; exiting")
                     result.update(step=step, stopped="preempted")
                     return result
                 if config.eval_steps > 0 and (step % config.eval_every == 0 or at_end):

@@ -13,6 +13,8 @@ from typing import Any
 
 import jax
 
+from bert_jax import fileio
+
 # Dense bf16 peak TFLOP/s per device (vendor data sheets), keyed by jax device_kind prefix.
 PEAK_TFLOPS = {
     "NVIDIA H200": 989.0,
@@ -42,24 +44,55 @@ def peak_tflops(configured: float | None) -> float | None:
 
 def read_metrics(workdir: str, split: str | None = "train") -> list[dict[str, Any]]:
     """The records :class:`MetricsWriter` appended to ``WORKDIR/metrics.jsonl``, in order
-    (a resumed run appends again from its restored step), filtered to ``split`` unless None."""
+    (one per step and split: a resumed run first drops the records after its restored
+    step), filtered to ``split`` unless None."""
     path = os.path.join(workdir, "metrics.jsonl")
     with open(path, encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]
     return [r for r in records if split is None or r.get("split") == split]
 
 
+def truncate_metrics(path: str, after_step: int) -> int:
+    """Atomically drops the records of ``path`` with a step beyond ``after_step`` (those a
+    resumed run writes again) and any partial last line; returns how many were dropped."""
+    if not os.path.exists(path):
+        return 0
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    kept, dropped = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step = int(record["step"])
+        except (ValueError, KeyError, TypeError):
+            dropped += 1  # a line cut short by a kill
+            continue
+        if step > after_step:
+            dropped += 1
+        else:
+            kept.append(line + b"\n")
+    if dropped:
+        fileio.atomic_write(path, b"".join(kept))
+    return dropped
+
+
 class MetricsWriter:
     """Appends one JSON object per line to ``metrics.jsonl`` and mirrors scalars to
-    TensorBoard event files (tensorboardX; no tensorflow). Only process 0 writes."""
+    TensorBoard event files (tensorboardX; no tensorflow). Only process 0 writes.
+    ``after_step`` (a resumed run's restored step) first drops later records, so every step
+    appears once."""
 
-    def __init__(self, workdir: str, enabled: bool = True):
+    def __init__(self, workdir: str, enabled: bool = True, after_step: int | None = None):
         self.enabled = enabled
         if not enabled:
             return
         from tensorboardX import SummaryWriter
 
         self.path = os.path.join(workdir, "metrics.jsonl")
+        if after_step is not None:
+            truncate_metrics(self.path, after_step)
         self._file = open(self.path, "a", encoding="utf-8")
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 

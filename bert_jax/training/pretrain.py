@@ -17,6 +17,9 @@ class command:  # noqa: N801 - the CLI registry names this attribute
         parser.add_argument("--workdir", required=True,
                             help="run directory: checkpoints, metrics, config, tokenizer; "
                                  "rerunning the same command resumes from it")
+        parser.add_argument("--overwrite", action="store_true",
+                            help="run in a workdir that holds another kind of run (a model or "
+                                 "a fine-tuning run); its checkpoints are never deleted")
         parser.epilog = ("Override any config field with --config.<key>=<value>, e.g. "
                          "--config.data.directory=DATA --config.num_train_steps=1000")
 
@@ -26,7 +29,7 @@ class command:  # noqa: N801 - the CLI registry names this attribute
         from bert_jax.training.loop import train_and_evaluate
 
         config = load_config(args.config, args.overrides)
-        result = train_and_evaluate(config, args.workdir)
+        result = train_and_evaluate(config, args.workdir, overwrite=args.overwrite)
         import jax
 
         if jax.process_index() == 0:

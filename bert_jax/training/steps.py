@@ -89,8 +89,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     The dropout key is ``fold_in(rng, state.step)`` (and the microbatch index). Gradients of
     ``microbatches`` slices are summed in a ``lax.scan`` with batch-wide denominators, which
     equals one full-batch step; ``microbatch_sharding(ndim)`` pins the [k, batch/k, ...]
-    split (batch on the second axis). A non-finite loss or gradient norm leaves params and
-    optimizer state untouched and bumps the skip counters: ``skip="where"`` computes the
+    split (batch on the second axis). A non-finite loss, gradient norm, new parameter or
+    new optimizer-state value leaves params and optimizer state untouched and bumps the skip
+    counters (so a saved state is always finite): ``skip="where"`` computes the
     update and selects every leaf; ``skip="cond"`` runs the update under a ``lax.cond``.
     ``param_cast`` (``parallel.param_gather_cast``) maps the parameters before the forward
     pass, inside the differentiated function.
@@ -129,17 +130,31 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
         metrics = summarize(sums)
         grad_norm = optax.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+
         def update(operands):
             params, opt_state = operands
             updates, new_opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), new_opt_state
+            new_params = optax.apply_updates(params, updates)
+            # A damaged optimizer state (or an overflow in the update) must not reach the
+            # parameters: the new state itself has to be finite too.
+            return new_params, new_opt_state, _all_finite((new_params, new_opt_state))
 
         operands = (state.params, state.opt_state)
         if skip == "cond":
-            new_params, new_opt_state = jax.lax.cond(finite, update, lambda o: o, operands)
+            def guarded(o):
+                new_params, new_opt_state, ok = update(o)
+                keep = lambda new, old: jnp.where(ok, new, old)
+                return (*jax.tree.map(keep, (new_params, new_opt_state), o), ok)
+
+            new_params, new_opt_state, ok = jax.lax.cond(
+                finite, guarded, lambda o: (*o, jnp.bool_(False)), operands)
+            finite = finite & ok
         else:
+            new_params, new_opt_state, ok = update(operands)
+            finite = finite & ok
             keep = lambda new, old: jnp.where(finite, new, old)
-            new_params, new_opt_state = jax.tree.map(keep, update(operands), operands)
+            new_params, new_opt_state = jax.tree.map(keep, (new_params, new_opt_state),
+                                                     operands)
         skipped = (~finite).astype(jnp.int32)
         new_state = state.replace(
             step=state.step + 1, params=new_params, opt_state=new_opt_state,
@@ -151,6 +166,12 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
         return new_state, metrics
 
     return train_step
+
+
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
 def make_eval_step(model: nn.Module, *, pair_head: bool = True

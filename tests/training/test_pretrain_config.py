@@ -49,7 +49,7 @@ def test_duplicate_override_rejected():
 def test_unknown_file_and_variant():
     with pytest.raises(BertJaxError, match="not found"):
         load_config("experiments/nope.py:tiny")
-    with pytest.raises(ValueError, match="unknown variant"):
+    with pytest.raises(BertJaxError, match="unknown variant 'bert_huge'.*bert_base_phase1"):
         load_config(f"{EXPERIMENT}:bert_huge")
 
 

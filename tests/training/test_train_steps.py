@@ -57,6 +57,16 @@ def test_non_finite_step_is_skipped_and_counted():
     changed = [not np.array_equal(a, b) for a, b in
                zip(jax.tree.leaves(before), jax.tree.leaves(state.params), strict=True)]
     assert all(changed)
+    # A damaged optimizer state (a NaN in Adam's moments, as a flipped exponent bit gives):
+    # the loss and gradient are finite, the update is not; the step is skipped, so the
+    # parameters (and what a checkpoint saves) stay finite.
+    good = jax.device_get(state.params)
+    damaged = state.replace(opt_state=jax.tree.map(
+        lambda x: x.at[(0,) * x.ndim].set(np.nan) if x.ndim == 2 else x, state.opt_state))
+    state, metrics = training.train_step(damaged, training.global_batch(next(batches)), rng)
+    assert int(metrics["skipped"]) == 1 and np.isfinite(float(metrics["loss"]))
+    for a, b in zip(jax.tree.leaves(good), jax.tree.leaves(state.params), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_decay_mask_excludes_layer_norm_and_biases():

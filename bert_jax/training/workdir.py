@@ -1,0 +1,92 @@
+"""What a run checks in its workdir before it writes anything there.
+
+A workdir holds one kind of run. ``config.json`` says which: a pretraining run records its
+``experiment``, a fine-tuning run its ``task``, a converted model neither. A pretraining run
+refuses a workdir of another kind (unless ``overwrite``), and refuses to resume checkpoints
+made with a model or optimizer of another shape: the restore would fail after the workdir's
+config had been replaced.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from bert_jax.checkpoint import store
+from bert_jax.config import BertConfig
+from bert_jax.errors import BertJaxError
+
+# BertConfig fields that fix the parameter tree (names, shapes, dtypes, layout). The others
+# (dropout rates, kernels, dtypes of the computation) may change between restarts.
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                "embedding_size", "share_layers", "vocab_pad_multiple", "param_dtype",
+                "qkv_projection", "scan_layers")
+# Experiment keys that fix the optimizer state or the heads.
+STATE_KEYS = (("objective",), ("optimizer", "name"))
+
+
+def run_kind(extra: dict[str, Any]) -> str:
+    """'pretraining', 'fine-tuning' or 'model' from the extra fields of a config.json."""
+    if "experiment" in extra:
+        return "pretraining"
+    if "task" in extra or "finetune" in extra:
+        return "fine-tuning"
+    return "model"
+
+
+def _get(tree: dict[str, Any], keys: tuple[str, ...]):
+    for key in keys:
+        if not isinstance(tree, dict):
+            return None
+        tree = tree.get(key)
+    return tree
+
+
+def check_run_kind(workdir: str, kind: str, *, overwrite: bool = False) -> None:
+    """BertJaxError if ``workdir`` holds a run of another kind than ``kind`` (a fine-tuning
+    run in a pretraining workdir, a converted model...), unless ``overwrite``. Reads only."""
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise BertJaxError(f"{workdir}: exists and is not a directory")
+    if overwrite:
+        return
+    config_path = os.path.join(workdir, store.CONFIG_FILE)
+    if os.path.exists(config_path):
+        _, extra = store.read_config(workdir)
+        found = run_kind(extra)
+    elif store.step_dirs(workdir):
+        found = "pretraining"
+    elif os.path.isdir(os.path.join(workdir, store.PARAMS_ITEM)):
+        found = "model"
+    else:
+        return
+    if found != kind:
+        what = "a model" if found == "model" else f"a {found} run"
+        raise BertJaxError(f"{workdir}: holds {what}, not a {kind} run; choose another "
+                           "--workdir (or pass --overwrite to write into it anyway)")
+
+
+def check_pretraining_workdir(workdir: str, model_cfg: BertConfig, experiment: dict[str, Any],
+                              *, overwrite: bool = False) -> None:
+    """BertJaxError if ``workdir`` holds another kind of run, or checkpoints that this
+    model/optimizer cannot resume. Reads only; call before writing into the workdir."""
+    check_run_kind(workdir, "pretraining", overwrite=overwrite)
+    if not os.path.exists(os.path.join(workdir, store.CONFIG_FILE)):
+        return
+    saved_cfg, extra = store.read_config(workdir)
+    if run_kind(extra) != "pretraining" or not store.step_dirs(workdir):
+        return  # nothing to resume: a new config may replace the old one
+    saved, now = saved_cfg.to_dict(), model_cfg.to_dict()
+    for field in SHAPE_FIELDS:
+        if saved.get(field) != now.get(field):
+            raise BertJaxError(
+                f"{workdir}: its checkpoints were made with model.{field}={saved.get(field)!r}"
+                f", this config has {now.get(field)!r}; resume with the config the run was "
+                "started with, or use a new --workdir")
+    for keys in STATE_KEYS:
+        before, after = _get(extra["experiment"], keys), _get(experiment, keys)
+        if before is not None and before != after:
+            raise BertJaxError(
+                f"{workdir}: its checkpoints were made with {'.'.join(keys)}={before!r}, this "
+                f"config has {after!r}; resume with the config the run was started with, or "
+                "use a new --workdir")

@@ -1,0 +1,171 @@
+"""Damaged checkpoints: every saved step carries a checksum manifest; a restore skips a
+step that fails it (or fails to restore, or holds NaN) and falls back to the newest good
+step; model directories are replaced only once the new one is complete."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax.checkpoint import integrity, store
+from bert_jax.checkpoint.manager import DAMAGED_DIR, CheckpointManager
+from bert_jax.config import get_preset
+from bert_jax.errors import BertJaxError
+from bert_jax.training.state import TrainState
+
+RNG_SPEC = jax.ShapeDtypeStruct((2,), np.uint32)
+
+
+def _state(value: float, step: int | None = None) -> TrainState:
+    params = {"dense": {"kernel": np.full((4, 2), value, np.float32)}}
+    return TrainState.create(params, {"mu": params}).replace(
+        step=np.int32(value if step is None else step))
+
+
+def _abstract():
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
+                        _state(0.0))
+
+
+def _saved_run(workdir, steps=(1, 2, 3)):
+    manager = CheckpointManager(str(workdir), every_steps=1, keep=5, async_save=True)
+    for step in steps:
+        manager.save(step, _state(float(step)), jax.random.PRNGKey(0), {"step": step})
+    manager.close()
+    return workdir / "checkpoints"
+
+
+def _largest_file(directory):
+    files = [os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs
+             if f != integrity.MANIFEST]
+    return max(files, key=os.path.getsize)
+
+
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(max(0, os.path.getsize(path) // 2))
+
+
+def _flip_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _damage_params_truncated(step_dir):
+    _truncate(_largest_file(step_dir / "params"))
+
+
+def _damage_json_truncated(step_dir):
+    _truncate(step_dir / "data_state" / "metadata")  # the JSON item
+
+
+def _damage_empty_step(step_dir):
+    for root, dirs, files in os.walk(step_dir, topdown=False):
+        for f in files:
+            os.remove(os.path.join(root, f))
+        for d in dirs:
+            os.rmdir(os.path.join(root, d))
+
+
+def _damage_missing_opt_state(step_dir):
+    _damage_empty_step(step_dir / "opt_state")
+    os.rmdir(step_dir / "opt_state")
+
+
+def _damage_flipped_opt_state(step_dir):
+    _flip_byte(_largest_file(step_dir / "opt_state"))
+
+
+def _damage_unverified_truncation(step_dir):
+    """A step killed between its save and its manifest: no checksums, truncated file."""
+    os.remove(step_dir / integrity.MANIFEST)
+    _truncate(_largest_file(step_dir / "params"))
+
+
+@pytest.mark.parametrize("damage", [
+    _damage_params_truncated, _damage_json_truncated, _damage_empty_step,
+    _damage_missing_opt_state, _damage_flipped_opt_state, _damage_unverified_truncation])
+def test_restore_falls_back_to_newest_good_step(tmp_path, damage):
+    checkpoints = _saved_run(tmp_path)
+    assert all((checkpoints / str(s) / integrity.MANIFEST).exists() for s in (1, 2, 3))
+    damage(checkpoints / "3")
+    messages = []
+    manager = CheckpointManager(str(tmp_path), every_steps=1, keep=5)
+    step, state, _, data_state = manager.restore_latest(_abstract(), RNG_SPEC,
+                                                        messages.append)
+    assert step == 2 and data_state == {"step": 2}
+    np.testing.assert_array_equal(state.params["dense"]["kernel"], np.full((4, 2), 2.0))
+    assert "checkpoint step 3 is damaged" in messages[0]
+    assert "resuming from step 2" in messages[-1]
+    # The damaged step is kept for inspection, out of the run's way: step 3 saves afresh.
+    assert (tmp_path / DAMAGED_DIR / "3").is_dir() and manager.all_steps() == [1, 2]
+    assert manager.save(3, _state(3.0), jax.random.PRNGKey(0), {"step": 3})
+    manager.close()
+    assert integrity.verify(str(checkpoints / "3"))
+
+
+def test_non_finite_step_is_skipped(tmp_path):
+    manager = CheckpointManager(str(tmp_path), every_steps=1, keep=5)
+    manager.save(1, _state(1.0), jax.random.PRNGKey(0), {"step": 1})
+    manager.save(2, _state(float("nan"), step=2), jax.random.PRNGKey(0), {"step": 2})
+    manager.close()
+    messages = []
+    manager = CheckpointManager(str(tmp_path), every_steps=1, keep=5)
+    step, *_ = manager.restore_latest(_abstract(), RNG_SPEC, messages.append)
+    manager.close()
+    assert step == 1 and "NaN/Inf" in messages[0]
+
+
+def test_all_steps_damaged_moves_nothing(tmp_path):
+    checkpoints = _saved_run(tmp_path, steps=(1,))
+    _damage_params_truncated(checkpoints / "1")
+    manager = CheckpointManager(str(tmp_path), every_steps=1, keep=5)
+    with pytest.raises(BertJaxError, match="no usable checkpoint.*params"):
+        manager.restore_latest(_abstract(), RNG_SPEC, lambda m: None)
+    manager.close()
+    assert (checkpoints / "1").is_dir() and not (tmp_path / DAMAGED_DIR).exists()
+
+
+def test_tools_skip_damaged_step_or_name_the_file(tmp_path, capsys):
+    checkpoints = _saved_run(tmp_path, steps=(1, 2))
+    store.write_config(str(tmp_path), get_preset("tiny"))
+    _flip_byte(_largest_file(checkpoints / "2" / "params"))
+    params, *_ = store.load_model(str(tmp_path))
+    np.testing.assert_array_equal(params["dense"]["kernel"], np.full((4, 2), 1.0))
+    assert "skipping damaged checkpoint" in capsys.readouterr().err
+    _flip_byte(_largest_file(checkpoints / "1" / "params"))
+    with pytest.raises(integrity.DamagedCheckpoint, match="checksum mismatch"):
+        store.load_model(str(tmp_path))
+
+
+def test_model_directory_replaced_only_when_complete(tmp_path, monkeypatch):
+    model = tmp_path / "model"
+    store.save_model(str(model), {"w": np.ones(3, np.float32)}, get_preset("tiny"))
+    assert integrity.verify(str(model / "params"))
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(integrity, "write_manifest", fail)
+    with pytest.raises(OSError):
+        store.save_model(str(model), {"w": np.zeros(3, np.float32)}, get_preset("tiny"))
+    monkeypatch.undo()
+    params, *_ = store.load_model(str(model))
+    np.testing.assert_array_equal(params["w"], np.ones(3))
+    store.save_model(str(model), {"w": np.zeros(3, np.float32)}, get_preset("tiny"))
+    np.testing.assert_array_equal(store.load_model(str(model))[0]["w"], np.zeros(3))
+    assert sorted(os.listdir(model)) == ["config.json", "params"]
+    # Damage in a model directory: one error naming the file.
+    _truncate(_largest_file(model / "params"))
+    with pytest.raises(integrity.DamagedCheckpoint, match=r"params.*bytes"):
+        store.load_model(str(model))
+    with open(model / "config.json", "w") as f:
+        f.write('{"format": "bert_jax", "con')
+    with pytest.raises(BertJaxError, match="not valid JSON"):
+        store.read_config(str(model))
+    json.loads((model / "params" / integrity.MANIFEST).read_text())
