@@ -9,6 +9,7 @@ import json
 import os
 
 from bert_jax.checkpoint import hf
+from bert_jax.checkpoint.families import ARCHITECTURE_FAMILY
 from bert_jax.checkpoint.google_tf import GOOGLE_CONFIG_FILE
 from bert_jax.errors import BertJaxError
 
@@ -56,7 +57,9 @@ def convert_checkpoint(source: str, output: str, source_format: str = "auto",
     if fmt == "hf":
         if not os.path.isdir(source):
             raise BertJaxError(f"{source}: Hugging Face checkpoint directory not found")
-        params, config, tokenizer, report = hf.load_hf(source, scan_layers=scan_layers)
+        from bert_jax.checkpoint.families import load_hf_any
+
+        params, config, tokenizer, report = load_hf_any(source, scan_layers=scan_layers)
     elif fmt == "google":
         from bert_jax.checkpoint.google_tf import load_google_tf
 
@@ -78,7 +81,9 @@ def export_checkpoint(checkpoint: str, output: str, architecture: str | None = N
 
     params, config, tokenizer, _ = load_model(checkpoint)
     _refuse_foreign_config(output, "hf")
-    return hf.export_hf(params, config, output, tokenizer, architecture=architecture)
+    from bert_jax.checkpoint.families import export_hf_any
+
+    return export_hf_any(params, config, output, tokenizer, architecture=architecture)
 
 
 class convert:  # noqa: N801 (CLI command object)
@@ -107,7 +112,7 @@ class export:  # noqa: N801 (CLI command object)
         p.add_argument("checkpoint", help="bert-jax model directory, training workdir or step")
         p.add_argument("--output", required=True, help="directory to write")
         p.add_argument("--format", choices=["hf"], default="hf", help="output format")
-        p.add_argument("--architecture", choices=sorted(hf.ARCHITECTURES),
+        p.add_argument("--architecture", choices=sorted(ARCHITECTURE_FAMILY),
                        help="Hugging Face class to export as (default: from the heads present)")
 
     @staticmethod
