@@ -4,8 +4,9 @@ the WordPiece trainer (``wordpiece_trainer.py``).
 Words are counted once over the corpus (in worker processes: the pre-tokenizer is the slow
 part), then the most frequent adjacent symbol pair is merged into a new symbol, again and
 again, until the vocabulary is full or no pair occurs ``min_frequency`` times. Pair counts are
-updated only in the words a merge touches, and the next pair comes from a heap with stale
-entries skipped, so one merge costs the size of the words it changes, not of the corpus.
+updated only around the merged positions of the words a merge touches (a word may stay
+listed under a pair it lost; merging it then finds nothing), and the next pair comes from a
+heap with stale entries skipped: one merge costs the words it changes, not the corpus.
 Ties go to the lexicographically smallest pair, which makes training deterministic.
 """
 
@@ -101,30 +102,34 @@ def learn_merges(words: dict[tuple[str, ...], int], max_merges: int,
         new = symbol(merged)
         merges.append((names[a], names[b], merged))
         changed: set[tuple[int, int]] = set()
-        for w in list(where[(a, b)]):
+        for w in where[(a, b)]:
             seq, f = seqs[w], freqs[w]
-            out, i = [], 0
-            while i < len(seq):
-                if i + 1 < len(seq) and seq[i] == a and seq[i + 1] == b:
+            out, i, n = [], 0, len(seq)
+            while i < n:
+                if i + 1 < n and seq[i] == a and seq[i + 1] == b:
+                    # Neighbours pair with the new symbol instead of a / b. The left one is
+                    # already rewritten, so runs (a b a b) come out right.
+                    if out:
+                        left = out[-1]
+                        pair_counts[(left, a)] -= f
+                        pair_counts[(left, new)] += f
+                        changed.update(((left, a), (left, new)))
+                        where[(left, new)].add(w)
+                    if i + 2 < n:
+                        right = seq[i + 2]
+                        pair_counts[(b, right)] -= f
+                        pair_counts[(new, right)] += f
+                        changed.update(((b, right), (new, right)))
+                        where[(new, right)].add(w)
                     out.append(new)
                     i += 2
                 else:
                     out.append(seq[i])
                     i += 1
-            old_pairs = collections.Counter(zip(seq, seq[1:], strict=False))
-            new_pairs = collections.Counter(zip(out, out[1:], strict=False))
-            for pair in old_pairs.keys() | new_pairs.keys():
-                delta = new_pairs[pair] - old_pairs[pair]
-                if delta:
-                    pair_counts[pair] += delta * f
-                    changed.add(pair)
-                if new_pairs[pair] == 0:
-                    where[pair].discard(w)
-                else:
-                    where[pair].add(w)
             seqs[w] = out
         pair_counts.pop((a, b), None)
         where.pop((a, b), None)
+        changed.discard((a, b))
         for pair in changed:
             count = pair_counts.get(pair, 0)
             if count > 0:
