@@ -20,6 +20,7 @@ from bert_jax.modeling import BertForPreTraining, BertModel
 from bert_jax.modeling.feature_heads import combine, embed_layer_spec
 from bert_jax.modeling.params import to_layout
 
+
 def _load(path: str):
     params, config, tokenizer, _ = store.load_model(path)
     if tokenizer is None:
