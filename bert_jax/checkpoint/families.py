@@ -240,6 +240,20 @@ def config_to_hf(config: BertConfig, family: str, architecture: str,
 
 
 # ---- import ------------------------------------------------------------------------------------
+class _FamilyNames(dict):
+    """BERT name -> the family's name, for messages: the source's own name where it has the
+    tensor, else the name it would have (a missing weight is named as the family spells it)."""
+
+    def __init__(self, family: Family, known: dict[str, str]):
+        super().__init__(known)
+        self.family = family
+
+    def get(self, key, default=None):
+        if key in self:
+            return self[key]
+        return rename([key], self.family.rules, to_bert=False)[key]
+
+
 def params_from_family_state(state: Mapping[str, Any], config: BertConfig,
                              source: str = "checkpoint"
                              ) -> tuple[dict[str, Any], hf.ConversionReport]:
@@ -249,7 +263,7 @@ def params_from_family_state(state: Mapping[str, Any], config: BertConfig,
         state = {family.prefix + k: v for k, v in state.items()}
     names = rename(state, family.rules, to_bert=True)
     bert_state = {names[k]: np.asarray(v) for k, v in state.items()}
-    original = {new: old for old, new in names.items()}
+    original = _FamilyNames(family, {new: old for old, new in names.items()})
     rtd = {k: bert_state.pop(k) for k in list(bert_state) if k.startswith("rtd.")}
     if config.model_type == "electra" and f"{_MLM}.transform.dense.weight" in bert_state \
             and config.hidden_act != "gelu":

@@ -242,7 +242,7 @@ def params_from_hf_state(state: Mapping[str, Any], config: BertConfig, source: s
     classifier, QA) are converted; every other tensor is reported as unused.
     """
     state = {_normalize_key(k): v for k, v in state.items()}
-    if names:
+    if names and any(_normalize_key(k) != k for k in names):
         names = {_normalize_key(k): v for k, v in names.items()}
     r = _StateReader(state, source, names, config.param_dtype)
     prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
@@ -421,9 +421,10 @@ def params_to_hf_state(params: Mapping[str, Any], config: BertConfig, architectu
                            f"{sorted(ARCHITECTURES)}")
     if (config.share_layers or config.embedding_dim != config.hidden_size
             or config.position_offset or not config.use_token_types):
-        raise BertJaxError(f"{config.model_type} parameters (shared layers / factorized "
-                           "embeddings / position offset / no token types) have no Hugging "
-                           "Face BERT equivalent; export them as their own family")
+        raise BertJaxError("ALBERT-style (shared layers / factorized embeddings), RoBERTa "
+                           "(position offset) or DistilBERT (no token types) parameters have "
+                           "no Hugging Face BERT class; `bert-jax export` writes them as "
+                           "their own family (bert_jax.checkpoint.families)")
     return bert_named_state(params, config, architecture, *ARCHITECTURES[architecture])
 
 
