@@ -156,14 +156,17 @@ def test_albert_preset_exports_as_albert(tmp_path):
                         num_attention_heads=4, intermediate_size=48, embedding_size=16,
                         share_layers=True, max_position_embeddings=16)
     model = modeling.BertForPreTraining(config)
-    params = nn.unbox(model.init(jax.random.key(1), jnp.ones((2, 8), jnp.int32)))["params"]
+    shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(1), jnp.ones((2, 8), jnp.int32)))
+    rng = np.random.default_rng(1)
+    params = jax.tree.map(lambda s: rng.normal(0, 0.2, s.shape).astype(np.float32),
+                          shapes["params"])
     report = families.export_hf_any(params, config, str(tmp_path / "out"))
     assert report.architecture == "AlbertForPreTraining"
     hf_model, info = transformers.AlbertForPreTraining.from_pretrained(
         tmp_path / "out", output_loading_info=True, attn_implementation="eager")
     assert not info["missing_keys"] and not info["unexpected_keys"]
     ids = np.random.default_rng(0).integers(5, 64, (2, 8))
-    out = model.apply({"params": params}, jnp.asarray(ids))
+    out = jax.jit(model.apply)({"params": params}, jnp.asarray(ids))
     with torch.no_grad():
         ref = hf_model.eval()(input_ids=torch.tensor(ids))
     _compare(out["mlm_logits"], ref.prediction_logits, np.ones((2, 8)), 64)
