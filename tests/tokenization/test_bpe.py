@@ -158,3 +158,22 @@ def test_training_is_deterministic(tmp_path):
     two, _ = train_bpe([str(tmp_path)], vocab_size=320, num_workers=2)
     assert one.fingerprint() == two.fingerprint()
     assert np.array_equal(one.word_start_mask(), two.word_start_mask())
+
+
+def test_create_pretraining_data_with_byte_level_bpe(trained, tmp_path):
+    """FULL-SENTENCES data (RoBERTa's recipe) framed with <s> ... </s>, padded with <pad>,
+    the special ids in the metadata the masking reads."""
+    from bert_jax.data.create_pretraining import CreationConfig, create_pretraining_data
+
+    tok, _, _ = trained
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "doc.txt").write_text("\n\n".join("\n".join(CORPUS[i:] + CORPUS[:i])
+                                                for i in range(4)) + "\n", encoding="utf-8")
+    meta = create_pretraining_data([str(corpus)], tok, str(tmp_path / "out"),
+                                   CreationConfig(max_seq_length=32, mode="full_sentences"),
+                                   progress=False)
+    assert meta["tokenizer"]["kind"] == "bpe"
+    assert meta["tokenizer"]["special_ids"] == {"pad": 1, "unk": 3, "cls": 0, "sep": 2,
+                                                "mask": 4}
+    assert meta["splits"]["train"]["examples"] > 0
