@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -410,9 +411,12 @@ def export_hf_any(params: Mapping[str, Any], config: BertConfig, directory: str,
     elif kind == "bpe":
         _write_bpe_tokenizer(tokenizer, directory, config)
     elif kind == "sentencepiece":
-        tokenizer.save(directory)
-        report.notes.append("SentencePiece model written as spm.model (transformers' "
-                            f"{family} tokenizers read it renamed to {SPIECE_FILE})")
+        shutil.copyfile(tokenizer.model_path, os.path.join(directory, SPIECE_FILE))
+        tok_config = {"tokenizer_class": "AlbertTokenizer" if family == "albert" else None,
+                      "model_max_length": config.max_sequence_length}
+        with open(os.path.join(directory, hf.TOKENIZER_CONFIG_FILE), "w",
+                  encoding="utf-8") as f:
+            json.dump({k: v for k, v in tok_config.items() if v is not None}, f, indent=2)
     else:
         note = hf._write_tokenizer(tokenizer, directory, config)
         if note:

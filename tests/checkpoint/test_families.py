@@ -190,3 +190,30 @@ def test_albert_layer_groups_are_refused(tmp_path):
     transformers.AlbertModel(config).save_pretrained(tmp_path / "hf")
     with pytest.raises(BertJaxError, match="num_hidden_groups=2 is not supported"):
         families.load_hf_any(tmp_path / "hf")
+
+
+def test_albert_sentencepiece_tokenizer_travels(tmp_path):
+    """ALBERT's spiece.model layout (<pad> <unk> [CLS] [SEP] [MASK]) converts with the model and
+    is exported back as spiece.model."""
+    import sentencepiece as spm
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(f"the {w} sat on the mat number {i}" for i, w in
+                              enumerate(["cat", "dog", "bird", "fish"] * 20)) + "\n")
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(tmp_path / "spiece"), vocab_size=36,
+        pad_id=0, pad_piece="<pad>", unk_id=1, unk_piece="<unk>", bos_id=-1, eos_id=-1,
+        user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], minloglevel=2)
+    model = _hf_model("albert", "AlbertForMaskedLM")
+    model.config.vocab_size = 101
+    model.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "spiece.model").write_bytes((tmp_path / "spiece.model").read_bytes())
+    params, config, tokenizer, report = families.load_hf_any(tmp_path / "hf")
+    assert tokenizer.kind == "sentencepiece"
+    assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id,
+            tokenizer.mask_id) == (0, 1, 2, 3, 4)
+    assert any("36 tokens" in n for n in report.notes)  # vocab sizes differ: reported
+    families.export_hf_any(params, config, str(tmp_path / "out"), tokenizer)
+    assert (tmp_path / "out" / "spiece.model").read_bytes() == (
+        tmp_path / "spiece.model").read_bytes()
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
