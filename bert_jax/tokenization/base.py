@@ -1,6 +1,7 @@
-"""One tokenizer interface for WordPiece and SentencePiece vocabularies.
+"""One tokenizer interface for WordPiece, SentencePiece and byte-level BPE vocabularies.
 
-Every tokenizer has BERT's five special tokens ([PAD], [UNK], [CLS], [SEP], [MASK]), encodes a
+Every tokenizer has five special roles (pad, unk, cls, sep, mask: BERT's [PAD] [UNK] [CLS]
+[SEP] [MASK], RoBERTa's <pad> <unk> <s> </s> <mask>; ``special_tokens``), encodes a
 text or a pair with truncation, decodes, knows which vocabulary entries start a word (for
 whole-word masking on ids alone), and saves itself into / loads itself from a directory
 (a checkpoint's ``tokenizer/`` folder).

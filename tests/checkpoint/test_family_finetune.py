@@ -76,8 +76,9 @@ def test_converted_encoder_restored_exactly_for_a_pair_task(family, tmp_path):
 
     from bert_jax.modeling.params import flatten_params
     from bert_jax.tasks import get_task
-    from bert_jax.tasks.run import build_finetuner, initial_model, merge_encoder
-    from bert_jax.training.config import load_config
+    from bert_jax.tasks.config import load_config
+    from bert_jax.tasks.model_init import initial_model, merge_encoder
+    from bert_jax.tasks.trainer import build_finetuner
 
     {"roberta": _roberta, "distilbert": _distilbert}[family](tmp_path)
     ckpt = str(tmp_path / "ckpt")
