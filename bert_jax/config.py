@@ -41,6 +41,9 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "offload_dots")
 # whole not split over a mesh) | off (XLA's fusions) | force (wherever it applies, any backend:
 # Pallas interpret mode off GPUs, for tests).
 KERNEL_CHOICES = ("auto", "off", "force")
+# The family a checkpoint came from (its Hugging Face ``model_type``): decides the parameter
+# names on export; the math differences are the fields position_offset / use_token_types.
+MODEL_TYPES = ("bert", "roberta", "albert", "electra", "distilbert")
 DTYPES = ("float32", "bfloat16", "float16")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_approx", "relu", "tanh")
 # BertConfig fields restricted to a set of values (checked in __post_init__).
@@ -51,7 +54,7 @@ CHOICE_FIELDS = {
     "qkv_projection": QKV_PROJECTIONS,
     "layer_norm_impl": LAYER_NORM_IMPLS, "residual_dtype": RESIDUAL_DTYPES,
     "remat_policy": REMAT_POLICIES,
-    "fused_gelu": KERNEL_CHOICES, "fused_mlm_loss": KERNEL_CHOICES,
+    "fused_gelu": KERNEL_CHOICES, "fused_mlm_loss": KERNEL_CHOICES, "model_type": MODEL_TYPES,
 }
 # Kernel tile overrides: field -> (the type of each entry: int (positive) or bool, what they are).
 BLOCK_FIELDS = {"norm_blocks": ((int, int, bool), "(block_rows, num_warps, recompute)"),
@@ -84,6 +87,11 @@ class BertConfig:
     # ALBERT: factorized embeddings (None = hidden_size) and one layer shared by all depths.
     embedding_size: int | None = None
     share_layers: bool = False
+    # Model family (see MODEL_TYPES); RoBERTa's positions start at pad_token_id + 1
+    # (position_offset); DistilBERT has no token-type table (use_token_types=False).
+    model_type: str = "bert"
+    position_offset: int = 0
+    use_token_types: bool = True
     # Efficiency (no effect on the parameter values).
     vocab_pad_multiple: int = 128
     dtype: str = "float32"  # compute dtype
@@ -171,6 +179,10 @@ class BertConfig:
             bad("layer_norm_impl", "'fused' draws its dropout mask from the rowcol hash: it "
                 "needs hidden_dropout_impl='hash' and dropout_hash='rowcol' (got "
                 f"{self.hidden_dropout_impl!r}, {self.dropout_hash!r})")
+        if not isinstance(self.position_offset, int) or not (
+                0 <= self.position_offset < self.max_position_embeddings):
+            bad("position_offset", f"expected an integer in [0, max_position_embeddings="
+                f"{self.max_position_embeddings}), got {self.position_offset!r}")
         if not 0 <= self.pad_token_id < self.vocab_size:
             bad("pad_token_id", f"{self.pad_token_id} is outside the vocabulary "
                 f"[0, {self.vocab_size})")
@@ -184,6 +196,11 @@ class BertConfig:
     def embedding_dim(self) -> int:
         """Width of the embedding tables (ALBERT factorizes it below hidden_size)."""
         return self.embedding_size or self.hidden_size
+
+    @property
+    def max_sequence_length(self) -> int:
+        """Longest input the position table serves (RoBERTa keeps its first rows unused)."""
+        return self.max_position_embeddings - self.position_offset
 
     @property
     def padded_vocab_size(self) -> int:

@@ -22,8 +22,6 @@ from bert_jax.modeling.feature_heads import combine, embed_layer_spec
 from bert_jax.modeling.params import to_layout
 from bert_jax.textio import ERROR_MODES, read_text
 
-MASK_TOKEN = "[MASK]"
-
 
 def _load(path: str):
     params, config, tokenizer, _ = store.load_model(path)
@@ -34,13 +32,9 @@ def _load(path: str):
 
 
 def encode_with_masks(tokenizer, text: str, max_length: int) -> list[int]:
-    """[CLS] text [SEP] where each literal ``[MASK]`` becomes the mask id."""
-    ids = [tokenizer.cls_id]
-    for i, piece in enumerate(text.split(MASK_TOKEN)):
-        if i:
-            ids.append(tokenizer.mask_id)
-        ids.extend(tokenizer.encode_ids(piece))
-    ids.append(tokenizer.sep_id)
+    """[CLS] text [SEP] where each literal mask token (``[MASK]``, ``<mask>`` for byte-level
+    BPE) becomes the mask id."""
+    ids = [tokenizer.cls_id, *tokenizer.encode_ids_with_masks(text), tokenizer.sep_id]
     if len(ids) > max_length:
         raise BertJaxError(f"text of {len(ids)} tokens exceeds max length {max_length}: "
                            f"{text[:60]!r}")
@@ -66,8 +60,9 @@ def fill_mask(path: str, texts: list[str], top_k: int = 5) -> list[list[list[dic
     if "mlm" not in params:
         raise BertJaxError(f"{path}: checkpoint has no masked-LM head (it was saved as an "
                            "encoder only); fill-mask needs a pretraining checkpoint")
-    model = BertForPreTraining(config, pair_head="nsp" in params)
-    rows = [encode_with_masks(tokenizer, t, config.max_position_embeddings) for t in texts]
+    model = BertForPreTraining(config, pair_head="nsp" in params,
+                               add_pooler="pooler" in params["bert"])
+    rows = [encode_with_masks(tokenizer, t, config.max_sequence_length) for t in texts]
     ids, mask = _pad(rows, tokenizer.pad_id)
     logits = jax.jit(lambda p, i, m: model.apply({"params": p}, i, m)["mlm_logits"])(
         params, jnp.asarray(ids), jnp.asarray(mask))

@@ -10,6 +10,7 @@ import os
 
 from bert_jax import fileio
 from bert_jax.checkpoint import hf
+from bert_jax.checkpoint.families import ARCHITECTURE_FAMILY
 from bert_jax.checkpoint.google_tf import GOOGLE_CONFIG_FILE
 from bert_jax.errors import BertJaxError
 
@@ -57,7 +58,9 @@ def convert_checkpoint(source: str, output: str, source_format: str = "auto",
     if fmt == "hf":
         if not os.path.isdir(source):
             raise BertJaxError(f"{source}: Hugging Face checkpoint directory not found")
-        params, config, tokenizer, report = hf.load_hf(source, scan_layers=scan_layers)
+        from bert_jax.checkpoint.families import load_hf_any
+
+        params, config, tokenizer, report = load_hf_any(source, scan_layers=scan_layers)
     elif fmt == "google":
         from bert_jax.checkpoint.google_tf import load_google_tf
 
@@ -74,7 +77,9 @@ def convert_checkpoint(source: str, output: str, source_format: str = "auto",
 
 
 # What an export writes: an output directory holding anything else is refused, not replaced.
-EXPORT_FILES = (hf.HF_CONFIG_FILE, hf.SAFETENSORS_FILE, "vocab.txt", "tokenizer_config.json")
+EXPORT_FILES = (hf.HF_CONFIG_FILE, hf.SAFETENSORS_FILE, "vocab.txt", "tokenizer_config.json",
+                "vocab.json", "merges.txt", "spiece.model", "special_tokens_map.json",
+                "tokenizer.json")
 
 
 def export_checkpoint(checkpoint: str, output: str, architecture: str | None = None
@@ -92,9 +97,11 @@ def export_checkpoint(checkpoint: str, output: str, architecture: str | None = N
         if others:
             raise BertJaxError(f"{output}: holds files an export does not write "
                                f"({', '.join(others[:3])}); choose a new or empty --output")
+    from bert_jax.checkpoint.families import export_hf_any
+
     params, config, tokenizer, _ = load_model(checkpoint)
     with fileio.replace_directory(output) as staging:
-        report = hf.export_hf(params, config, staging, tokenizer, architecture=architecture)
+        report = export_hf_any(params, config, staging, tokenizer, architecture=architecture)
     report.source = os.path.abspath(output)
     return report
 
@@ -125,7 +132,7 @@ class export:  # noqa: N801 (CLI command object)
         p.add_argument("checkpoint", help="bert-jax model directory, training workdir or step")
         p.add_argument("--output", required=True, help="directory to write")
         p.add_argument("--format", choices=["hf"], default="hf", help="output format")
-        p.add_argument("--architecture", choices=sorted(hf.ARCHITECTURES),
+        p.add_argument("--architecture", choices=sorted(ARCHITECTURE_FAMILY),
                        help="Hugging Face class to export as (default: from the heads present)")
 
     @staticmethod

@@ -36,9 +36,9 @@ def is_hf_directory(path: str) -> bool:
 def load_checkpoint(path: str) -> tuple[dict, BertConfig, Any, list[str]]:
     """(params, config, tokenizer-or-None, report lines) of a bert-jax or HF checkpoint."""
     if os.path.isdir(path) and is_hf_directory(path):
-        from bert_jax.checkpoint.hf import load_hf
+        from bert_jax.checkpoint.families import load_hf_any
 
-        params, config, tokenizer, report = load_hf(path)
+        params, config, tokenizer, report = load_hf_any(path)
         return params, config, tokenizer, [f"Hugging Face checkpoint: {line}"
                                            for line in report.lines()]
     params, config, tokenizer, _ = store.load_model(path)

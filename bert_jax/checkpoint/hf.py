@@ -183,14 +183,21 @@ def _encoder_params(r: _StateReader, p: str, cfg: BertConfig) -> dict[str, Any]:
         "position_embeddings": {"embedding": r.take(
             f"{p}embeddings.position_embeddings.weight", (cfg.max_position_embeddings, e),
             f"{emb}/position_embeddings/embedding")},
-        "token_type_embeddings": {"embedding": r.take(
-            f"{p}embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, e),
-            f"{emb}/token_type_embeddings/embedding")},
         "LayerNorm": r.norm(f"{p}embeddings.LayerNorm", e, f"{emb}/LayerNorm"),
     }
-    encoder = {f"layer_{i}": _layer_params(r, f"{p}encoder.layer.{i}", cfg,
-                                           f"bert/encoder/layer_{i}")
-               for i in range(cfg.num_hidden_layers)}
+    if cfg.use_token_types:
+        embeddings["token_type_embeddings"] = {"embedding": r.take(
+            f"{p}embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, e),
+            f"{emb}/token_type_embeddings/embedding")}
+    if e != h:  # factorized embeddings (ALBERT, ELECTRA): projection to hidden_size
+        embeddings["embedding_projection"] = r.linear(
+            f"{p}embeddings.embedding_projection", e, h, f"{emb}/embedding_projection")
+    if cfg.share_layers:  # one layer applied at every depth (ALBERT)
+        encoder = {"layer": _layer_params(r, f"{p}encoder.layer.0", cfg, "bert/encoder/layer")}
+    else:
+        encoder = {f"layer_{i}": _layer_params(r, f"{p}encoder.layer.{i}", cfg,
+                                               f"bert/encoder/layer_{i}")
+                   for i in range(cfg.num_hidden_layers)}
     bert = {"embeddings": embeddings, "encoder": encoder}
     if r.has(f"{p}pooler.dense.weight"):
         bert["pooler"] = r.linear(f"{p}pooler.dense", h, h, "bert/pooler")
@@ -235,7 +242,7 @@ def params_from_hf_state(state: Mapping[str, Any], config: BertConfig, source: s
     classifier, QA) are converted; every other tensor is reported as unused.
     """
     state = {_normalize_key(k): v for k, v in state.items()}
-    if names:
+    if names and any(_normalize_key(k) != k for k in names):
         names = {_normalize_key(k): v for k, v in names.items()}
     r = _StateReader(state, source, names, config.param_dtype)
     prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
@@ -427,10 +434,21 @@ def params_to_hf_state(params: Mapping[str, Any], config: BertConfig, architectu
     if architecture not in ARCHITECTURES:
         raise BertJaxError(f"unknown Hugging Face architecture {architecture!r}; choose one of "
                            f"{sorted(ARCHITECTURES)}")
-    if config.share_layers or config.embedding_dim != config.hidden_size:
-        raise BertJaxError("ALBERT-style parameters (shared layers / factorized embeddings) have "
-                           "no Hugging Face BERT equivalent")
-    prefix, with_pooler, heads = ARCHITECTURES[architecture]
+    if (config.share_layers or config.embedding_dim != config.hidden_size
+            or config.position_offset or not config.use_token_types):
+        raise BertJaxError("ALBERT-style (shared layers / factorized embeddings), RoBERTa "
+                           "(position offset) or DistilBERT (no token types) parameters have "
+                           "no Hugging Face BERT class; `bert-jax export` writes them as "
+                           "their own family (bert_jax.checkpoint.families)")
+    return bert_named_state(params, config, architecture, *ARCHITECTURES[architecture])
+
+
+def bert_named_state(params: Mapping[str, Any], config: BertConfig, architecture: str,
+                     prefix: str, with_pooler: bool, heads: tuple[str, ...]
+                     ) -> tuple[dict[str, np.ndarray], list[str]]:
+    """bert-jax params -> a state dict in BERT's names (the other families rename it);
+    shared layers export as layer 0, factorized embeddings add
+    ``embeddings.embedding_projection``."""
     missing = [h for h in heads if h not in params]
     if missing:
         raise BertJaxError(f"{architecture} needs the {missing} head(s), which this checkpoint "
@@ -442,10 +460,15 @@ def params_to_hf_state(params: Mapping[str, Any], config: BertConfig, architectu
     emb, p = bert["embeddings"], f"{prefix}embeddings"
     state[f"{p}.word_embeddings.weight"] = np.asarray(emb["word_embeddings"]["embedding"])[:v]
     for name in ("position_embeddings", "token_type_embeddings"):
-        state[f"{p}.{name}.weight"] = np.asarray(emb[name]["embedding"])
+        if name in emb:
+            state[f"{p}.{name}.weight"] = np.asarray(emb[name]["embedding"])
     _norm_out(emb["LayerNorm"], f"{p}.LayerNorm", state)
-    for i in range(config.num_hidden_layers):
-        layer, p = bert["encoder"][f"layer_{i}"], f"{prefix}encoder.layer.{i}"
+    if "embedding_projection" in emb:
+        _linear_out(emb["embedding_projection"], f"{p}.embedding_projection", state)
+    layers = ([bert["encoder"]["layer"]] if config.share_layers else
+              [bert["encoder"][f"layer_{i}"] for i in range(config.num_hidden_layers)])
+    for i, layer in enumerate(layers):
+        p = f"{prefix}encoder.layer.{i}"
         qkv = layer["attention"]["qkv"]
         kernel, bias = np.asarray(qkv["kernel"]), np.asarray(qkv["bias"])
         for j, name in enumerate(("query", "key", "value")):

@@ -33,7 +33,7 @@ from bert_jax.data import instances, text
 from bert_jax.data.example_proto import ExampleEncoder
 from bert_jax.data.metadata import FORMAT_VERSION, write_metadata
 from bert_jax.errors import BertJaxError
-from bert_jax.tokenization.base import SPECIAL_TOKENS, Tokenizer
+from bert_jax.tokenization.base import Tokenizer
 
 DEFAULT_UNIT_BYTES = 1 << 20
 # Repaired or skipped input, always reported (0 when nothing happened).
@@ -294,8 +294,8 @@ def _create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir
             "kind": tokenizer.kind,
             "fingerprint": tokenizer.fingerprint(),
             "vocab_size": tokenizer.vocab_size,
-            "special_ids": {t.strip("[]").lower(): tokenizer.token_to_id(t)
-                            for t in SPECIAL_TOKENS},
+            "special_ids": {role: tokenizer.token_to_id(token)
+                            for role, token in tokenizer.special_tokens.items()},
         },
         "splits": {
             "train": {"examples": num_train, "shards": train_shards},

@@ -254,8 +254,9 @@ class BertEmbeddings(nn.Module):
                                    embedding_init=initializer(cfg, ("vocab", "embed")))
         self.position_embeddings = emb(num_embeddings=cfg.max_position_embeddings,
                                        embedding_init=initializer(cfg, (None, "embed")))
-        self.token_type_embeddings = emb(num_embeddings=cfg.type_vocab_size,
-                                         embedding_init=initializer(cfg, (None, "embed")))
+        if cfg.use_token_types:  # DistilBERT has no token-type table
+            self.token_type_embeddings = emb(num_embeddings=cfg.type_vocab_size,
+                                             embedding_init=initializer(cfg, (None, "embed")))
         self.layer_norm = layer_norm(cfg, "LayerNorm")
         self.dropout = hidden_dropout(cfg)
         if cfg.embedding_dim != cfg.hidden_size:
@@ -267,12 +268,19 @@ class BertEmbeddings(nn.Module):
         words = self.word_embeddings(input_ids)  # [batch, seq, embedding_dim]
         # Positions are a slice and segments a one-hot product: neither needs a scatter in
         # the backward pass (every token of a batch hits the same few rows).
-        positions = self.position_embeddings.embedding[None, :seq_len]
-        types = jax.nn.one_hot(segment_ids, self.config.type_vocab_size,
-                               dtype=words.dtype) @ self.token_type_embeddings.embedding
+        offset = self.config.position_offset  # RoBERTa: positions start at pad_token_id + 1
+        positions = self.position_embeddings.embedding[None, offset:offset + seq_len]
+        x = words + positions
+        if self.config.use_token_types:
+            table = self.token_type_embeddings.embedding
+            if self.config.type_vocab_size == 1:  # one type (RoBERTa): every token has it
+                x = x + table[0]
+            else:
+                x = x + jax.nn.one_hot(segment_ids, self.config.type_vocab_size,
+                                       dtype=words.dtype) @ table
         # The table is split on its hidden axis under FSDP; the lookup would carry that split
         # into the activations (batch replicated) without this constraint.
-        x = constrain((words + positions + types).astype(self.config.dtype), ACTIVATION_AXES)
+        x = constrain(x.astype(self.config.dtype), ACTIVATION_AXES)
         x = self.layer_norm(x)
         x = self.dropout(x, deterministic=deterministic)
         if self.config.embedding_dim != self.config.hidden_size:
@@ -494,9 +502,10 @@ class BertModel(nn.Module):
                  deterministic: bool = True, output_hidden_states: bool = False,
                  output_attentions: bool = False) -> dict[str, Any]:
         cfg = self.config
-        if input_ids.shape[-1] > cfg.max_position_embeddings:
+        if input_ids.shape[-1] > cfg.max_sequence_length:
             raise BertJaxError(f"sequence length {input_ids.shape[-1]} exceeds the position "
-                               f"table (max_position_embeddings={cfg.max_position_embeddings})")
+                               f"table (max_position_embeddings={cfg.max_position_embeddings}"
+                               f", position_offset={cfg.position_offset})")
         if input_mask is None:
             input_mask = jnp.ones_like(input_ids)
         if segment_ids is None:

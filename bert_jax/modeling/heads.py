@@ -125,12 +125,13 @@ class BertForPreTraining(nn.Module):
 
     config: BertConfig
     pair_head: bool = True
+    add_pooler: bool = True  # False for checkpoints without one (RoBERTa/DistilBERT MLM)
 
     @nn.compact
     def __call__(self, input_ids, input_mask=None, segment_ids=None, masked_lm_positions=None,
                  *, deterministic: bool = True, output_hidden_states: bool = False,
                  output_attentions: bool = False) -> dict[str, Any]:
-        bert = BertModel(self.config, name="bert")
+        bert = BertModel(self.config, add_pooler=self.add_pooler or self.pair_head, name="bert")
         out = bert(input_ids, input_mask, segment_ids, deterministic=deterministic,
                         output_hidden_states=output_hidden_states,
                         output_attentions=output_attentions)

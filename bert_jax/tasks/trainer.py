@@ -351,9 +351,11 @@ def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: Be
                     total_steps: int | None) -> Finetuner:
     """The run's Finetuner: its mesh and rules, the task model, and (with ``total_steps``) the
     optimizer; without, prediction only."""
-    if config.max_seq_length > model_cfg.max_position_embeddings:
+    if config.max_seq_length > model_cfg.max_sequence_length:
         raise BertJaxError(f"max_seq_length={config.max_seq_length} exceeds the model's "
-                           f"max_position_embeddings={model_cfg.max_position_embeddings}")
+                           f"{model_cfg.max_sequence_length} positions (max_position_embeddings="
+                           f"{model_cfg.max_position_embeddings}, position_offset="
+                           f"{model_cfg.position_offset})")
     mesh = parallel.create_mesh(config.parallel.mesh)
     rules = parallel.rules_from_config(config.parallel.logical_axis_rules)
     tx, schedule = make_tx(config, total_steps) if total_steps else (None, None)

@@ -1,6 +1,7 @@
-"""One tokenizer interface for WordPiece and SentencePiece vocabularies.
+"""One tokenizer interface for WordPiece, SentencePiece and byte-level BPE vocabularies.
 
-Every tokenizer has BERT's five special tokens ([PAD], [UNK], [CLS], [SEP], [MASK]), encodes a
+Every tokenizer has five special roles (pad, unk, cls, sep, mask: BERT's [PAD] [UNK] [CLS]
+[SEP] [MASK], RoBERTa's <pad> <unk> <s> </s> <mask>; ``special_tokens``), encodes a
 text or a pair with truncation, decodes, knows which vocabulary entries start a word (for
 whole-word masking on ids alone), and saves itself into / loads itself from a directory
 (a checkpoint's ``tokenizer/`` folder).
@@ -37,6 +38,9 @@ class Tokenizer(abc.ABC):
     """Abstract tokenizer. Subclasses implement the vocabulary-level primitives."""
 
     kind: str = "abstract"
+    # The strings of the five special roles (byte-level BPE spells them <pad>, <s>, ...).
+    special_tokens: dict[str, str] = dict(zip(("pad", "unk", "cls", "sep", "mask"),
+                                              SPECIAL_TOKENS, strict=True))
 
     # ---- primitives ----------------------------------------------------------------------
     @property
@@ -71,27 +75,41 @@ class Tokenizer(abc.ABC):
     # ---- shared behaviour -----------------------------------------------------------------
     @property
     def pad_id(self) -> int:
-        return self.token_to_id("[PAD]")
+        return self.token_to_id(self.special_tokens["pad"])
 
     @property
     def unk_id(self) -> int:
-        return self.token_to_id("[UNK]")
+        return self.token_to_id(self.special_tokens["unk"])
 
     @property
     def cls_id(self) -> int:
-        return self.token_to_id("[CLS]")
+        return self.token_to_id(self.special_tokens["cls"])
 
     @property
     def sep_id(self) -> int:
-        return self.token_to_id("[SEP]")
+        return self.token_to_id(self.special_tokens["sep"])
 
     @property
     def mask_id(self) -> int:
-        return self.token_to_id("[MASK]")
+        return self.token_to_id(self.special_tokens["mask"])
+
+    @property
+    def mask_token(self) -> str:
+        return self.special_tokens["mask"]
 
     @property
     def special_ids(self) -> list[int]:
-        return [self.token_to_id(t) for t in SPECIAL_TOKENS]
+        return [self.token_to_id(self.special_tokens[r])
+                for r in ("pad", "unk", "cls", "sep", "mask")]
+
+    def encode_ids_with_masks(self, text: str) -> list[int]:
+        """Text -> ids (no [CLS]/[SEP]) where each literal mask token becomes the mask id."""
+        ids: list[int] = []
+        for i, piece in enumerate(text.split(self.mask_token)):
+            if i:
+                ids.append(self.mask_id)
+            ids.extend(self.encode_ids(piece))
+        return ids
 
     def encode_ids(self, text: str) -> list[int]:
         """Text -> ids with no special tokens."""

@@ -41,6 +41,10 @@ def _processor(model_path: str | None = None, proto: bytes | None = None):
     return sp
 
 
+# The first five pieces of ALBERT's released spiece.model files.
+ALBERT_SPECIAL_TOKENS = ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]")
+
+
 class SentencePieceTokenizer(Tokenizer):
     """A SentencePiece ``.model`` whose first five pieces are BERT's special tokens."""
 
@@ -57,6 +61,11 @@ class SentencePieceTokenizer(Tokenizer):
     def _check_specials(self) -> None:
         n = self._sp.get_piece_size()
         found = [self._sp.id_to_piece(i) for i in range(min(n, len(SPECIAL_TOKENS)))]
+        if found == list(ALBERT_SPECIAL_TOKENS) and self._sp.unk_id() == 1:
+            # ALBERT's spiece.model spells padding and unknown <pad> / <unk>.
+            self.special_tokens = dict(zip(("pad", "unk", "cls", "sep", "mask"),
+                                           ALBERT_SPECIAL_TOKENS, strict=True))
+            return
         if found != list(SPECIAL_TOKENS) or self._sp.unk_id() != 1:
             expected = ", ".join(f"{t}={i}" for i, t in enumerate(SPECIAL_TOKENS))
             raise BertJaxError(
@@ -77,6 +86,7 @@ class SentencePieceTokenizer(Tokenizer):
     def __setstate__(self, state: dict) -> None:
         self.model_path = state["model_path"]
         self._sp = _processor(self.model_path, proto=state["proto"])
+        self._check_specials()
         self._word_start = self._make_word_start_mask()
 
     # ---- persistence --------------------------------------------------------------------

@@ -71,9 +71,11 @@ def _check_sizes(config, model_cfg: BertConfig, mesh) -> int:
     if batch % jax.process_count():
         raise BertJaxError(f"global_batch_size={batch} is not divisible by the "
                            f"{jax.process_count()} processes")
-    if config.data.max_seq_length > model_cfg.max_position_embeddings:
-        raise BertJaxError(f"data.max_seq_length={config.data.max_seq_length} exceeds "
-                           f"model max_position_embeddings={model_cfg.max_position_embeddings}")
+    if config.data.max_seq_length > model_cfg.max_sequence_length:
+        raise BertJaxError(f"data.max_seq_length={config.data.max_seq_length} exceeds the "
+                           f"model's {model_cfg.max_sequence_length} positions "
+                           f"(max_position_embeddings={model_cfg.max_position_embeddings}, "
+                           f"position_offset={model_cfg.position_offset})")
     return batch // jax.process_count()
 
 

@@ -86,7 +86,8 @@ def _edit_config(directory, **changes):
     ("missing", "checkpoint not found"),
     ("empty_dir", "neither a Hugging Face directory"),
     ("no_weights", "no weights found"),
-    ("roberta", "model_type 'roberta' is not supported"),
+    ("gpt2", "model_type 'gpt2' is not one of"),
+    ("roberta", r"weight 'roberta\.embeddings\.word_embeddings\.weight' not found"),
     ("bad_json", "not valid JSON"),
     ("shape", r"bert\.encoder\.layer\.0\.intermediate\.dense\.weight has shape \(37, 32\) but "
               r"bert-jax parameter bert/encoder/layer_0/mlp_in/kernel needs \(64, 32\)"),
@@ -106,8 +107,8 @@ def test_convert_errors(hf_pretraining_dir, tmp_path, capsys, case, message):
     elif case == "no_weights":
         (source / "model.safetensors").unlink()
         (source / "model.safetensors.index.json").unlink(missing_ok=True)
-    elif case == "roberta":
-        _edit_config(source, model_type="roberta")
+    elif case in ("gpt2", "roberta"):
+        _edit_config(source, model_type=case)
     elif case == "bad_json":
         (source / "config.json").write_text("{\n  \"vocab_size\": 99,\n")
     elif case == "shape":
