@@ -28,9 +28,12 @@ class finetune_command:  # noqa: N801 - the CLI registry names this attribute
 
     @staticmethod
     def run(args) -> int:
+        from bert_jax import compilation_cache
         from bert_jax.tasks.finetune import finetune
 
         config = load_config(args.config, args.overrides)
+        if config.compilation_cache:
+            compilation_cache.enable()
         result = finetune(config, args.workdir)
         if jax.process_index() == 0:
             print(json.dumps({"workdir": args.workdir, "best": result["best"]}))
@@ -55,8 +58,10 @@ class evaluate_command:  # noqa: N801
 
     @staticmethod
     def run(args) -> int:
+        from bert_jax import compilation_cache
         from bert_jax.tasks.evaluate import evaluate
 
+        compilation_cache.enable()
         result = evaluate(args.workdir, args.split, args.overrides)
         if jax.process_index() == 0:
             if args.output:
@@ -78,8 +83,10 @@ class predict_command:  # noqa: N801
 
     @staticmethod
     def run(args) -> int:
+        from bert_jax import compilation_cache
         from bert_jax.tasks.evaluate import predict
 
+        compilation_cache.enable()
         paths = predict(args.workdir, args.split, args.output, args.overrides, args.ax_file)
         if jax.process_index() == 0:
             print(json.dumps({"written": paths}, indent=2))
