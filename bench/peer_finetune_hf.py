@@ -90,7 +90,8 @@ def load_head_init(torch, model, path: str) -> list[str]:
 
 
 def run(config, checkpoint: str, device_name: str | None, compile_model: bool,
-        train_pad_embedding: bool = False, head_init: str | None = None) -> dict:
+        train_pad_embedding: bool = False, head_init: str | None = None,
+        save_dir: str | None = None) -> dict:
     import torch
     import transformers as T
 
@@ -176,6 +177,8 @@ def run(config, checkpoint: str, device_name: str | None, compile_model: bool,
     predictions = task.postprocess(dev_f, model_outputs(task.kind, outputs), dev,
                                    **config.postprocess)
     metrics = task.metrics(predictions, dev)
+    if save_dir:
+        model.save_pretrained(save_dir)
     return {"framework": "transformers", "task": task.name, "dev_source": source,
             "train_examples": len(train), "dev_examples": len(dev), "train_sequences": n,
             "metrics": {dev_split: metrics}, "train_losses": losses,
@@ -200,11 +203,12 @@ def main(argv=None) -> int:
                     help="experiment: no padding_idx, the [PAD] embedding row is trained (as "
                     "in bert-jax and Google's BERT)")
     ap.add_argument("--head-init", help="experiment: .npz of bert-jax's initial head")
+    ap.add_argument("--save-dir", help="save the fine-tuned model here (save_pretrained)")
     args = ap.parse_args(argv)
     with open(args.config_json, encoding="utf-8") as f:
         config = config_from_dict(json.load(f))
     record = run(config, args.checkpoint, args.device, not args.no_compile,
-                 args.train_pad_embedding, args.head_init)
+                 args.train_pad_embedding, args.head_init, args.save_dir)
     record["head_init"] = "bert-jax" if args.head_init else "transformers"
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(record, f, indent=2)

@@ -7,3 +7,5 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# CLI runs in tests keep no compiled programs in the user's cache folder.
+os.environ.setdefault("BERT_JAX_COMPILATION_CACHE", "0")

@@ -10,6 +10,7 @@ needs this interface and ``input_keys``/``label_keys``.
 from __future__ import annotations
 
 import abc
+import itertools
 import json
 import logging
 import math
@@ -93,10 +94,13 @@ def resolve_file(split: str, filenames: dict[str, Sequence[str]], data_dir: str 
 def pad_rows(rows: Sequence[Sequence[int]], length: int, value: int) -> np.ndarray:
     """Right-pads int rows to ``length``: [N, length] int32."""
     out = np.full((len(rows), length), value, dtype=np.int32)
-    for i, row in enumerate(rows):
-        if len(row) > length:
-            raise ValueError(f"row of {len(row)} > {length}")
-        out[i, :len(row)] = row
+    lengths = np.fromiter((len(row) for row in rows), np.int64, len(rows))
+    if len(rows) and lengths.max() > length:
+        raise ValueError(f"row of {lengths.max()} > {length}")
+    total = int(lengths.sum())
+    if total:  # one vectorised fill: row-major order of the mask is the rows' order
+        out[np.arange(length)[None, :] < lengths[:, None]] = np.fromiter(
+            itertools.chain.from_iterable(rows), np.int32, total)
     return out
 
 

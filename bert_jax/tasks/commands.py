@@ -31,9 +31,12 @@ class finetune_command:  # noqa: N801 - the CLI registry names this attribute
 
     @staticmethod
     def run(args) -> int:
+        from bert_jax import compilation_cache
         from bert_jax.tasks.finetune import finetune
 
         config = load_config(args.config, args.overrides)
+        if config.compilation_cache:
+            compilation_cache.enable()
         result = finetune(config, args.workdir, overwrite=args.overwrite)
         if jax.process_index() == 0:
             print(json.dumps({"workdir": args.workdir, "best": result["best"]}))
@@ -58,11 +61,13 @@ class evaluate_command:  # noqa: N801
 
     @staticmethod
     def run(args) -> int:
+        from bert_jax import compilation_cache
         from bert_jax.fileio import check_output_path
         from bert_jax.tasks.evaluate import evaluate
 
         if args.output:
             check_output_path(args.output, directory=False)
+        compilation_cache.enable()
         result = evaluate(args.workdir, args.split, args.overrides)
         if jax.process_index() == 0:
             if args.output:
@@ -84,10 +89,12 @@ class predict_command:  # noqa: N801
 
     @staticmethod
     def run(args) -> int:
+        from bert_jax import compilation_cache
         from bert_jax.fileio import check_output_path
         from bert_jax.tasks.evaluate import predict
 
         check_output_path(args.output, directory=True)
+        compilation_cache.enable()
         paths = predict(args.workdir, args.split, args.output, args.overrides, args.ax_file)
         if jax.process_index() == 0:
             print(json.dumps({"written": paths}, indent=2))

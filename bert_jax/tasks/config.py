@@ -110,6 +110,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.label_column = "label"
     c.labels = ""  # label names in id order: a,b,c or a JSON list (for names with commas)
     c.file_format = ""  # csv | tsv | jsonl; empty: from the file's extension
+
+    # Speed (docs/finetuning.md, "Speed"). Sequences are grouped by length into batches of a
+    # few static lengths: powers of two from length_bucket_min up to max_seq_length (0: every
+    # batch max_seq_length). Padding never changes a masked BERT's outputs.
+    c.length_bucket_min = 32
+    # Compiled programs kept in $BERT_JAX_CACHE/xla (bert_jax/compilation_cache.py).
+    c.compilation_cache = True
     return c
 
 

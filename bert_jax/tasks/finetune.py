@@ -99,8 +99,8 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task) -> dict[str
     state = finetuner.create_state(params)
     del params
     _log(f"training {total_steps} steps ({config.epochs} epochs x {steps_per_epoch}, batch "
-         f"{config.global_batch_size}, {num_rows(train_feats)} sequences/epoch) on mesh "
-         f"{dict(finetuner.mesh.shape)}")
+         f"{config.global_batch_size}, {num_rows(train_feats)} sequences/epoch, length "
+         f"buckets {list(finetuner.buckets)}) on mesh {dict(finetuner.mesh.shape)}")
 
     main = task.main_metric
     first_split = next(iter(devs))

@@ -3,9 +3,10 @@ steps over a data-parallel mesh, batching with padding, and the epoch loop.
 
 Nothing here reads task files or checkpoints (``inputs.py`` and ``model_init.py`` do);
 ``Finetuner`` takes numpy feature dicts and parameter trees; :func:`build_finetuner` makes one
-from a run config (``tasks/config.py``). Every batch has a fixed shape: the last batch of an epoch
-and of an evaluation is padded with copies of row 0 whose ``example_weight`` is 0, so they
-carry no loss and their predictions are dropped — no example is skipped.
+from a run config (``tasks/config.py``). Every batch has one of a few fixed shapes: its length is
+one of the run's length buckets (``bucketing.py``), and the last batch of an epoch and of an
+evaluation is padded with copies of a row whose ``example_weight`` is 0, so they carry no loss
+and their predictions are dropped — no example is skipped.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from bert_jax.modeling.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from bert_jax.tasks import bucketing
 from bert_jax.tasks.base import IGNORE_INDEX, INPUT_KEYS, Task
 from bert_jax.training.optimizers import make_optimizer
 from bert_jax.training.state import TrainState
@@ -187,22 +189,6 @@ def num_rows(features: Mapping[str, np.ndarray]) -> int:
     return int(features["input_ids"].shape[0])
 
 
-def padded_batches(features: Mapping[str, np.ndarray], keys: tuple[str, ...],
-                   order: np.ndarray, batch_size: int) -> Iterator[tuple[dict, int]]:
-    """Yields (batch, real rows): ``batch_size`` rows in ``order``; the last batch is padded
-    with row ``order[0]`` at weight 0."""
-    for start in range(0, len(order), batch_size):
-        index = order[start:start + batch_size]
-        real = len(index)
-        if real < batch_size:
-            index = np.concatenate([index, np.full(batch_size - real, order[0])])
-        batch = {k: np.asarray(features[k])[index] for k in keys}
-        weight = np.zeros(batch_size, np.float32)
-        weight[:real] = 1.0
-        batch[WEIGHT_KEY] = weight
-        yield batch, real
-
-
 @dataclasses.dataclass
 class Finetuner:
     """A task model on a mesh: sharded init/placement, jitted steps, epochs and prediction."""
@@ -216,6 +202,8 @@ class Finetuner:
     max_seq_length: int
     tx: optax.GradientTransformation | None = None
     schedule: optax.Schedule | None = None
+    # Sequence lengths of the batches (``bucketing.py``); default: max_seq_length only.
+    buckets: tuple[int, ...] = ()
 
     def __post_init__(self):
         for name, size in (("global_batch_size", self.batch_size),
@@ -225,6 +213,10 @@ class Finetuner:
                 raise BertJaxError(f"{name}={size} must be divisible by the {divisor} batch "
                                    f"shards of the mesh {dict(self.mesh.shape)}")
         self.kind = self.task.kind
+        self.buckets = tuple(self.buckets) or (self.max_seq_length,)
+        if self.buckets[-1] != self.max_seq_length:
+            raise BertJaxError(f"the longest length bucket {self.buckets[-1]} must be "
+                               f"max_seq_length={self.max_seq_length}")
         self.label_keys = tuple(self.task.label_keys)
         _, self.param_shardings = parallel.abstract_and_shardings(
             self._init_params, self.mesh, self.rules, jax.random.PRNGKey(0))
@@ -287,20 +279,45 @@ class Finetuner:
     def steps_per_epoch(self, features: Mapping[str, np.ndarray]) -> int:
         return math.ceil(num_rows(features) / self.batch_size)
 
+    def plan(self, features: Mapping[str, np.ndarray], order: np.ndarray, batch_size: int
+             ) -> list[bucketing.PlannedBatch]:
+        """Batches of the rows in ``order`` grouped into the length buckets."""
+        if len(self.buckets) == 1:
+            return [bucketing.PlannedBatch(order[s:s + batch_size], self.max_seq_length)
+                    for s in range(0, len(order), batch_size)]
+        return bucketing.plan_batches(bucketing.row_lengths(features["input_mask"]),
+                                      self.buckets, order, batch_size)
+
+    def batches(self, features: Mapping[str, np.ndarray], keys: tuple[str, ...],
+                plan: list[bucketing.PlannedBatch], batch_size: int
+                ) -> Iterator[tuple[dict, int]]:
+        """(batch with ``example_weight``, real rows) for each planned batch."""
+        for planned in plan:
+            batch, real = bucketing.gather(features, keys, planned, batch_size,
+                                           self.max_seq_length)
+            weight = np.zeros(batch_size, np.float32)
+            weight[:real] = 1.0
+            batch[WEIGHT_KEY] = weight
+            yield batch, real
+
     def train_epoch(self, state: TrainState, features: Mapping[str, np.ndarray], epoch: int,
                     seed: int, rng: jax.Array, log: Callable[[str], None] | None = None,
                     log_every: int = 0) -> tuple[TrainState, dict[str, float]]:
-        """One pass over ``features`` in an order drawn from (seed, epoch)."""
+        """One pass over ``features`` in an order drawn from (seed, epoch); with length
+        buckets the batches are formed in that order and then shuffled (``bucketing.py``)."""
         missing = [k for k in self.label_keys if k not in features]
         if missing:
             raise BertJaxError(f"{self.task.name}: training features lack labels {missing}")
         keys = (*INPUT_KEYS, *self.label_keys)
         order = np.random.default_rng([seed, epoch]).permutation(num_rows(features))
+        plan = self.plan(features, order, self.batch_size)
+        if len(self.buckets) > 1:
+            plan = bucketing.shuffled(plan, seed, epoch)
         loss_sum = count = 0.0
         pending = []
         first_step_s = None
         t0 = time.perf_counter()
-        for i, (batch, _) in enumerate(padded_batches(features, keys, order, self.batch_size)):
+        for i, (batch, _) in enumerate(self.batches(features, keys, plan, self.batch_size)):
             state, sums = self.train_step(state, self._global(batch), rng)
             pending.append(sums)
             if i == 0:
@@ -332,14 +349,20 @@ class Finetuner:
         if n == 0:
             raise BertJaxError(f"{self.task.name}: nothing to predict (0 feature rows)")
         outputs: dict[str, list[np.ndarray]] = {k: [] for k in output_keys(self.kind)}
-        for batch, real in padded_batches(features, INPUT_KEYS, np.arange(n),
-                                          self.eval_batch_size):
+        plan = self.plan(features, np.arange(n), self.eval_batch_size)
+        per_sequence = self.kind in ("span", "token_classification")  # [B, seq, ...] outputs
+        for batch, real in self.batches(features, INPUT_KEYS, plan, self.eval_batch_size):
             out = self.predict_step(params, self._global(batch))
             if jax.process_count() > 1:
                 out = multihost_utils.process_allgather(out, tiled=True)
             for k, v in out.items():
-                outputs[k].append(np.asarray(v)[:real])
-        return {k: np.concatenate(v) for k, v in outputs.items()}
+                v = np.asarray(v)[:real]
+                outputs[k].append(bucketing.pad_sequence_outputs(v, self.max_seq_length)
+                                  if per_sequence else v)
+        rows = np.concatenate([p.rows for p in plan])
+        inverse = np.empty(n, np.int64)
+        inverse[rows] = np.arange(n)  # outputs back in feature order
+        return {k: np.concatenate(v)[inverse] for k, v in outputs.items()}
 
 
 def model_outputs(kind: str, outputs: dict[str, np.ndarray]):
@@ -361,7 +384,8 @@ def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: Be
     tx, schedule = make_tx(config, total_steps) if total_steps else (None, None)
     features = {k: config[k] for k in ("feature_layers", "feature_head", "lstm_hidden_size",
                                        "lstm_layers") if k in config}
+    buckets = bucketing.bucket_lengths(config.max_seq_length, config.length_bucket_min)
     return Finetuner(task, build_model(task, model_cfg, config.freeze_encoder, features),
                      mesh, rules,
                      config.global_batch_size, config.eval_batch_size, config.max_seq_length,
-                     tx, schedule)
+                     tx, schedule, buckets)

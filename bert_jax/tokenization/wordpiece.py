@@ -26,8 +26,10 @@ from bert_jax.errors import BertJaxError
 from bert_jax.tokenization.base import (
     SPECIAL_TOKENS,
     TOKENIZER_JSON,
+    Encoding,
     Tokenizer,
     read_metadata,
+    truncate_pair,
     write_metadata,
 )
 
@@ -267,6 +269,27 @@ class WordPieceTokenizer(Tokenizer):
 
     def tokenize(self, text: str) -> list[str]:
         return [self._tokens[i] for i in self.encode_ids(text)]
+
+    def encode(self, text: str, text_pair: str | None = None, max_length: int | None = None,
+               truncation: str = "longest_first") -> Encoding:
+        """As ``Tokenizer.encode``, from the cached word ids directly (no token strings)."""
+        a = [(t, i) for i, w in enumerate(self._words(text)) for t in w]
+        b = [(t, i) for i, w in enumerate(self._words(text_pair)) for t in w] \
+            if text_pair is not None else None
+        if max_length is not None:
+            budget = max_length - (3 if b is not None else 2)
+            if budget < 0:
+                raise BertJaxError(f"max_length={max_length} leaves no room for special tokens")
+            a, b = truncate_pair(a, b, budget, truncation)
+        cls, sep = self._vocab["[CLS]"], self._vocab["[SEP]"]
+        ids = [cls, *(t for t, _ in a), sep]
+        word_ids: list[int | None] = [None, *(i for _, i in a), None]
+        segs = [0] * len(ids)
+        if b is not None:
+            ids += [*(t for t, _ in b), sep]
+            word_ids += [*(i for _, i in b), None]
+            segs += [1] * (len(b) + 1)
+        return Encoding(ids, segs, word_ids)
 
     def tokenize_words(self, text: str) -> list[list[str]]:
         return [[self._tokens[i] for i in w] for w in self._words(text)]
