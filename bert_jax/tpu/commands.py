@@ -1,0 +1,76 @@
+"""``bert-jax compile --config experiments/pretrain.py:<variant> --topology v5p-128
+[--num-slices N] [--json OUT] [--config.key=value ...]``: compile the pretraining step for a TPU
+slice on any machine and report memory per chip, fit, and roofline predictions.
+
+Exit status: 0 when the step fits the chips' HBM, 1 when it compiles but does not fit (or
+the compiler rejects it for memory), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+class compile_command:  # noqa: N801 - the CLI registry names this attribute
+    accepts_overrides = True
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--config", required=True,
+                            help="experiment file and variant, as for pretrain, e.g. "
+                                 "experiments/pretrain.py:bert_large_phase1")
+        parser.add_argument("--topology", required=True,
+                            help="TPU slice: v4-32, v5e-256, v5p-128, v6e-64 ... (v4/v5p "
+                                 "count TensorCores, v5e/v6e chips, as gcloud does)")
+        parser.add_argument("--num-slices", type=int, default=1,
+                            help="identical slices over DCN (multislice); the config's "
+                                 "parallel.dcn_mesh splits them (default: data parallel)")
+        parser.add_argument("--json", metavar="OUT",
+                            help="also write the report as JSON to this file")
+        parser.epilog = ("Override any config field with --config.<key>=<value>, as for "
+                         "pretrain. The numbers are compiler estimates (docs/tpu.md).")
+
+    @staticmethod
+    def run(args) -> int:
+        from bert_jax.tpu.topologies import parse_slice, prepare_environment
+
+        tpu = parse_slice(args.topology, args.num_slices)
+        prepare_environment()
+        from bert_jax.tpu.compile import (
+            LEVERS,
+            CompileFailed,
+            compile_pretraining,
+            format_report,
+            not_fit_message,
+        )
+        from bert_jax.training.config import load_config
+
+        config = load_config(args.config, args.overrides)
+        print(f"compiling {args.config} for {tpu.describe()} ...", flush=True)
+        try:
+            estimate = compile_pretraining(config, tpu)
+        except CompileFailed as e:
+            if not e.out_of_memory:
+                raise
+            _write_json(args.json, {"slice": tpu.name, "num_slices": tpu.num_slices,
+                                    "fits": False, "error": str(e)})
+            print(f"does not fit: {e}", file=sys.stderr)
+            print("levers:\n  " + "\n  ".join(LEVERS), file=sys.stderr)
+            return 1
+        print(format_report(estimate))
+        _write_json(args.json, {"config": args.config, "overrides": list(args.overrides),
+                                **estimate.to_dict()})
+        if not estimate.fits:
+            print(f"does not fit: {not_fit_message(estimate)}", file=sys.stderr)
+            return 1
+        return 0
+
+
+def _write_json(path: str | None, record: dict) -> None:
+    if not path:
+        return
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+        f.write("\n")
