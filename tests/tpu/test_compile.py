@@ -1,0 +1,114 @@
+"""``bert-jax compile``: slice names, and the loop's own train step compiled ahead of time by
+libtpu for TPU slices on this CPU machine (multi-host, multislice, FSDP vs DP on v5e-256),
+with memory per chip, the fit verdict, the roofline prediction and the CLI's exit codes."""
+
+import json
+
+import pytest
+
+from bert_jax.cli import main
+from bert_jax.errors import BertJaxError
+from bert_jax.tpu.compile import compile_pretraining
+from bert_jax.tpu.topologies import GIB, abstract_devices, chip_grid, parse_slice
+from bert_jax.training.config import load_config
+
+pytestmark = pytest.mark.xdist_group("tpu_compile")
+
+SCAN = "--config.model.scan_layers=true"
+
+
+@pytest.mark.parametrize("name,chips,shape,hosts", [
+    ("v4-8", 4, (2, 2, 1), 1), ("v4-32", 16, (2, 2, 4), 4), ("v5p-128", 64, (4, 4, 4), 16),
+    ("v5e-256", 256, (16, 16), 64), ("v5litepod-16", 16, (4, 4), 4), ("v6e-64", 64, (8, 8), 16),
+    ("v5e-1", 1, (1, 1), 1)])
+def test_slice_names(name, chips, shape, hosts):
+    tpu = parse_slice(name)
+    assert (tpu.chips, tpu.shape, tpu.hosts) == (chips, shape, hosts)
+    assert parse_slice(name, 2).chips == 2 * chips
+
+
+def test_chip_grids_double_the_smallest_axis():
+    assert [chip_grid(n, 3) for n in (4, 8, 16, 32, 64, 128)] == [
+        (2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4), (4, 4, 4), (4, 4, 8)]
+    assert [chip_grid(n, 2) for n in (1, 2, 4, 8, 16, 32)] == [
+        (1, 1), (1, 2), (2, 2), (2, 4), (4, 4), (4, 8)]
+
+
+@pytest.mark.parametrize("bad,match", [("v9-8", "unknown TPU generation"),
+                                       ("v4-6", "count TensorCores"), ("v5e-24", "powers"),
+                                       ("tpu", "slice name")])
+def test_bad_slice_names(bad, match):
+    with pytest.raises(BertJaxError, match=match):
+        parse_slice(bad)
+
+
+def test_abstract_devices_span_hosts_and_slices():
+    devices = abstract_devices(parse_slice("v4-32", 2))
+    assert len(devices) == 32 and devices[0].platform == "tpu"
+    assert {d.slice_index for d in devices} == {0, 1}
+    assert len({d.process_index for d in devices}) == 8  # 4 hosts per slice
+
+
+def _compile(variant, topology, *overrides, num_slices=1):
+    config = load_config(f"experiments/pretrain.py:{variant}", [SCAN, *overrides])
+    return compile_pretraining(config, parse_slice(topology, num_slices))
+
+
+def test_base_phase1_compiles_for_multihost_v4_32():
+    """The real BERT-Base phase-1 step (12 layers, batch 256, vocab 30522) on 16 v4 chips of 4
+    hosts, data parallel: parameters and Adam moments replicated on every chip."""
+    e = _compile("bert_base_phase1", "v4-32")
+    assert e.mesh == {"data": 16, "fsdp": 1, "tensor": 1} and e.batch_per_chip == 16
+    params = 110e6 * 4  # ~110 M float32 parameters (vocab padded to 30592)
+    assert params < e.params_bytes < 1.05 * params
+    assert e.optimizer_bytes == pytest.approx(2 * e.params_bytes, rel=0.01)  # m and v
+    assert e.fits and e.total_bytes < 32 * GIB
+    # compiled FLOPs within 15% of the model count (the rest: softmax, LayerNorm, optimizer)
+    model = e.model_flops_per_sequence * e.batch_per_chip
+    assert model < e.compiled_flops < 1.15 * model
+    assert 0.0 < e.mfu < 1.0 and e.step_seconds > 0
+    assert e.schedule_hours == pytest.approx(900_000 * e.step_seconds / 3600)
+
+
+def test_multislice_splits_data_over_dcn():
+    e = _compile("bert_base_phase1", "v5e-16", "--config.model.num_hidden_layers=2",
+                 num_slices=2)
+    assert e.num_slices == 2 and e.chips == 32
+    assert e.mesh == {"data": 32, "fsdp": 1, "tensor": 1} and e.batch_per_chip == 8
+
+
+def test_large_fsdp_fits_v5e_256_where_dp_does_not():
+    """BERT-Large phase 1 at 32 sequences per chip (global batch 8192) on v5e-256 (16 GiB per
+    chip): replicated fp32 parameters + Adam moments + gradients + activations overflow the
+    chip under data parallelism; FSDP shards the state 256 ways and fits."""
+    batch = "--config.global_batch_size=8192"
+    dp = _compile("bert_large_phase1", "v5e-256", batch)
+    fsdp = _compile("bert_large_phase1", "v5e-256", batch, "--config.parallel.mesh.data=1",
+                    "--config.parallel.mesh.fsdp=-1")
+    assert dp.params_bytes > 1.3 * GIB and fsdp.params_bytes < 0.01 * GIB
+    assert not dp.fits and dp.total_bytes > 16 * GIB
+    assert fsdp.fits and fsdp.total_bytes < 16 * GIB
+
+
+def test_cli_reports_verdict_and_json(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    rc = main(["compile", "--config", "experiments/pretrain.py:bert_base_phase1", "--topology",
+               "v5p-8", "--json", str(out), SCAN, "--config.model.num_hidden_layers=2"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "FITS" in text and "MFU" in text and "chip-hours" in text
+    record = json.loads(out.read_text())
+    assert record["fits"] and record["chips"] == 4 and record["topology"] == "v5p:2x2x1"
+
+
+def test_cli_does_not_fit_exits_1_with_levers(capsys):
+    rc = main(["compile", "--config", "experiments/pretrain.py:bert_large_phase1",
+               "--topology", "v5e-4", SCAN, "--config.model.num_hidden_layers=4",
+               "--config.global_batch_size=2048"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "does not fit" in err
+    assert "fsdp=-1" in err and "remat_policy" in err and "microbatches" in err
+
+
+def test_cli_bad_topology_is_one_error_line(capsys):
+    rc = main(["compile", "--config", "experiments/pretrain.py:tiny", "--topology", "v7x-8"])
+    assert rc == 2 and capsys.readouterr().err.startswith("error: --topology 'v7x-8'")
