@@ -178,34 +178,42 @@ def compile_pretraining(config, tpu: Slice, devices: list | None = None) -> Esti
     training = build_training(config, model_cfg, mesh)
     batch = abstract_batch(training.batch_shardings, config.global_batch_size, seq, preds)
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=parallel.replicated(mesh))
+    flops = flops_per_sequence(seq, model_cfg.num_hidden_layers, model_cfg.hidden_size,
+                               model_cfg.vocab_size, preds)
+    return estimate_step(tpu, mesh, training.train_step,
+                         (training.abstract_state, batch, rng), training.abstract_state,
+                         global_batch=config.global_batch_size, seq_len=seq,
+                         num_train_steps=config.num_train_steps, model_flops_per_sequence=flops)
+
+
+def estimate_step(tpu: Slice, mesh, step, args, state, *, global_batch: int, seq_len: int,
+                  num_train_steps: int, model_flops_per_sequence: float) -> Estimate:
+    """Lowers and compiles the jitted ``step`` on abstract ``args`` (ShapeDtypeStructs with
+    shardings over ``mesh``); ``state`` is the abstract TrainState among them."""
     start = time.perf_counter()
     try:
-        compiled = training.train_step.lower(training.abstract_state, batch, rng).compile()
+        compiled = step.lower(*args).compile()
     except Exception as e:  # the TPU compiler refusing the program (e.g. out of memory)
         raise CompileFailed(tpu, str(e)) from e
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
-    state = training.abstract_state
-    flops = flops_per_sequence(seq, model_cfg.num_hidden_layers, model_cfg.hidden_size,
-                               model_cfg.vocab_size, preds)
     return Estimate(
         slice=tpu.name, topology=tpu.topology_name, chips=tpu.chips,
         num_slices=tpu.num_slices, chip=tpu.chip.name,
         mesh={k: int(v) for k, v in mesh.shape.items()},
-        global_batch_size=config.global_batch_size,
-        batch_per_chip=config.global_batch_size / tpu.chips, seq_len=seq,
-        num_train_steps=config.num_train_steps,
-        params_bytes=_sharded_bytes(state.params), optimizer_bytes=_sharded_bytes(
-            state.opt_state),
+        global_batch_size=global_batch, batch_per_chip=global_batch / tpu.chips,
+        seq_len=seq_len, num_train_steps=num_train_steps,
+        params_bytes=_sharded_bytes(state.params),
+        optimizer_bytes=_sharded_bytes(state.opt_state),
         argument_bytes=int(memory.argument_size_in_bytes),
         output_bytes=int(memory.output_size_in_bytes - memory.alias_size_in_bytes),
         temp_bytes=int(memory.temp_size_in_bytes),
         code_bytes=int(memory.generated_code_size_in_bytes), hbm_bytes=tpu.chip.hbm_bytes,
         compiled_flops=float(cost.get("flops", 0.0)),
         hbm_bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-        model_flops_per_sequence=flops, compile_seconds=seconds)
+        model_flops_per_sequence=model_flops_per_sequence, compile_seconds=seconds)
 
 
 class CompileFailed(BertJaxError):

@@ -70,43 +70,47 @@ def test_base_phase1_compiles_for_multihost_v4_32():
     assert e.schedule_hours == pytest.approx(900_000 * e.step_seconds / 3600)
 
 
-def test_multislice_splits_data_over_dcn():
-    e = _compile("bert_base_phase1", "v5e-16", "--config.model.num_hidden_layers=2",
-                 num_slices=2)
-    assert e.num_slices == 2 and e.chips == 32
-    assert e.mesh == {"data": 32, "fsdp": 1, "tensor": 1} and e.batch_per_chip == 8
-
-
-def test_large_fsdp_fits_v5e_256_where_dp_does_not():
-    """BERT-Large phase 1 at 32 sequences per chip (global batch 8192) on v5e-256 (16 GiB per
-    chip): replicated fp32 parameters + Adam moments + gradients + activations overflow the
-    chip under data parallelism; FSDP shards the state 256 ways and fits."""
-    batch = "--config.global_batch_size=8192"
-    dp = _compile("bert_large_phase1", "v5e-256", batch)
-    fsdp = _compile("bert_large_phase1", "v5e-256", batch, "--config.parallel.mesh.data=1",
-                    "--config.parallel.mesh.fsdp=-1")
-    assert dp.params_bytes > 1.3 * GIB and fsdp.params_bytes < 0.01 * GIB
-    assert not dp.fits and dp.total_bytes > 16 * GIB
-    assert fsdp.fits and fsdp.total_bytes < 16 * GIB
-
-
-def test_cli_reports_verdict_and_json(tmp_path, capsys):
+def test_cli_multislice_report_and_json(tmp_path, capsys):
+    """Two v5e-16 slices over DCN: the data axis spans both (parallel.dcn_mesh unset)."""
     out = tmp_path / "report.json"
     rc = main(["compile", "--config", "experiments/pretrain.py:bert_base_phase1", "--topology",
-               "v5p-8", "--json", str(out), SCAN, "--config.model.num_hidden_layers=2"])
+               "v5e-16", "--num-slices", "2", "--json", str(out), SCAN,
+               "--config.model.num_hidden_layers=2"])
     text = capsys.readouterr().out
     assert rc == 0 and "FITS" in text and "MFU" in text and "chip-hours" in text
     record = json.loads(out.read_text())
-    assert record["fits"] and record["chips"] == 4 and record["topology"] == "v5p:2x2x1"
+    assert record["fits"] and record["chips"] == 32 and record["num_slices"] == 2
+    assert record["mesh"] == {"data": 32, "fsdp": 1, "tensor": 1}
+    assert record["topology"] == "v5e:4x4" and record["batch_per_chip"] == 8
 
 
-def test_cli_does_not_fit_exits_1_with_levers(capsys):
-    rc = main(["compile", "--config", "experiments/pretrain.py:bert_large_phase1",
-               "--topology", "v5e-4", SCAN, "--config.model.num_hidden_layers=4",
-               "--config.global_batch_size=2048"])
+LARGE_8K = ["compile", "--config", "experiments/pretrain.py:bert_large_phase1", "--topology",
+            "v5e-256", SCAN, "--config.global_batch_size=8192"]
+
+
+def test_large_dp_does_not_fit_v5e_256_and_names_the_levers(tmp_path, capsys):
+    """BERT-Large phase 1 at 32 sequences per chip (global batch 8192) on v5e-256 (16 GiB per
+    chip), data parallel: replicated fp32 parameters, Adam moments and gradients plus the
+    activations overflow the chip."""
+    out = tmp_path / "dp.json"
+    rc = main([*LARGE_8K, "--json", str(out)])
     err = capsys.readouterr().err
     assert rc == 1 and "does not fit" in err
     assert "fsdp=-1" in err and "remat_policy" in err and "microbatches" in err
+    record = json.loads(out.read_text())
+    assert not record["fits"] and record["total_bytes"] > 16 * GIB
+    assert record["params_bytes"] > 1.3 * GIB  # 335 M float32 parameters on every chip
+
+
+def test_large_fsdp_fits_v5e_256(tmp_path):
+    """The same step with FSDP over the 256 chips: state sharded, and it fits."""
+    out = tmp_path / "fsdp.json"
+    rc = main([*LARGE_8K, "--config.parallel.mesh.data=1", "--config.parallel.mesh.fsdp=-1",
+               "--json", str(out)])
+    record = json.loads(out.read_text())
+    assert rc == 0 and record["fits"] and record["total_bytes"] < 16 * GIB
+    assert record["mesh"] == {"data": 1, "fsdp": 256, "tensor": 1}
+    assert record["params_bytes"] < 0.01 * GIB
 
 
 def test_cli_bad_topology_is_one_error_line(capsys):
