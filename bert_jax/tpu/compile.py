@@ -56,6 +56,15 @@ class Estimate:
     notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
+    def loop_scale(self) -> float:
+        """XLA's cost analysis counts a loop body once (scanned layers, microbatches), so a
+        looping step reports fewer FLOPs than the model does; the roofline then scales the
+        compiled FLOPs and bytes up to the model's FLOPs (1 for unrolled steps, whose compiled
+        FLOPs exceed the model count)."""
+        model = self.model_flops_per_sequence * self.batch_per_chip
+        return max(1.0, model / self.compiled_flops) if self.compiled_flops > 0 else 1.0
+
+    @property
     def total_bytes(self) -> int:
         return self.argument_bytes + self.output_bytes + self.temp_bytes + self.code_bytes
 
@@ -67,13 +76,14 @@ class Estimate:
     def compute_seconds(self) -> float:
         from bert_jax.tpu.topologies import CHIPS
 
-        return self.compiled_flops / (CHIPS[self.chip].peak_tflops * 1e12)
+        return self.compiled_flops * self.loop_scale / (CHIPS[self.chip].peak_tflops * 1e12)
 
     @property
     def memory_seconds(self) -> float:
         from bert_jax.tpu.topologies import CHIPS
 
-        return self.hbm_bytes_accessed / CHIPS[self.chip].hbm_bytes_per_s
+        return (self.hbm_bytes_accessed * self.loop_scale
+                / CHIPS[self.chip].hbm_bytes_per_s)
 
     @property
     def step_seconds(self) -> float:
@@ -105,7 +115,7 @@ class Estimate:
                    step_seconds=self.step_seconds, bound=self.bound,
                    sequences_per_second=self.sequences_per_second,
                    tokens_per_second=self.sequences_per_second * self.seq_len, mfu=self.mfu,
-                   schedule_hours=self.schedule_hours,
+                   schedule_hours=self.schedule_hours, loop_scale=self.loop_scale,
                    chip_hours=self.schedule_hours * self.chips)
         return out
 
@@ -271,6 +281,11 @@ def format_report(e: Estimate) -> str:
         "These are compiler estimates: a roofline lower bound on time (collectives, "
         "stalls and kernel efficiency are not counted), so MFU is an upper bound.",
     ]
+    if e.loop_scale > 1.05:
+        lines.append(
+            f"note        the step loops (scanned layers or microbatches): XLA counts a loop "
+            f"body once, so the roofline scales the compiled FLOPs and bytes by "
+            f"{e.loop_scale:.1f} to the model's FLOPs (unrolled steps need no scaling)")
     lines += e.notes
     return "\n".join(lines)
 

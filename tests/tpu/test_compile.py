@@ -35,7 +35,7 @@ def test_chip_grids_double_the_smallest_axis():
 
 
 @pytest.mark.parametrize("bad,match", [("v9-8", "unknown TPU generation"),
-                                       ("v4-6", "count TensorCores"), ("v5e-24", "powers"),
+                                       ("v4-5", "count TensorCores"), ("v5e-24", "powers"),
                                        ("tpu", "slice name")])
 def test_bad_slice_names(bad, match):
     with pytest.raises(BertJaxError, match=match):
@@ -50,13 +50,14 @@ def test_abstract_devices_span_hosts_and_slices():
 
 
 def _compile(variant, topology, *overrides, num_slices=1):
-    config = load_config(f"experiments/pretrain.py:{variant}", [SCAN, *overrides])
+    config = load_config(f"experiments/pretrain.py:{variant}", list(overrides))
     return compile_pretraining(config, parse_slice(topology, num_slices))
 
 
 def test_base_phase1_compiles_for_multihost_v4_32():
-    """The real BERT-Base phase-1 step (12 layers, batch 256, vocab 30522) on 16 v4 chips of 4
-    hosts, data parallel: parameters and Adam moments replicated on every chip."""
+    """The real BERT-Base phase-1 step as the loop runs it (default config: 12 unrolled
+    layers, batch 256, vocab 30522) on 16 v4 chips of 4 hosts, data parallel: parameters and
+    Adam moments replicated on every chip."""
     e = _compile("bert_base_phase1", "v4-32")
     assert e.mesh == {"data": 16, "fsdp": 1, "tensor": 1} and e.batch_per_chip == 16
     params = 110e6 * 4  # ~110 M float32 parameters (vocab padded to 30592)
@@ -66,7 +67,7 @@ def test_base_phase1_compiles_for_multihost_v4_32():
     # compiled FLOPs within 15% of the model count (the rest: softmax, LayerNorm, optimizer)
     model = e.model_flops_per_sequence * e.batch_per_chip
     assert model < e.compiled_flops < 1.15 * model
-    assert 0.0 < e.mfu < 1.0 and e.step_seconds > 0
+    assert e.loop_scale == 1.0 and 0.0 < e.mfu < 1.0 and e.step_seconds > 0
     assert e.schedule_hours == pytest.approx(900_000 * e.step_seconds / 3600)
 
 
@@ -116,3 +117,28 @@ def test_large_fsdp_fits_v5e_256(tmp_path):
 def test_cli_bad_topology_is_one_error_line(capsys):
     rc = main(["compile", "--config", "experiments/pretrain.py:tiny", "--topology", "v7x-8"])
     assert rc == 2 and capsys.readouterr().err.startswith("error: --topology 'v7x-8'")
+
+
+def test_default_config_on_a_tpu_host_takes_no_gpu_kernel(monkeypatch):
+    """As on a TPU VM (default backend 'tpu'): the step's "auto" kernel choices (fused
+    LayerNorm, GELU, MLM cross-entropy, flash attention) leave out every GPU (Triton) kernel
+    and take the TPU attention kernel (a Mosaic custom call)."""
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax import parallel
+    from bert_jax.tpu.compile import abstract_batch
+    from bert_jax.training.config import model_config
+    from bert_jax.training.setup import build_training
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    config = load_config("experiments/pretrain.py:bert_base_phase1",
+                         ["--config.model.num_hidden_layers=1", "--config.global_batch_size=8"])
+    mesh = parallel.create_mesh(config.parallel.mesh, config.parallel.dcn_mesh,
+                                devices=abstract_devices(parse_slice("v5e-8")))
+    training = build_training(config, model_config(config), mesh)
+    batch = abstract_batch(training.batch_shardings, 8, 128, 20)
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=parallel.replicated(mesh))
+    text = training.train_step.lower(training.abstract_state, batch, rng).as_text()
+    assert "triton" not in text.lower()
+    assert text.count("tpu_custom_call") == 2  # the attention kernel, forward and backward
