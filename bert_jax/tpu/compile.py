@@ -294,3 +294,74 @@ def not_fit_message(e: Estimate) -> str:
     return (f"the step needs {_gib(e.total_bytes)} per chip but a {e.chip} chip has "
             f"{_gib(e.hbm_bytes)} (over by {_gib(e.total_bytes - e.hbm_bytes)}); levers:\n  "
             + "\n  ".join(LEVERS))
+
+
+def finetune_batch(task, mesh, rules, batch: int, seq: int) -> dict:
+    """ShapeDtypeStructs of one fine-tuning batch of ``task`` (inputs, labels, row weights)
+    with the batch split as the loop splits it."""
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax import parallel
+    from bert_jax.tasks.base import INPUT_KEYS
+    from bert_jax.tasks.trainer import WEIGHT_KEY
+
+    rows = (batch, task.num_choices) if task.kind == "multiple_choice" else (batch,)
+    shapes = {k: ((*rows, seq), jnp.int32) for k in INPUT_KEYS}
+    for key in task.label_keys:
+        if task.kind == "token_classification":
+            shapes[key] = ((batch, seq), jnp.int32)
+        else:
+            shapes[key] = ((batch,), jnp.float32 if task.kind == "regression" else jnp.int32)
+    shapes[WEIGHT_KEY] = ((batch,), jnp.float32)
+    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=parallel.batch_sharding(
+        mesh, rules, len(shape))) for k, (shape, dtype) in shapes.items()}
+
+
+def compile_finetuning(config, tpu: Slice, devices: list | None = None) -> Estimate:
+    """The fine-tuning loop's train step (``tasks/trainer.py`` Finetuner, the run config's
+    task head, optimizer, mesh and rules) compiled for ``tpu``. The encoder comes from
+    ``model.preset`` and the config's model fields (no checkpoint is read: its weights do not
+    change the step); the schedule's length depends on the data, so the report gives time per
+    step and per 1,000 steps."""
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax import parallel
+    from bert_jax.tasks.registry import get_task
+    from bert_jax.tasks.trainer import Finetuner, build_model, make_tx
+    from bert_jax.tpu.topologies import abstract_devices
+    from bert_jax.training import config as config_lib
+    from bert_jax.training.metrics import flops_per_sequence
+
+    devices = abstract_devices(tpu) if devices is None else devices
+    task = get_task(config.task)
+    if not task.label_keys:
+        raise BertJaxError(f"task {task.name} has no training step (no labels)")
+    model_cfg = config_lib.model_config(config)
+    seq = config.max_seq_length
+    if seq > model_cfg.max_position_embeddings:
+        raise BertJaxError(f"max_seq_length={seq} exceeds the model's "
+                           f"max_position_embeddings={model_cfg.max_position_embeddings}")
+    dcn = {"data": tpu.num_slices} if tpu.num_slices > 1 else None
+    mesh = parallel.create_mesh(config.parallel.mesh, dcn, devices=devices)
+    rules = parallel.rules_from_config(config.parallel.logical_axis_rules)
+    steps = 1000
+    tx, _ = make_tx(config, steps)
+    finetuner = Finetuner(task, build_model(task, model_cfg, config.freeze_encoder), mesh,
+                          rules, config.global_batch_size, config.eval_batch_size, seq, tx)
+    abstract_state, shardings = parallel.abstract_and_shardings(
+        lambda rng: finetuner._init_state(finetuner._init_params(rng)), mesh, rules,
+        jax.random.PRNGKey(0))
+    batch = finetune_batch(task, mesh, rules, config.global_batch_size, seq)
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=parallel.replicated(mesh))
+    per_row = task.num_choices if task.kind == "multiple_choice" else 1
+    flops = per_row * flops_per_sequence(seq, model_cfg.num_hidden_layers,
+                                         model_cfg.hidden_size, model_cfg.vocab_size, 0)
+    estimate = estimate_step(tpu, mesh, finetuner.train_step, (abstract_state, batch, rng),
+                             abstract_state, global_batch=config.global_batch_size,
+                             seq_len=seq, num_train_steps=steps,
+                             model_flops_per_sequence=flops)
+    estimate.notes.append(f"fine-tuning {task.name} ({task.kind}); the schedule line is per "
+                          f"{steps:,} steps (a run's steps depend on its data)")
+    return estimate
