@@ -40,9 +40,8 @@ class compile_command:  # noqa: N801 - the CLI registry names this attribute
 
     @staticmethod
     def run(args) -> int:
-        from bert_jax.tpu.topologies import parse_slice, prepare_environment
-
         from bert_jax.errors import BertJaxError
+        from bert_jax.tpu.topologies import parse_slice, prepare_environment
 
         if (args.config is None) == (args.task is None):
             raise BertJaxError("give --config (pretraining) or --task (fine-tuning), not both")
