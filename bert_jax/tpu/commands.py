@@ -70,8 +70,11 @@ class compile_command:  # noqa: N801 - the CLI registry names this attribute
         except CompileFailed as e:
             if not e.out_of_memory:
                 raise
-            _write_json(args.json, {"slice": tpu.name, "num_slices": tpu.num_slices,
-                                    "fits": False, "error": str(e)})
+            _write_json(args.json, {"config": spec, "overrides": list(args.overrides),
+                                    "slice": tpu.name, "num_slices": tpu.num_slices,
+                                    "fits": False, "error": str(e),
+                                    "total_bytes": e.used_bytes,
+                                    "compiler_hbm_limit_bytes": e.limit_bytes})
             print(f"does not fit: {e}", file=sys.stderr)
             print("levers:\n  " + "\n  ".join(LEVERS), file=sys.stderr)
             return 1

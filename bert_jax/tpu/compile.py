@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from typing import Any
 
@@ -232,7 +233,17 @@ class CompileFailed(BertJaxError):
     def __init__(self, tpu: Slice, message: str):
         first = message.strip().splitlines()[0] if message.strip() else "unknown error"
         self.out_of_memory = "RESOURCE_EXHAUSTED" in message or "memory" in message.lower()
+        # XLA:TPU's out-of-memory message: "... Used 18.31G of 15.75G hbm ..."
+        used = re.search(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm", message)
+        self.used_bytes = self.limit_bytes = None
+        if used:
+            self.used_bytes = _size(used[1], used[2])
+            self.limit_bytes = _size(used[3], used[4])
         super().__init__(f"the TPU compiler rejected the step for {tpu.describe()}: {first}")
+
+
+def _size(number: str, unit: str) -> int:
+    return int(float(number) * 1024 ** " KMGT".index(unit or " "))
 
 
 LEVERS = ("shard parameters and optimizer state (FSDP): --config.parallel.mesh.data=1 "
