@@ -233,8 +233,11 @@ class CompileFailed(BertJaxError):
     def __init__(self, tpu: Slice, message: str):
         first = message.strip().splitlines()[0] if message.strip() else "unknown error"
         self.out_of_memory = "RESOURCE_EXHAUSTED" in message or "memory" in message.lower()
-        # XLA:TPU's out-of-memory message: "... Used 18.31G of 15.75G hbm ..."
-        used = re.search(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm", message)
+        # XLA:TPU's out-of-memory messages: "... Used 18.31G of 15.75G hbm ..." or "... the
+        # total memory required for HLO temporaries (15.75G) exceeds available HBM (15.75G)"
+        used = (re.search(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm", message)
+                or re.search(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds "
+                             r"available HBM \(([\d.]+)([KMGT]?)\)", message))
         self.used_bytes = self.limit_bytes = None
         if used:
             self.used_bytes = _size(used[1], used[2])
