@@ -362,8 +362,9 @@ def compile_finetuning(config, tpu: Slice, devices: list | None = None) -> Estim
     rules = parallel.rules_from_config(config.parallel.logical_axis_rules)
     steps = 1000
     tx, _ = make_tx(config, steps)
+    # (the evaluation batch plays no part in the train step: the train batch stands in for it)
     finetuner = Finetuner(task, build_model(task, model_cfg, config.freeze_encoder), mesh,
-                          rules, config.global_batch_size, config.eval_batch_size, seq, tx)
+                          rules, config.global_batch_size, config.global_batch_size, seq, tx)
     abstract_state, shardings = parallel.abstract_and_shardings(
         lambda rng: finetuner._init_state(finetuner._init_params(rng)), mesh, rules,
         jax.random.PRNGKey(0))

@@ -144,3 +144,17 @@ def test_default_config_on_a_tpu_host_takes_no_gpu_kernel(monkeypatch):
     text = training.train_step.lower(training.abstract_state, batch, rng).as_text()
     assert "triton" not in text.lower()
     assert text.count("tpu_custom_call") == 2  # the attention kernel, forward and backward
+
+
+def test_finetuning_step_compiles(tmp_path, capsys):
+    """The fine-tuning loop's step (GLUE MRPC: classification head, AdamW, batch 32) on a
+    v5e-8 slice."""
+    out = tmp_path / "mrpc.json"
+    rc = main(["compile", "--task", "glue:mrpc", "--topology", "v5e-8", "--json", str(out),
+               "--config.model.num_hidden_layers=2"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "fine-tuning mrpc (classification)" in text
+    record = json.loads(out.read_text())
+    assert record["fits"] and record["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert record["batch_per_chip"] == 4 and record["seq_len"] == 128
+    assert record["compiled_flops"] > record["model_flops_per_sequence"] * 4
