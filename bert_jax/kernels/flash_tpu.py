@@ -149,8 +149,13 @@ def _forward(q, k, v, salt, lengths, s: Settings):
     kv_len = k.shape[2]
     q_spec = pl.BlockSpec((None, None, s.block_q, head_dim), lambda b, h, i, *_: (b, h, i, 0))
     kv_spec = pl.BlockSpec((None, None, kv_len, head_dim), lambda b, h, i, *_: (b, h, 0, 0))
+    itemsize = q.dtype.itemsize
+    cost = pl.CostEstimate(  # so that XLA's cost analysis counts the kernel
+        flops=4 * batch * heads * q_len * kv_len * head_dim,
+        transcendentals=batch * heads * q_len * kv_len,
+        bytes_accessed=itemsize * batch * heads * head_dim * (2 * q_len + 2 * kv_len))
     return pl.pallas_call(
-        functools.partial(_forward_kernel, s=s),
+        functools.partial(_forward_kernel, s=s), cost_estimate=cost,
         grid_spec=_grid_spec((batch, heads, q_len // s.block_q),
                              [q_spec, kv_spec, kv_spec], q_spec),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -166,8 +171,12 @@ def _backward(q, k, v, o, do, salt, lengths, s: Settings):
     kv_len = k.shape[2]
     q_spec = pl.BlockSpec((None, None, q_len, head_dim), lambda b, h, *_: (b, h, 0, 0))
     kv_spec = pl.BlockSpec((None, None, kv_len, head_dim), lambda b, h, *_: (b, h, 0, 0))
+    cost = pl.CostEstimate(  # scores recomputed, dP, dV, dK, dQ: five matmuls
+        flops=10 * batch * heads * q_len * kv_len * head_dim,
+        transcendentals=batch * heads * q_len * kv_len,
+        bytes_accessed=q.dtype.itemsize * batch * heads * head_dim * (6 * q_len + 4 * kv_len))
     return pl.pallas_call(
-        functools.partial(_backward_kernel, s=s),
+        functools.partial(_backward_kernel, s=s), cost_estimate=cost,
         grid_spec=_grid_spec((batch, heads), [q_spec, kv_spec, kv_spec, q_spec, q_spec],
                              [q_spec, kv_spec, kv_spec]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),

@@ -137,6 +137,8 @@ def test_compiles_for_tpu(topology):
     text = compiled.as_text()
     assert "bert_flash_tpu_forward" in text and "bert_flash_tpu_backward" in text
     assert compiled.memory_analysis().temp_size_in_bytes < 64 * 2 ** 20
+    # the kernels' cost estimates: 4 (forward) + 10 (backward) x b*h*q*k*d FLOPs
+    assert compiled.cost_analysis()["flops"] >= 14 * batch * heads * seq * seq * dim
 
 
 def test_model_training_step_same_on_both_kernels():

@@ -60,11 +60,11 @@ def test_base_phase1_compiles_for_multihost_v4_32():
     Adam moments replicated on every chip."""
     e = _compile("bert_base_phase1", "v4-32")
     assert e.mesh == {"data": 16, "fsdp": 1, "tensor": 1} and e.batch_per_chip == 16
-    params = 110e6 * 4  # ~110 M float32 parameters (vocab padded to 30592)
-    assert params < e.params_bytes < 1.05 * params
+    assert e.params_bytes == 110_160_258 * 4  # float32, whole on every chip (vocab 30592)
     assert e.optimizer_bytes == pytest.approx(2 * e.params_bytes, rel=0.01)  # m and v
     assert e.fits and e.total_bytes < 32 * GIB
-    # compiled FLOPs within 15% of the model count (the rest: softmax, LayerNorm, optimizer)
+    # compiled FLOPs within 15% of the model count (the rest: softmax, LayerNorm, optimizer;
+    # the attention kernel's FLOPs come from its cost estimate)
     model = e.model_flops_per_sequence * e.batch_per_chip
     assert model < e.compiled_flops < 1.15 * model
     assert e.loop_scale == 1.0 and 0.0 < e.mfu < 1.0 and e.step_seconds > 0
