@@ -59,9 +59,9 @@ class Estimate:
     @property
     def loop_scale(self) -> float:
         """XLA's cost analysis counts a loop body once (scanned layers, microbatches), so a
-        looping step reports fewer FLOPs than the model does; the roofline then scales the
-        compiled FLOPs and bytes up to the model's FLOPs (1 for unrolled steps, whose compiled
-        FLOPs exceed the model count)."""
+        looping step reports fewer FLOPs than the model does; the roofline then takes the
+        model's FLOPs instead (this factor; 1 for unrolled steps, whose compiled FLOPs exceed
+        the model count). Its bytes stay as counted, a lower bound like the rest."""
         model = self.model_flops_per_sequence * self.batch_per_chip
         return max(1.0, model / self.compiled_flops) if self.compiled_flops > 0 else 1.0
 
@@ -83,8 +83,7 @@ class Estimate:
     def memory_seconds(self) -> float:
         from bert_jax.tpu.topologies import CHIPS
 
-        return (self.hbm_bytes_accessed * self.loop_scale
-                / CHIPS[self.chip].hbm_bytes_per_s)
+        return self.hbm_bytes_accessed / CHIPS[self.chip].hbm_bytes_per_s
 
     @property
     def step_seconds(self) -> float:
@@ -298,8 +297,8 @@ def format_report(e: Estimate) -> str:
     if e.loop_scale > 1.05:
         lines.append(
             f"note        the step loops (scanned layers or microbatches): XLA counts a loop "
-            f"body once, so the roofline scales the compiled FLOPs and bytes by "
-            f"{e.loop_scale:.1f} to the model's FLOPs (unrolled steps need no scaling)")
+            f"body once, so the roofline takes the model's FLOPs ({e.loop_scale:.1f}x the "
+            f"compiled count); HBM bytes are counted once per loop body (a lower bound)")
     lines += e.notes
     return "\n".join(lines)
 
