@@ -96,12 +96,23 @@ def run_row(row: Row) -> dict:
     return record
 
 
+def _derived(record: dict) -> dict:
+    """The record's derived numbers (fit, speed, MFU) recomputed from its raw compile fields,
+    so that tables follow the current roofline."""
+    from bert_jax.tpu.compile import Estimate
+
+    names = {f.name for f in dataclasses.fields(Estimate)}
+    estimate = Estimate(**{k: v for k, v in record.items() if k in names})
+    return {**record, **estimate.to_dict(), "max_batch_per_chip": max_batch_per_chip(estimate)}
+
+
 def markdown(records: list[dict]) -> str:
     head = ("| configuration | slice | mesh | batch/chip | memory/chip (GiB) | fits | "
             "max batch/chip | seq/s | MFU | schedule (h, chip-h) |\n"
             "|---|---|---|---|---|---|---|---|---|---|")
     out = [head]
     for r in records:
+        r = _derived(r) if r.get("compiled") else r
         slices = f" x{r['num_slices']}" if r["num_slices"] > 1 else ""
         if not r.get("compiled"):
             out.append(f"| {r['label']} | {r['topology']}{slices} | | | | "
@@ -120,14 +131,25 @@ def markdown(records: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="directory for sweep.jsonl and sweep.md")
+    ap.add_argument("--out", help="directory for sweep.jsonl and sweep.md (required to run)")
     ap.add_argument("--only", default="", help="rows whose label or topology contains this")
     ap.add_argument("--list", action="store_true", help="print the rows' commands and stop")
+    ap.add_argument("--table", nargs="+", metavar="JSONL",
+                    help="print the Markdown table of earlier sweep.jsonl files and stop")
     args = ap.parse_args(argv)
+    if args.table:
+        records = []
+        for path in args.table:
+            with open(path, encoding="utf-8") as f:
+                records += [json.loads(line) for line in f if line.strip()]
+        print(markdown(records))
+        return 0
     rows = [r for r in ROWS if args.only in r.label or args.only in r.topology]
     if args.list:
         print("\n".join(r.command() for r in rows))
         return 0
+    if not args.out:
+        ap.error("--out is required to run the sweep")
     from bert_jax.tpu.topologies import prepare_environment
 
     prepare_environment()
