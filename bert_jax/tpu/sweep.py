@@ -114,14 +114,15 @@ def markdown(records: list[dict]) -> str:
     for r in records:
         r = _derived(r) if r.get("compiled") else r
         slices = f" x{r['num_slices']}" if r["num_slices"] > 1 else ""
+        name = r.get("slice") or r["topology"]
         if not r.get("compiled"):
-            out.append(f"| {r['label']} | {r['topology']}{slices} | | | | "
+            out.append(f"| {r['label']} | {name}{slices} | | | | "
                        f"{'no' if r.get('fits') is False else '?'} | | | | "
                        f"{r.get('error', '')[:80]} |")
             continue
         mesh = "x".join(f"{k}{v}" for k, v in r["mesh"].items() if v > 1) or "1"
         out.append(
-            f"| {r['label']} | {r['topology']}{slices} | {mesh} | {r['batch_per_chip']:g} | "
+            f"| {r['label']} | {name}{slices} | {mesh} | {r['batch_per_chip']:g} | "
             f"{r['total_bytes'] / 2**30:.1f} / {r['hbm_bytes'] / 2**30:.0f} | "
             f"{'yes' if r['fits'] else 'no'} | {r['max_batch_per_chip']:.0f} | "
             f"{r['sequences_per_second']:,.0f} | {r['mfu']:.0%} | "
