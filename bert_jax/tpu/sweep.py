@@ -116,9 +116,11 @@ def markdown(records: list[dict]) -> str:
         slices = f" x{r['num_slices']}" if r["num_slices"] > 1 else ""
         name = r.get("slice") or r["topology"]
         if not r.get("compiled"):
+            error = r.get("error", "")
+            error = error[max(error.find("RESOURCE_EXHAUSTED"), 0):].replace("|", "/")
             out.append(f"| {r['label']} | {name}{slices} | | | | "
                        f"{'no' if r.get('fits') is False else '?'} | | | | "
-                       f"{r.get('error', '')[:80]} |")
+                       f"{error[:100]} |")
             continue
         mesh = "x".join(f"{k}{v}" for k, v in r["mesh"].items() if v > 1) or "1"
         out.append(
