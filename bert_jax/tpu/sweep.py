@@ -46,9 +46,7 @@ def _batch(n: int) -> str:
 ROWS: tuple[Row, ...] = (
     Row("Base/128 DP", "bert_base_phase1", "v4-32", overrides=SCAN),
     Row("Base/128 DP", "bert_base_phase1", "v5e-16", overrides=SCAN),
-    Row("Base/128 DP", "bert_base_phase1", "v5p-32", overrides=SCAN),
     Row("Base/512 DP", "bert_base_phase2", "v4-32", overrides=SCAN),
-    Row("Base/512 DP", "bert_base_phase2", "v5e-16", overrides=SCAN),
     Row("Large/128 DP", "bert_large_phase1", "v5p-128", overrides=SCAN),
     Row("Large/128 DP, 80/chip", "bert_large_phase1", "v5e-256",
         overrides=(*SCAN, _batch(20480))),
@@ -56,7 +54,6 @@ ROWS: tuple[Row, ...] = (
         overrides=(*SCAN, *FSDP, _batch(20480))),
     Row("Large/128 FSDP, 80/chip, remat=full", "bert_large_phase1", "v5e-256",
         overrides=(*SCAN, *FSDP, _batch(20480), "--config.model.remat_policy=full")),
-    Row("Large/512 DP", "bert_large_phase2", "v5p-128", overrides=SCAN),
     Row("Large/512 FSDP", "bert_large_phase2", "v5e-64", overrides=(*SCAN, *FSDP)),
     Row("Large/512 FSDP, remat=dots", "bert_large_phase2", "v5e-64",
         overrides=(*SCAN, *FSDP, "--config.model.remat_policy=dots")),
