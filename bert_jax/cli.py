@@ -61,6 +61,9 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from bert_jax.tpu.topologies import quiet_libtpu_without_tpus
+
+    quiet_libtpu_without_tpus()
     try:
         parser = build_parser(argv)
         args, unknown = parser.parse_known_args(argv)

@@ -129,6 +129,29 @@ def prepare_environment() -> None:
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v4-8")
 
 
+def quiet_libtpu_without_tpus() -> None:
+    """On a machine with libtpu installed but no TPU chips (a CPU or GPU machine with the
+    test extra), JAX still loads the TPU plugin at start, which then asks the cloud metadata
+    server about the host and logs errors. Give it local answers instead (and let several
+    processes load it), before JAX initializes; on TPU hosts nothing changes."""
+    import glob
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is None:
+        return
+    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):  # Google's PCI vendor: a TPU
+        try:
+            with open(path, encoding="ascii") as f:
+                if f.read().strip() == "0x1ae0":
+                    return
+        except OSError:
+            continue
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v4-8")
+
+
 def abstract_devices(tpu: Slice) -> list:
     """The slice's devices as libtpu describes them (no hardware needed): a compile target
     for ``jax.jit(...).lower(...).compile()``."""
