@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "materialize-batches": ("bert_jax.data.materialize:command",
                             "run the masking pipeline for N steps and save the batches as numpy"),
     "pretrain": ("bert_jax.training.pretrain:command", "pretrain BERT (MLM + NSP/SOP)"),
+    "compile": ("bert_jax.tpu.commands:compile_command",
+                "compile the train step for a TPU slice here: memory per chip, fit, speed"),
     "finetune": ("bert_jax.tasks.commands:finetune_command",
                  "fine-tune on GLUE, SQuAD, CoNLL-2003 NER or SWAG"),
     "evaluate": ("bert_jax.tasks.commands:evaluate_command", "evaluate a fine-tuned workdir"),
@@ -59,6 +61,9 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from bert_jax.tpu.topologies import quiet_libtpu_without_tpus
+
+    quiet_libtpu_without_tpus()
     try:
         parser = build_parser(argv)
         args, unknown = parser.parse_known_args(argv)

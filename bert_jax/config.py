@@ -14,7 +14,7 @@ from bert_jax.errors import BertJaxError
 
 ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
 # Attention while attention dropout is active (training): fused kernels above have no dropout.
-DROPOUT_ATTENTION_IMPLS = ("explicit", "flash", "auto")
+DROPOUT_ATTENTION_IMPLS = ("explicit", "flash", "flash_tpu", "auto")
 # Hidden-state dropout masks: hash (counter hash, recomputed in the backward pass) | prng
 # (Flax nn.Dropout, threefry Bernoulli mask); bert_jax/kernels/dropout.py.
 HIDDEN_DROPOUT_IMPLS = ("hash", "prng")
@@ -98,7 +98,8 @@ class BertConfig:
     param_dtype: str = "float32"
     attention_impl: str = "auto"  # xla | cudnn | splash | auto (cudnn on GPU, else xla)
     # With attention dropout active: explicit einsum | flash (Pallas kernel with in-kernel
-    # dropout, bert_jax/kernels/flash.py) | auto (flash on GPU where shapes allow).
+    # dropout, bert_jax/kernels/flash.py) | flash_tpu (its TPU counterpart, the same masks,
+    # bert_jax/kernels/flash_tpu.py) | auto (flash on GPU, flash_tpu on TPU where shapes allow).
     dropout_attention_impl: str = "auto"
     hidden_dropout_impl: str = "hash"  # hash | prng (see HIDDEN_DROPOUT_IMPLS)
     dropout_hash: str = "rowcol"  # rowcol | flat (see DROPOUT_HASHES)

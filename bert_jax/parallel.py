@@ -327,12 +327,18 @@ def shard_map_unchecked(fn: Callable[..., Any], mesh: Mesh, in_specs, out_specs)
 
 def traced_in_mesh(fn: Callable[..., Any], mesh: Mesh, rules: Rules) -> Callable[..., Any]:
     """Wraps ``fn`` so that it traces inside ``mesh`` and the logical-axis ``rules``: the
-    model's activation constraints (:func:`constrain`) then take effect."""
+    model's activation constraints (:func:`constrain`) then take effect, and kernels are
+    picked for the mesh's platform (``kernels/platform.py``; a TPU mesh compiled ahead of time
+    on a CPU machine gets the TPU kernels)."""
+    from bert_jax.kernels.platform import targeting
+
+    platform = mesh.devices.flat[0].platform  # kernels are chosen for the mesh's devices
+
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
         token = _ENTERED_MESH.set(mesh)
         try:
-            with nn.logical_axis_rules(rules):
+            with nn.logical_axis_rules(rules), targeting(platform):
                 return fn(*args, **kwargs)
         finally:
             _ENTERED_MESH.reset(token)

@@ -268,3 +268,30 @@ wait_ready() {
     sleep 30
   done
 }
+
+# preflight CONFIG ACCELERATOR NUM_SLICES OVERRIDE...: compile the training step for this slice on
+# this machine (`bert-jax compile`, docs/tpu.md) and stop unless it fits the chips' memory. Runs
+# before anything is created or started; under --dry-run it prints the command as a comment.
+# BERT_JAX_PYTHON picks the interpreter (default python3; it needs bert-jax's packages and
+# libtpu). Generations the compile check has no data for (v2, v3) are skipped with a note.
+preflight() {
+  local config="$1" accelerator="$2" slices="$3" rc=0
+  shift 3
+  local cmd=("${BERT_JAX_PYTHON:-python3}" -m bert_jax compile --config "$config"
+    --topology "$accelerator" --num-slices "$slices" "$@")
+  if [[ ! "$accelerator" =~ ^(v4|v5p|v5litepod|v6e)- ]]; then
+    log "preflight skipped: no compile data for ${accelerator%-*}"
+    return 0
+  fi
+  if ((DRY_RUN)); then
+    printf '# preflight (cd %s): %s\n' "$(quote_cmd "$REPO_ROOT")" "$(quote_cmd "${cmd[@]}")"
+    return 0
+  fi
+  log "preflight: compiling ${config} for ${slices} x ${accelerator} (--skip-preflight skips)"
+  (cd "$REPO_ROOT" && "${cmd[@]}") >&2 || rc=$?
+  case "$rc" in
+    0) log "preflight: the step fits ${accelerator}" ;;
+    1) die "preflight: ${config} does not fit ${slices} x ${accelerator} (see the levers above); not launching. Change the config or pass --skip-preflight" ;;
+    *) die "preflight: the compile check failed (exit ${rc}); fix the config or pass --skip-preflight" ;;
+  esac
+}

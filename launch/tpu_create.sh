@@ -7,9 +7,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 usage() {
   cat <<'EOF'
-Usage: launch/tpu_create.sh --name NAME --zone ZONE --accelerator-type TYPE [options]
+Usage: launch/tpu_create.sh --name NAME --zone ZONE --accelerator-type TYPE [options] \
+         [-- --config.KEY=VALUE ...]
 
-Create a TPU VM pod slice for bert-jax pretraining.
+Create a TPU VM pod slice for bert-jax pretraining. First, the preflight compiles the training
+step of --config (with the overrides after '--') for this slice on this machine and refuses to
+create a slice the step does not fit (bert-jax compile, docs/tpu.md).
 
 Required:
   --name NAME               TPU (and queued resource) name, e.g. bert-base-v4
@@ -29,13 +32,18 @@ Options:
   --service-account EMAIL   Service account of the workers (needs write access to the bucket)
   --no-wait                 Return right after the request instead of waiting until usable
   --wait-timeout S          Seconds to wait for the slice (default 7200)
-  --dry-run                 Print the exact commands instead of running them
+  --config FILE:VARIANT     The run the slice is for, checked by the preflight (default
+                            experiments/pretrain.py:bert_base_phase1)
+  --skip-preflight          Create without the compile check
+  --dry-run                 Print the exact commands instead of running them (the preflight
+                            as a '#' comment)
   -h, --help                This help
 EOF
 }
 
 NAME="" ZONE="" PROJECT="" ACCELERATOR="" RUNTIME="" SPOT=0 PREEMPTIBLE=0 QUEUED=0 NUM_SLICES=1
 VALID_UNTIL="" SERVICE_ACCOUNT="" WAIT=1 WAIT_TIMEOUT=7200
+CONFIG=experiments/pretrain.py:bert_base_phase1 PREFLIGHT=1 OVERRIDES=()
 
 split_equals "$@"
 set -- "${ARGS[@]+"${ARGS[@]}"}"
@@ -54,9 +62,12 @@ while (($#)); do
     --service-account) need_value "$@"; SERVICE_ACCOUNT="$2"; shift 2 ;;
     --no-wait) WAIT=0; shift ;;
     --wait-timeout) need_value "$@"; WAIT_TIMEOUT="$2"; shift 2 ;;
+    --config) need_value "$@"; CONFIG="$2"; shift 2 ;;
+    --skip-preflight) PREFLIGHT=0; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h | --help) usage; exit 0 ;;
-    *) die "unknown argument '$1' (see --help)" ;;
+    --) shift; OVERRIDES=("$@"); break ;;
+    *) die "unknown argument '$1' (see --help; config overrides go after '--')" ;;
   esac
 done
 
@@ -70,6 +81,10 @@ RUNTIME="${RUNTIME:-$(default_runtime_version "$ACCELERATOR")}"
 [[ -n "$VALID_UNTIL" ]] && ! ((QUEUED)) && die "--valid-until-duration needs --queued"
 [[ -z "$VALID_UNTIL" || "$VALID_UNTIL" =~ ^[0-9]+[smhd]$ ]] ||
   die "--valid-until-duration '$VALID_UNTIL' must be a duration like 30m, 6h or 2d"
+
+validate_config_spec "$CONFIG"
+validate_overrides 1 "${OVERRIDES[@]+"${OVERRIDES[@]}"}"
+((PREFLIGHT)) && preflight "$CONFIG" "$ACCELERATOR" "$NUM_SLICES" "${OVERRIDES[@]+"${OVERRIDES[@]}"}"
 
 scope_flags
 # The workers write checkpoints, TensorBoard events and logs to GCS: full cloud-platform scope.

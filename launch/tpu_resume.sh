@@ -18,7 +18,8 @@ it again (tpu_create.sh), install (tpu_setup.sh), then run (tpu_run.sh) with the
 Slice (as for tpu_create.sh): --name --zone --project --accelerator-type --runtime-version
   --spot --preemptible --queued --num-slices --service-account --wait-timeout
 Setup (as for tpu_setup.sh): --stage-dir --python
-Run (as for tpu_run.sh): --workdir --config --run-id --log-dir --gcs-log-dir --env --detach, and the config
+Run (as for tpu_run.sh): --workdir --config --run-id --log-dir --gcs-log-dir --env --detach
+  --skip-preflight, and the config
   overrides after '--'
 Resume options:
   --setup               Re-install even when the slice was healthy (default: only after re-creating)
@@ -31,7 +32,9 @@ EOF
 }
 
 NAME="" ZONE="" PROJECT="" ACCELERATOR="" QUEUED=0 NUM_SLICES=1 FORCE_SETUP=0 MAX_RESTARTS=0
-ASSUMED=PREEMPTED CREATE=() SETUP=() RUN=() OVERRIDES=()
+# The slice is recreated for the run tpu_run.sh checks again (its preflight), so the create
+# step skips its own (which would check the default config).
+ASSUMED=PREEMPTED CREATE=(--skip-preflight) SETUP=() RUN=() OVERRIDES=()
 
 split_equals "$@"
 set -- "${ARGS[@]+"${ARGS[@]}"}"
@@ -47,7 +50,7 @@ while (($#)); do
     --runtime-version | --service-account | --wait-timeout) need_value "$@"; CREATE+=("$1" "$2"); shift 2 ;;
     --stage-dir | --python) need_value "$@"; SETUP+=("$1" "$2"); shift 2 ;;
     --workdir | --config | --run-id | --log-dir | --gcs-log-dir | --env) need_value "$@"; RUN+=("$1" "$2"); shift 2 ;;
-    --detach) RUN+=("$1"); shift ;;
+    --detach | --skip-preflight) RUN+=("$1"); shift ;;
     --setup) FORCE_SETUP=1; shift ;;
     --max-restarts) need_value "$@"; MAX_RESTARTS="$2"; shift 2 ;;
     --assume-state) need_value "$@"; ASSUMED="$2"; shift 2 ;;

@@ -31,8 +31,12 @@ Options:
   --gcs-log-dir GS_URL      Where workers upload their logs (default WORKDIR/logs/RUN_ID)
   --env KEY=VALUE           Environment variable for the trainer (repeatable)
   --detach                  Start and return; do not stream the logs here
+  --skip-preflight          Start without the compile check (by default the training step is
+                            first compiled for this slice here and a config that does not fit
+                            is refused: bert-jax compile, docs/tpu.md)
   --stop                    SIGTERM the running launch on all workers (it checkpoints and exits)
-  --dry-run                 Print the exact commands instead of running them
+  --dry-run                 Print the exact commands instead of running them (the preflight
+                            as a '#' comment)
   -h, --help                This help
 After '--': config overrides passed to `bert-jax pretrain`, e.g.
   -- --config.data.directory=gs://bucket/data/seq128 --config.global_batch_size=512
@@ -40,7 +44,7 @@ EOF
 }
 
 NAME="" ZONE="" PROJECT="" ACCELERATOR="" NUM_SLICES=1 CONFIG=experiments/pretrain.py:bert_base_phase1
-WORKDIR="" RUN_ID="" LOG_DIR="" GCS_LOG_DIR="" DETACH=0 STOP=0 ENVS=() OVERRIDES=()
+WORKDIR="" RUN_ID="" LOG_DIR="" GCS_LOG_DIR="" DETACH=0 STOP=0 ENVS=() OVERRIDES=() PREFLIGHT=1
 
 split_equals "$@"
 set -- "${ARGS[@]+"${ARGS[@]}"}"
@@ -59,6 +63,7 @@ while (($#)); do
     --env) need_value "$@"; ENVS+=("$2"); shift 2 ;;
     --detach) DETACH=1; shift ;;
     --stop) STOP=1; shift ;;
+    --skip-preflight) PREFLIGHT=0; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h | --help) usage; exit 0 ;;
     --) shift; OVERRIDES=("$@"); break ;;
@@ -93,6 +98,7 @@ if ((NUM_SLICES > 1)); then
     die "--config.parallel.dcn_mesh.data=${dcn} but --num-slices ${NUM_SLICES}: the DCN axis spans the slices"
   fi
 fi
+((PREFLIGHT)) && preflight "$CONFIG" "$ACCELERATOR" "$NUM_SLICES" "${OVERRIDES[@]+"${OVERRIDES[@]}"}"
 RUN_ID="${RUN_ID:-$(date -u +%Y%m%d-%H%M%S)}"
 [[ "$RUN_ID" =~ ^[A-Za-z0-9_.-]+$ ]] || die "--run-id '$RUN_ID' may use letters, digits, '.', '_' and '-' only"
 LOG_DIR="${LOG_DIR:-logs/${NAME}/${RUN_ID}}"

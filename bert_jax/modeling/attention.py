@@ -19,8 +19,10 @@ from bert_jax.modeling.ops import add_bias
 
 def resolve_implementation(name: str) -> str:
     """``auto`` -> cudnn on GPU, xla elsewhere."""
+    from bert_jax.kernels.platform import target_platform
+
     if name == "auto":
-        return "cudnn" if jax.default_backend() == "gpu" else "xla"
+        return "cudnn" if target_platform() == "gpu" else "xla"
     return name
 
 
@@ -64,13 +66,19 @@ def fused_attention(query, key, value, kv_lengths, implementation: str):
 
 
 def resolve_dropout_implementation(name: str, query, key) -> str:
-    """``auto`` -> the flash kernel on GPU when its shapes are supported, else explicit."""
-    from bert_jax.kernels import flash
+    """``auto`` -> the flash kernel on GPU (``flash_tpu`` on TPU) when its shapes are
+    supported, else explicit. The platform is the one the step is traced for
+    (``kernels/platform.py``)."""
+    from bert_jax.kernels import flash, flash_tpu
+    from bert_jax.kernels.platform import target_platform
 
     if name != "auto":
         return name
-    ok = flash.supported(query.shape[1], key.shape[1], query.shape[-1])
-    return "flash" if ok and jax.default_backend() == "gpu" else "explicit"
+    shapes = (query.shape[1], key.shape[1], query.shape[-1])
+    platform = target_platform()
+    if platform == "tpu":
+        return "flash_tpu" if flash_tpu.supported(*shapes) else "explicit"
+    return "flash" if platform == "gpu" and flash.supported(*shapes) else "explicit"
 
 
 def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rate: float,
@@ -90,6 +98,15 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
     if impl == "explicit":
         return explicit_attention(query, key, value, kv_lengths, dropout_rng=dropout_rng,
                                   dropout_rate=dropout_rate, deterministic=False)[0]
+    if impl == "flash_tpu":  # the TPU kernel: the same salts and masks as the GPU kernel
+        from bert_jax.kernels import flash, flash_tpu
+
+        def local_tpu(q, k, v, lengths, s, _):
+            return flash_tpu.flash_attention(q, k, v, lengths, salt=s,
+                                             dropout_rate=dropout_rate, mask_hash=mask_hash)
+
+        salt = flash.salt_from_rng(dropout_rng, query.shape[0], query.shape[2])
+        return _over_mesh(local_tpu, query, key, value, kv_lengths, salt)
     if impl != "flash":
         raise ValueError(f"unknown dropout attention implementation {impl!r}")
     from bert_jax.kernels import flash

@@ -1,0 +1,1 @@
+"""Compiling for TPU slices without TPUs: topologies, ahead-of-time compiles, estimates."""

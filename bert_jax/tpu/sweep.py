@@ -1,0 +1,175 @@
+"""A bounded sweep of ``bert-jax compile`` over BERT sizes, sequence lengths, TPU slices and
+parallelism / remat settings, written as JSON lines and a Markdown table (docs/tpu.md).
+
+    python -m bert_jax.tpu.sweep --out DIR [--only SUBSTRING] [--list]
+
+Each row is one compile of the pretraining step (the loop's own step, abstract state) for one
+slice. ``max batch/chip`` extrapolates linearly from that compile: the temporaries beyond one
+float32 copy of the parameters (the gradients) are taken to grow with the batch, the state not
+at all. Everything here is a compiler estimate (``bert_jax/tpu/compile.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+FSDP = ("--config.parallel.mesh.data=1", "--config.parallel.mesh.fsdp=-1")
+SCAN = ("--config.model.scan_layers=true",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    label: str
+    variant: str
+    topology: str
+    num_slices: int = 1
+    overrides: tuple[str, ...] = ()
+
+    def command(self) -> str:
+        slices = f" --num-slices {self.num_slices}" if self.num_slices > 1 else ""
+        return (f"bert-jax compile --config experiments/pretrain.py:{self.variant} "
+                f"--topology {self.topology}{slices} {' '.join(self.overrides)}").strip()
+
+
+def _batch(n: int) -> str:
+    return f"--config.global_batch_size={n}"
+
+
+# The paper's schedules: phase 1 (seq 128, 900k steps of 256) and phase 2 (seq 512, 100k of
+# 256) for Base and Large; DP vs FSDP, remat, multislice, on v4, v5e and v5p slices. Layers are
+# scanned (``model.scan_layers``), which compiles one layer instead of 12 or 24 (same step).
+ROWS: tuple[Row, ...] = (
+    Row("Base/128 DP", "bert_base_phase1", "v4-32", overrides=SCAN),
+    Row("Base/128 DP", "bert_base_phase1", "v5e-16", overrides=SCAN),
+    Row("Base/512 DP", "bert_base_phase2", "v4-32", overrides=SCAN),
+    Row("Large/128 DP", "bert_large_phase1", "v5p-128", overrides=SCAN),
+    Row("Large/128 DP, 80/chip", "bert_large_phase1", "v5e-256",
+        overrides=(*SCAN, _batch(20480))),
+    Row("Large/128 FSDP, 80/chip", "bert_large_phase1", "v5e-256",
+        overrides=(*SCAN, *FSDP, _batch(20480))),
+    Row("Large/128 FSDP, 80/chip, remat=full", "bert_large_phase1", "v5e-256",
+        overrides=(*SCAN, *FSDP, _batch(20480), "--config.model.remat_policy=full")),
+    Row("Large/512 FSDP", "bert_large_phase2", "v5e-64", overrides=(*SCAN, *FSDP)),
+    Row("Large/512 FSDP, remat=dots", "bert_large_phase2", "v5e-64",
+        overrides=(*SCAN, *FSDP, "--config.model.remat_policy=dots")),
+    Row("Large/128 DP, 2 slices", "bert_large_phase1", "v5e-128", num_slices=2,
+        overrides=SCAN),
+)
+
+
+def max_batch_per_chip(e) -> float:
+    """Sequences per chip that would fill HBM, extrapolated linearly from one compile."""
+    fixed = e.argument_bytes + e.output_bytes + e.code_bytes + e.params_bytes
+    per_sequence = max(e.total_bytes - fixed, 1) / e.batch_per_chip
+    return max(0.0, (e.hbm_bytes - fixed) / per_sequence)
+
+
+def run_row(row: Row) -> dict:
+    from bert_jax.errors import BertJaxError
+    from bert_jax.tpu.compile import CompileFailed, compile_pretraining
+    from bert_jax.tpu.topologies import parse_slice
+    from bert_jax.training.config import load_config
+
+    record = {"label": row.label, "variant": row.variant, "topology": row.topology,
+              "num_slices": row.num_slices, "overrides": list(row.overrides),
+              "command": row.command()}
+    start = time.perf_counter()
+    try:
+        config = load_config(f"experiments/pretrain.py:{row.variant}", row.overrides)
+        estimate = compile_pretraining(config, parse_slice(row.topology, row.num_slices))
+    except CompileFailed as e:
+        record.update(compiled=False, fits=False, error=str(e))
+    except BertJaxError as e:
+        record.update(compiled=False, fits=None, error=str(e))
+    else:
+        record.update(compiled=True, **estimate.to_dict(),
+                      max_batch_per_chip=max_batch_per_chip(estimate))
+    record["seconds"] = time.perf_counter() - start
+    return record
+
+
+def _derived(record: dict) -> dict:
+    """The record's derived numbers (fit, speed, MFU) recomputed from its raw compile fields,
+    so that tables follow the current roofline."""
+    from bert_jax.tpu.compile import Estimate
+
+    names = {f.name for f in dataclasses.fields(Estimate)}
+    estimate = Estimate(**{k: v for k, v in record.items() if k in names})
+    return {**record, **estimate.to_dict(), "max_batch_per_chip": max_batch_per_chip(estimate)}
+
+
+def markdown(records: list[dict]) -> str:
+    head = ("| configuration | slice | mesh | batch/chip | memory/chip (GiB) | fits | "
+            "max batch/chip | seq/s | MFU | schedule (h, chip-h) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|")
+    out = [head]
+    for r in records:
+        r = _derived(r) if r.get("compiled") else r
+        slices = f" x{r['num_slices']}" if r["num_slices"] > 1 else ""
+        name = r.get("slice") or r["topology"]
+        if not r.get("compiled"):
+            error = r.get("error", "")
+            error = error[max(error.find("RESOURCE_EXHAUSTED"), 0):].replace("|", "/")
+            out.append(f"| {r['label']} | {name}{slices} | | | | "
+                       f"{'no' if r.get('fits') is False else '?'} | | | | "
+                       f"{error[:100]} |")
+            continue
+        mesh = "x".join(f"{k}{v}" for k, v in r["mesh"].items() if v > 1) or "1"
+        out.append(
+            f"| {r['label']} | {name}{slices} | {mesh} | {r['batch_per_chip']:g} | "
+            f"{r['total_bytes'] / 2**30:.1f} / {r['hbm_bytes'] / 2**30:.0f} | "
+            f"{'yes' if r['fits'] else 'no'} | {r['max_batch_per_chip']:.0f} | "
+            f"{r['sequences_per_second']:,.0f} | {r['mfu']:.0%} | "
+            f"{r['schedule_hours']:,.1f}, {r['chip_hours']:,.0f} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="directory for sweep.jsonl and sweep.md (required to run)")
+    ap.add_argument("--only", default="", help="rows whose label or topology contains this")
+    ap.add_argument("--list", action="store_true", help="print the rows' commands and stop")
+    ap.add_argument("--table", nargs="+", metavar="JSONL",
+                    help="print the Markdown table of earlier sweep.jsonl files and stop")
+    args = ap.parse_args(argv)
+    if args.table:
+        records = []
+        for path in args.table:
+            with open(path, encoding="utf-8") as f:
+                records += [json.loads(line) for line in f if line.strip()]
+        print(markdown(records))
+        return 0
+    rows = [r for r in ROWS if args.only in r.label or args.only in r.topology]
+    if args.list:
+        print("\n".join(r.command() for r in rows))
+        return 0
+    if not args.out:
+        ap.error("--out is required to run the sweep")
+    from bert_jax.tpu.topologies import prepare_environment
+
+    prepare_environment()
+    os.makedirs(args.out, exist_ok=True)
+    records = []
+    with open(os.path.join(args.out, "sweep.jsonl"), "w", encoding="utf-8") as f:
+        for row in rows:
+            print(f"[{len(records) + 1}/{len(rows)}] {row.command()}", flush=True)
+            record = run_row(row)
+            records.append(record)
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.flush()
+            print(f"  {'fits' if record.get('fits') else 'does not fit'}"
+                  f"{'' if record.get('compiled') else ' (not compiled)'}, "
+                  f"{record['seconds']:.0f} s", flush=True)
+    with open(os.path.join(args.out, "sweep.md"), "w", encoding="utf-8") as f:
+        f.write(markdown(records) + "\n")
+    print(markdown(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

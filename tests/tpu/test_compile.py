@@ -1,0 +1,160 @@
+"""``bert-jax compile``: slice names, and the loop's own train step compiled ahead of time by
+libtpu for TPU slices on this CPU machine (multi-host, multislice, FSDP vs DP on v5e-256),
+with memory per chip, the fit verdict, the roofline prediction and the CLI's exit codes."""
+
+import json
+
+import pytest
+
+from bert_jax.cli import main
+from bert_jax.errors import BertJaxError
+from bert_jax.tpu.compile import compile_pretraining
+from bert_jax.tpu.topologies import GIB, abstract_devices, chip_grid, parse_slice
+from bert_jax.training.config import load_config
+
+pytestmark = pytest.mark.xdist_group("tpu_compile")
+
+SCAN = "--config.model.scan_layers=true"
+
+
+@pytest.mark.parametrize("name,chips,shape,hosts", [
+    ("v4-8", 4, (2, 2, 1), 1), ("v4-32", 16, (2, 2, 4), 4), ("v5p-128", 64, (4, 4, 4), 16),
+    ("v5e-256", 256, (16, 16), 64), ("v5litepod-16", 16, (4, 4), 4), ("v6e-64", 64, (8, 8), 16),
+    ("v5e-1", 1, (1, 1), 1)])
+def test_slice_names(name, chips, shape, hosts):
+    tpu = parse_slice(name)
+    assert (tpu.chips, tpu.shape, tpu.hosts) == (chips, shape, hosts)
+    assert parse_slice(name, 2).chips == 2 * chips
+
+
+def test_chip_grids_double_the_smallest_axis():
+    assert [chip_grid(n, 3) for n in (4, 8, 16, 32, 64, 128)] == [
+        (2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4), (4, 4, 4), (4, 4, 8)]
+    assert [chip_grid(n, 2) for n in (1, 2, 4, 8, 16, 32)] == [
+        (1, 1), (1, 2), (2, 2), (2, 4), (4, 4), (4, 8)]
+
+
+@pytest.mark.parametrize("bad,match", [("v9-8", "unknown TPU generation"),
+                                       ("v4-5", "count TensorCores"), ("v5e-24", "powers"),
+                                       ("tpu", "slice name")])
+def test_bad_slice_names(bad, match):
+    with pytest.raises(BertJaxError, match=match):
+        parse_slice(bad)
+
+
+def test_abstract_devices_span_hosts_and_slices():
+    devices = abstract_devices(parse_slice("v4-32", 2))
+    assert len(devices) == 32 and devices[0].platform == "tpu"
+    assert {d.slice_index for d in devices} == {0, 1}
+    assert len({d.process_index for d in devices}) == 8  # 4 hosts per slice
+
+
+def _compile(variant, topology, *overrides, num_slices=1):
+    config = load_config(f"experiments/pretrain.py:{variant}", list(overrides))
+    return compile_pretraining(config, parse_slice(topology, num_slices))
+
+
+def test_base_phase1_compiles_for_multihost_v4_32():
+    """The real BERT-Base phase-1 step as the loop runs it (default config: 12 unrolled
+    layers, batch 256, vocab 30522) on 16 v4 chips of 4 hosts, data parallel: parameters and
+    Adam moments replicated on every chip."""
+    e = _compile("bert_base_phase1", "v4-32")
+    assert e.mesh == {"data": 16, "fsdp": 1, "tensor": 1} and e.batch_per_chip == 16
+    assert e.params_bytes == 110_160_258 * 4  # float32, whole on every chip (vocab 30592)
+    assert e.optimizer_bytes == pytest.approx(2 * e.params_bytes, rel=0.01)  # m and v
+    assert e.fits and e.total_bytes < 32 * GIB
+    # compiled FLOPs within 15% of the model count (the rest: softmax, LayerNorm, optimizer;
+    # the attention kernel's FLOPs come from its cost estimate)
+    model = e.model_flops_per_sequence * e.batch_per_chip
+    assert model < e.compiled_flops < 1.15 * model
+    assert e.loop_scale == 1.0 and 0.0 < e.mfu < 1.0 and e.step_seconds > 0
+    assert e.schedule_hours == pytest.approx(900_000 * e.step_seconds / 3600)
+
+
+def test_cli_multislice_report_and_json(tmp_path, capsys):
+    """Two v5e-16 slices over DCN: the data axis spans both (parallel.dcn_mesh unset)."""
+    out = tmp_path / "report.json"
+    rc = main(["compile", "--config", "experiments/pretrain.py:bert_base_phase1", "--topology",
+               "v5e-16", "--num-slices", "2", "--json", str(out), SCAN,
+               "--config.model.num_hidden_layers=2"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "FITS" in text and "MFU" in text and "chip-hours" in text
+    record = json.loads(out.read_text())
+    assert record["fits"] and record["chips"] == 32 and record["num_slices"] == 2
+    assert record["mesh"] == {"data": 32, "fsdp": 1, "tensor": 1}
+    assert record["topology"] == "v5e:4x4" and record["batch_per_chip"] == 8
+
+
+# BERT-Large phase 1 at 80 sequences per chip (global batch 20480) on v5e-256 (16 GiB chips).
+LARGE_80 = ["compile", "--config", "experiments/pretrain.py:bert_large_phase1", "--topology",
+            "v5e-256", SCAN, "--config.global_batch_size=20480"]
+
+
+def test_large_dp_does_not_fit_v5e_256_and_names_the_levers(tmp_path, capsys):
+    """Data parallel: every chip holds the fp32 parameters, both Adam moments and the
+    gradients (~5 GiB) besides 80 sequences of activations; the TPU compiler itself refuses
+    the step for HBM, and the command exits 1 naming the levers."""
+    out = tmp_path / "dp.json"
+    rc = main([*LARGE_80, "--json", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "does not fit" in err and "RESOURCE_EXHAUSTED" in err
+    assert "fsdp=-1" in err and "remat_policy" in err and "microbatches" in err
+    record = json.loads(out.read_text())
+    assert record["fits"] is False
+    assert record["total_bytes"] >= record["compiler_hbm_limit_bytes"] > 15 * GIB
+
+
+def test_large_fsdp_fits_v5e_256(tmp_path):
+    """The same step with FSDP over the 256 chips: parameters and optimizer state sharded
+    256 ways, and it fits."""
+    out = tmp_path / "fsdp.json"
+    rc = main([*LARGE_80, "--config.parallel.mesh.data=1", "--config.parallel.mesh.fsdp=-1",
+               "--json", str(out)])
+    record = json.loads(out.read_text())
+    assert rc == 0 and record["fits"] and record["total_bytes"] < 16 * GIB
+    assert record["mesh"] == {"data": 1, "fsdp": 256, "tensor": 1}
+    assert record["params_bytes"] < 0.01 * GIB
+
+
+def test_cli_bad_topology_is_one_error_line(capsys):
+    rc = main(["compile", "--config", "experiments/pretrain.py:tiny", "--topology", "v7x-8"])
+    assert rc == 2 and capsys.readouterr().err.startswith("error: --topology 'v7x-8'")
+
+
+def test_default_config_on_a_tpu_host_takes_no_gpu_kernel(monkeypatch):
+    """As on a TPU VM (default backend 'tpu'): the step's "auto" kernel choices (fused
+    LayerNorm, GELU, MLM cross-entropy, flash attention) leave out every GPU (Triton) kernel
+    and take the TPU attention kernel (a Mosaic custom call)."""
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax import parallel
+    from bert_jax.tpu.compile import abstract_batch
+    from bert_jax.training.config import model_config
+    from bert_jax.training.setup import build_training
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    config = load_config("experiments/pretrain.py:bert_base_phase1",
+                         ["--config.model.num_hidden_layers=1", "--config.global_batch_size=8"])
+    mesh = parallel.create_mesh(config.parallel.mesh, config.parallel.dcn_mesh,
+                                devices=abstract_devices(parse_slice("v5e-8")))
+    training = build_training(config, model_config(config), mesh)
+    batch = abstract_batch(training.batch_shardings, 8, 128, 20)
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=parallel.replicated(mesh))
+    text = training.train_step.lower(training.abstract_state, batch, rng).as_text()
+    assert "triton" not in text.lower()
+    assert text.count("tpu_custom_call") == 2  # the attention kernel, forward and backward
+
+
+def test_finetuning_step_compiles(tmp_path, capsys):
+    """The fine-tuning loop's step (GLUE MRPC: classification head, AdamW, batch 32) on a
+    v5e-8 slice."""
+    out = tmp_path / "mrpc.json"
+    rc = main(["compile", "--task", "glue:mrpc", "--topology", "v5e-8", "--json", str(out),
+               "--config.model.num_hidden_layers=2"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "fine-tuning mrpc (classification)" in text
+    record = json.loads(out.read_text())
+    assert record["fits"] and record["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert record["batch_per_chip"] == 4 and record["seq_len"] == 128
+    assert record["compiled_flops"] > 0.95 * record["model_flops_per_sequence"] * 4
