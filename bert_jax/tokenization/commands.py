@@ -15,8 +15,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "paragraph per line")
     parser.add_argument("--output", required=True, metavar="DIR",
                         help="tokenizer directory to write (spm.model + tokenizer.json)")
-    parser.add_argument("--vocab-size", type=int, required=True)
-    parser.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
+    parser.add_argument("--vocab-size", type=int, required=True,
+                        help="pieces in the vocabulary, the 5 BERT specials included "
+                             "(30000 for a large corpus; 2000 for the 0.2 MB demo corpus)")
+    parser.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram",
+                        help="SentencePiece algorithm")
     parser.add_argument("--character-coverage", type=float, default=0.9995,
                         help="share of characters the vocabulary covers (1.0 for small "
                              "alphabets, 0.9995 for CJK-rich text)")
@@ -24,8 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train on a shuffled sample of at most this many lines")
     parser.add_argument("--byte-fallback", action="store_true",
                         help="spell uncovered characters as UTF-8 byte pieces instead of [UNK]")
-    parser.add_argument("--num-threads", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-threads", type=int, default=None,
+                        help="training threads (default: the CPU count)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
 
 
 def run(args: argparse.Namespace) -> int:
