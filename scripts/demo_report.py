@@ -17,7 +17,8 @@ from bert_jax.tokenization import load_tokenizer
 from bert_jax.training.baseline import unigram_baseline
 from bert_jax.training.plot import plot_metrics, read_records
 
-TEXTS = ("Anne had [MASK] been so happy.", "He looked at the [MASK] of the room.",
+# Answers the corpus teaches (Sir Walter Elliot, Captain Wentworth, "do not know").
+TEXTS = ("Sir [MASK] Elliot was a proud man.", "Captain [MASK] came to the house.",
          "I do not [MASK] what you mean.")
 
 
@@ -60,7 +61,7 @@ def main() -> int:
     texts = args.text or list(TEXTS)
     print("\nfill-mask (top 3):")
     for text, masks in zip(texts, fill_mask(args.workdir, texts, top_k=3), strict=True):
-        fillers = " | ".join(", ".join(f"{tokenizer.decode([c['id']]) or c['token']!r} "
+        fillers = " | ".join(", ".join(f"{c['text'] or c['token']!r} "
                                        f"{c['probability']:.2f}" for c in mask)
                              for mask in masks)
         print(f"  {text}  ->  {fillers}")

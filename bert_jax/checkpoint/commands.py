@@ -73,12 +73,17 @@ def convert_checkpoint(source: str, output: str, source_format: str = "auto",
 
 def export_checkpoint(checkpoint: str, output: str, architecture: str | None = None
                       ) -> hf.ConversionReport:
-    """Exports any bert-jax checkpoint (model dir, workdir, step dir) to Hugging Face."""
-    from bert_jax.checkpoint.store import load_model
+    """Exports any checkpoint fine-tuning accepts (bert-jax model dir, workdir, step dir, or a
+    Hugging Face directory) to a Hugging Face directory with its tokenizer."""
+    from bert_jax.checkpoint.detect import load_checkpoint
 
-    params, config, tokenizer, _ = load_model(checkpoint)
+    if os.path.abspath(checkpoint) == os.path.abspath(output):
+        raise BertJaxError(f"{output}: --output is the checkpoint itself; choose another "
+                           "directory")
+    params, config, tokenizer, _ = load_checkpoint(checkpoint)
     _refuse_foreign_config(output, "hf")
-    return hf.export_hf(params, config, output, tokenizer, architecture=architecture)
+    return hf.export_hf(params, config, output, tokenizer, architecture=architecture,
+                        source=os.path.abspath(checkpoint))
 
 
 class convert:  # noqa: N801 (CLI command object)
@@ -104,8 +109,12 @@ class convert:  # noqa: N801 (CLI command object)
 class export:  # noqa: N801 (CLI command object)
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("checkpoint", help="bert-jax model directory, training workdir or step")
-        p.add_argument("--output", required=True, help="directory to write")
+        p.add_argument("checkpoint", help="bert-jax model directory, pretraining or "
+                                          "fine-tuning workdir, step directory, or Hugging "
+                                          "Face BERT directory")
+        p.add_argument("--output", required=True,
+                       help="directory to write: config.json, model.safetensors and the "
+                            "tokenizer (AutoTokenizer loads it)")
         p.add_argument("--format", choices=["hf"], default="hf", help="output format")
         p.add_argument("--architecture", choices=sorted(hf.ARCHITECTURES),
                        help="Hugging Face class to export as (default: from the heads present)")
@@ -113,7 +122,6 @@ class export:  # noqa: N801 (CLI command object)
     @staticmethod
     def run(args: argparse.Namespace) -> int:
         report = export_checkpoint(args.checkpoint, args.output, args.architecture)
-        print(f"exported {os.path.abspath(args.checkpoint)}")
         print(report)
         print(f"wrote Hugging Face directory {os.path.abspath(args.output)}")
         return 0

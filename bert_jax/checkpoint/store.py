@@ -15,6 +15,7 @@ newest complete step.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from typing import Any
@@ -104,11 +105,30 @@ def resolve(path: str) -> tuple[str, str]:
                        f"{PARAMS_ITEM}/, or a workdir with {CHECKPOINTS_DIR}/<step>/)")
 
 
+class _NoStepMetadataWarning(logging.Filter):
+    """Orbax warns that ``_CHECKPOINT_METADATA`` is missing whenever a step's ``params`` item is
+    read on its own: that file lives one level up, in the step directory, and the item does
+    not need it. Nothing for a user to act on, so it is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Metadata file does not exist" not in record.getMessage()
+
+
 def load_params(params_dir: str, target=None):
     """Restores a params pytree (numpy arrays, or ``target``'s shardings if given)."""
     import jax
     import orbax.checkpoint as ocp
 
+    quiet = _NoStepMetadataWarning()
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addFilter(quiet)
+    try:
+        return _restore_params(ocp, jax, params_dir, target)
+    finally:
+        absl_logger.removeFilter(quiet)
+
+
+def _restore_params(ocp, jax, params_dir: str, target):
     with ocp.StandardCheckpointer() as ckptr:
         if target is None:
             # A target on this process's first device: checkpoints written by several

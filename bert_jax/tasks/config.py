@@ -109,6 +109,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.label_column = "label"
     c.labels = ""  # label names in id order: a,b,c or a JSON list (for names with commas)
     c.file_format = ""  # csv | tsv | jsonl; empty: from the file's extension
+    # A tqdm bar with ETA over all steps (process 0); train loss and dev metrics also go to
+    # WORKDIR/tensorboard/ and WORKDIR/metrics.jsonl.
+    c.progress_bar = True
     return c
 
 
