@@ -36,3 +36,14 @@ def test_every_option_has_help_and_default(name):
         if action.option_strings and action.help and not unset \
                 and action.default is not argparse.SUPPRESS and "default" not in action.help:
             assert f"default: {action.default}" in text, (name, action.option_strings)
+
+
+def test_inference_and_checkpoint_help_import_no_jax():
+    code = ("import sys; from bert_jax import cli\n"
+            "for name in ('fill-mask', 'embed', 'export', 'convert', 'plot-metrics', "
+            "'pretrain'):\n"
+            "    cli.build_parser([name]).format_help()\n"
+            "print('jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"

@@ -29,7 +29,6 @@ import numpy as np
 
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
-from bert_jax.modeling.params import to_layout
 
 HF_CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -267,6 +266,8 @@ def params_from_hf_state(state: Mapping[str, Any], config: BertConfig, source: s
     report = ConversionReport(source=source, heads=heads, unused=unused, ignored=ignored)
     if "pooler" not in params["bert"]:
         report.notes.append("no pooler weights (the pooler is initialised fresh where needed)")
+    from bert_jax.modeling.params import to_layout  # jax: only when converting
+
     return to_layout(params, config), report
 
 
@@ -426,6 +427,8 @@ def params_to_hf_state(params: Mapping[str, Any], config: BertConfig, architectu
     if missing:
         raise BertJaxError(f"{architecture} needs the {missing} head(s), which this checkpoint "
                            f"does not have (it has {sorted(params)})")
+    from bert_jax.modeling.params import to_layout  # jax: only when converting
+
     params = to_layout(dict(params), config.replace(scan_layers=False))
     bert, v = params["bert"], config.vocab_size
     n, d, h = config.num_attention_heads, config.head_dim, config.hidden_size
