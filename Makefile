@@ -1,20 +1,32 @@
 # Quickstart targets. Each creates and uses a local virtualenv (.venv) by itself.
+SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
+CKSUM := $(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
+# pip without -q: one line per package it collects, a progress bar per download.
+PIP_INSTALL := $(PIP) install --disable-pip-version-check --progress-bar on
+# Lines of pip's output that say nothing to a user (the editable build of this package).
+PIP_CHATTER := ^ *(Installing build dependencies|Checking if build backend|Getting requirements \
+to build|Preparing editable metadata|Building editable for|Created wheel for|Stored in \
+directory)|^(Building wheels for collected|Successfully built)|Requirement already satisfied
 
 .PHONY: demo test lint bench-data clean
 
-$(STAMP): setup.cfg pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[test]'
-	rm -f $(VENV)/.installed-*; touch $(STAMP)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# One stamp per extra: `make demo` installs the runtime + demo extra only (no torch or
+# transformers); `make test` adds the test stack on top.
+$(VENV)/.installed-%-$(CKSUM): setup.cfg pyproject.toml | $(PY)
+	@echo "== installing bert-jax[$*] into $(VENV) (the first time takes a few minutes)"
+	$(PIP_INSTALL) -e '.[$*]' 2>&1 | grep --line-buffered -v -E "$(PIP_CHATTER)"; \
+		test $${PIPESTATUS[0]} -eq 0
+	rm -f $(VENV)/.installed-$*-*; touch $@
 
 ## make demo: raw text -> tokenizer -> pretraining data -> pretrain a tiny BERT -> fine-tune it
-demo: $(STAMP)
+demo: $(VENV)/.installed-demo-$(CKSUM)
 	PATH=$(VENV)/bin:$$PATH bash scripts/demo.sh
 	PATH=$(VENV)/bin:$$PATH bash scripts/demo_finetune.sh demo_workdir/pretrain
 
@@ -25,7 +37,7 @@ LINT_DIRS := bert_jax tests bench experiments scripts
 test: lint
 	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -n 2 --dist loadgroup tests
 
-lint: $(STAMP)
+lint: $(VENV)/.installed-test-$(CKSUM)
 	$(VENV)/bin/ruff check $(LINT_DIRS)
 
 clean:

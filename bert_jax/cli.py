@@ -9,9 +9,40 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from bert_jax.errors import BertJaxError
+
+DESCRIPTION = """\
+BERT in JAX/Flax: train a tokenizer, build pretraining data, pretrain (MLM + NSP/SOP) on
+CPUs, GPUs or TPU pod slices, fine-tune on GLUE / SQuAD / CoNLL-2003 / SWAG, run inference,
+and convert checkpoints from and to Hugging Face and Google TF.
+
+A first run, on the packaged demo corpus (a few minutes on a laptop CPU):
+  bert-jax train-tokenizer --input corpus/ --output tok/ --vocab-size 2000
+  bert-jax create-pretraining-data --input corpus/ --tokenizer tok/ --output-dir data/
+  bert-jax pretrain --config experiments/pretrain.py:demo --workdir run/ \\
+      --config.data.directory=data/ --config.data.tokenizer=tok/
+  bert-jax fill-mask run/ --text "It was a [MASK] day."
+"""
+
+EPILOG = "Run `bert-jax COMMAND --help` for a command's options and their defaults."
+
+# TensorFlow (imported by the data commands) prints a CPU-feature banner through absl's C++
+# logging on import; neither it nor oneDNN's float rewrites matter to integer data pipelines.
+QUIET_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default (unless its help already names it, or it is unset) and
+    keeps descriptions' line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 # name -> (module, help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -40,6 +71,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                           "per-layer, per-head attention statistics and figures"),
     "probe": ("bert_jax.analysis.probe:command",
               "linear / MLP probes per layer of a frozen checkpoint (which layer knows what)"),
+    "plot-metrics": ("bert_jax.training.plot:command",
+                     "draw a run's loss and accuracy curves (metrics.jsonl) to a PNG"),
 }
 
 
@@ -49,18 +82,29 @@ def _load(target: str):
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bert-jax", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="bert-jax", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (target, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           formatter_class=HelpFormatter)
         if name == wanted:  # only import the chosen command's module
             _load(target).add_arguments(p)
     return parser
 
 
+def _version() -> str:
+    from bert_jax import __version__
+
+    return __version__
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    for key, value in QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
     from bert_jax.tpu.topologies import quiet_libtpu_without_tpus
 
     quiet_libtpu_without_tpus()

@@ -120,6 +120,9 @@ def replace_directory(path: str) -> Iterator[str]:
     os.makedirs(parent, exist_ok=True)
     _remove_leftovers(path)
     tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result is an ordinary directory
     try:
         yield tmp
         _fsync_tree(tmp)

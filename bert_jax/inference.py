@@ -1,7 +1,8 @@
-"""Inference on any bert-jax checkpoint: ``fill-mask`` and ``embed`` (feature-based BERT).
+"""Inference on any checkpoint: ``fill-mask`` and ``embed`` (feature-based BERT).
 
-Both accept a model directory, a training or fine-tuning workdir, or a step directory
-(see ``bert_jax.checkpoint.store``); convert Hugging Face / Google checkpoints first.
+Both accept what fine-tuning accepts (``bert_jax.checkpoint.detect``): a bert-jax model
+directory, a pretraining or fine-tuning workdir, one of its step directories, or a Hugging Face
+BERT directory. JAX is imported only when a command runs, so ``--help`` stays instant.
 """
 
 from __future__ import annotations
@@ -10,25 +11,38 @@ import json
 import os
 import sys
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
 from bert_jax.fileio import atomic_write, check_output_path
-from bert_jax.modeling import BertForPreTraining, BertModel
-from bert_jax.modeling.feature_heads import combine, embed_layer_spec
-from bert_jax.modeling.params import to_layout
 from bert_jax.textio import ERROR_MODES, read_text
+
+MASK_TOKEN = "[MASK]"
+CHECKPOINT_HELP = ("a bert-jax model directory, pretraining or fine-tuning workdir, step "
+                   "directory (WORKDIR/checkpoints/N), or Hugging Face BERT directory")
 
 
 def _load(path: str):
-    params, config, tokenizer, _ = store.load_model(path)
+    from bert_jax.checkpoint.detect import load_checkpoint
+    from bert_jax.modeling.params import to_layout
+
+    params, config, tokenizer, _ = load_checkpoint(path)
     if tokenizer is None:
-        raise BertJaxError(f"{path}: checkpoint has no tokenizer/ directory; inference needs "
-                           "the tokenizer the model was trained with")
+        raise BertJaxError(f"{path}: checkpoint has no tokenizer (no tokenizer/ directory or "
+                           "vocab.txt); inference needs the tokenizer the model was trained "
+                           "with")
     return to_layout(params, config), config, tokenizer
+
+
+def no_mlm_head_message(path: str) -> str:
+    """What to do with an encoder-only checkpoint (a sentence-embedding model, a fine-tuned
+    classifier, a `BertModel` export) when asked to fill masks."""
+    return (f"{path}: this checkpoint has no masked-LM head (it holds an encoder only, e.g. "
+            "a sentence-embedding model such as all-MiniLM-L6-v2 or a fine-tuned classifier), "
+            "so it cannot predict masked tokens. What works: `bert-jax embed "
+            f"{path} --text ... --output vecs.npy` for its vectors; fill-mask with a "
+            "checkpoint that has the head — a `bert-jax pretrain` workdir (`make demo` makes "
+            "one) or a Hugging Face BertForMaskedLM / BertForPreTraining directory")
 
 
 def encode_with_masks(tokenizer, text: str, max_length: int) -> list[int]:
@@ -54,12 +68,16 @@ def _pad(rows: list[list[int]], pad_id: int, multiple: int = 8, length: int | No
 
 def fill_mask(path: str, texts: list[str], top_k: int = 5) -> list[list[list[dict]]]:
     """For each text and each [MASK] in it: the top-k (token, id, probability) fillers."""
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax.modeling import BertForPreTraining
+
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise BertJaxError(f"--top-k {top_k}: expected an integer >= 1")
     params, config, tokenizer = _load(path)
     if "mlm" not in params:
-        raise BertJaxError(f"{path}: checkpoint has no masked-LM head (it was saved as an "
-                           "encoder only); fill-mask needs a pretraining checkpoint")
+        raise BertJaxError(no_mlm_head_message(path))
     model = BertForPreTraining(config, pair_head="nsp" in params,
                                add_pooler="pooler" in params["bert"])
     rows = [encode_with_masks(tokenizer, t, config.max_sequence_length) for t in texts]
@@ -73,6 +91,7 @@ def fill_mask(path: str, texts: list[str], top_k: int = 5) -> list[list[list[dic
         for pos in [i for i, t in enumerate(row) if t == tokenizer.mask_id]:
             best = np.argsort(-probs[b, pos])[:top_k]
             per_text.append([{"token": tokenizer.id_to_token(int(j)), "id": int(j),
+                              "text": tokenizer.decode([int(j)]),
                               "probability": float(probs[b, pos, j])} for j in best])
         results.append(per_text)
     return results
@@ -89,6 +108,12 @@ def embed(path: str, texts: list[str], layer: str = "-1", pooling: str = "none",
     Returns (vectors, lengths): [N, S, D] or [N, D] ([N, S, L+1, D] / [N, L+1, D] for
     ``all``), and the token count of each text.
     """
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax.modeling import BertModel
+    from bert_jax.modeling.feature_heads import combine, embed_layer_spec
+
     params, config, tokenizer = _load(path)
     model = BertModel(config, add_pooler="pooler" in params["bert"])
     if pooling == "pooled" and "pooler" not in params["bert"]:
@@ -140,11 +165,12 @@ def _add_encoding_arguments(p) -> None:
 class fill_mask_command:  # noqa: N801 (CLI command object)
     @staticmethod
     def add_arguments(p):
-        p.add_argument("checkpoint", help="bert-jax model directory or workdir")
+        p.add_argument("checkpoint", help=CHECKPOINT_HELP + "; it needs a masked-LM head")
         p.add_argument("--text", action="append", help="text with [MASK] (repeatable)")
         p.add_argument("--input", help="file with one text per line")
         _add_encoding_arguments(p)
-        p.add_argument("--top-k", type=int, default=5)
+        p.add_argument("--top-k", type=int, default=5,
+                       help="candidates printed per [MASK], most probable first")
 
     @staticmethod
     def run(args):
@@ -158,18 +184,22 @@ class fill_mask_command:  # noqa: N801 (CLI command object)
 class embed_command:  # noqa: N801 (CLI command object)
     @staticmethod
     def add_arguments(p):
-        p.add_argument("checkpoint", help="bert-jax model directory or workdir")
+        p.add_argument("checkpoint", help=CHECKPOINT_HELP)
         p.add_argument("--text", action="append", help="a text (repeatable)")
         p.add_argument("--input", help="file with one text per line")
         _add_encoding_arguments(p)
-        p.add_argument("--output", required=True, help="output .npy path")
+        p.add_argument("--output", required=True,
+                       help="output .npy path (per-token output also writes .lengths.npy)")
         p.add_argument("--layer", default="-1",
                        help="hidden-state index (0 = embeddings, -1 = last), last4 (concat of "
                             "the last four), sum4 (their sum), all (every state stacked) or "
                             "mix:w0,w1,... (weighted sum, embeddings first)")
-        p.add_argument("--pooling", default="none", choices=["none", "cls", "mean", "pooled"])
-        p.add_argument("--max-length", type=int, default=128)
-        p.add_argument("--batch-size", type=int, default=64)
+        p.add_argument("--pooling", default="none", choices=["none", "cls", "mean", "pooled"],
+                       help="none: a vector per token; cls: the [CLS] vector; mean: the mean "
+                            "over tokens (sentence embeddings); pooled: the pooler's output")
+        p.add_argument("--max-length", type=int, default=128,
+                       help="tokens per text, [CLS] and [SEP] included (longer texts are cut)")
+        p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
 
     @staticmethod
     def run(args):

@@ -5,7 +5,7 @@
 #
 #   scripts/demo_finetune.sh PRETRAIN_WORKDIR [CORPUS ...]   (default corpus: bert_jax/demo_data)
 #
-# Environment: DEMO_DIR (output root, default demo_workdir), DEMO_FT_EPOCHS (default 5),
+# Environment: DEMO_DIR (output root, default demo_workdir), DEMO_FT_EPOCHS (default 10),
 # DEMO_FT_LR (default 2e-3: the tiny demo model wants more than BERT-Base's 2e-5),
 # DEMO_FT_EXAMPLES (at most this many train rows, default 2000), DEMO_FT_EXTRA (extra --config.key=value).
 set -euo pipefail
@@ -59,7 +59,7 @@ echo "== fine-tune 2/2: fine-tune $checkpoint on it"
 # shellcheck disable=SC2086
 bert-jax finetune --config "$here/experiments/glue.py:sst2" --workdir "$out/finetune" \
   --config.init_checkpoint="$checkpoint" --config.data_dir="$out/author_task" \
-  --config.max_seq_length=64 --config.epochs="${DEMO_FT_EPOCHS:-5}" \
+  --config.max_seq_length=64 --config.epochs="${DEMO_FT_EPOCHS:-10}" \
   --config.optimizer.learning_rate="${DEMO_FT_LR:-2e-3}" --config.log_every=20 ${DEMO_FT_EXTRA:-}
 
 python - "$out/finetune/metrics.json" <<'PY'

@@ -278,8 +278,9 @@ class command:  # noqa: N801 (CLI command object)
                                              "index for files without a header)")
         p.add_argument("--text-pair-column", help="TSV column of a second segment")
         p.add_argument("--max-examples", type=int, default=0, help="0 = every text")
-        p.add_argument("--max-length", type=int, default=128)
-        p.add_argument("--batch-size", type=int, default=32)
+        p.add_argument("--max-length", type=int, default=128,
+                       help="tokens per text, [CLS] and [SEP] included")
+        p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
         p.add_argument("--sentence-index", type=int, default=0,
                        help="the text (0-based) drawn as an attention map")
         p.add_argument("--layer", type=int, default=1, help="its layer (1-based)")

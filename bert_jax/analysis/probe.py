@@ -417,23 +417,27 @@ class command:  # noqa: N801 (CLI command object)
         p.add_argument("--text-pair-column", help="TSV: a second segment's column")
         p.add_argument("--pooling", choices=["mean", "cls"], default="mean",
                        help="sentence features: mean over tokens or the [CLS] vector")
-        p.add_argument("--probe", choices=["linear", "mlp"], default="linear")
-        p.add_argument("--mlp-hidden", type=int, default=256)
+        p.add_argument("--probe", choices=["linear", "mlp"], default="linear",
+                       help="classifier trained on each layer's frozen features")
+        p.add_argument("--mlp-hidden", type=int, default=256, help="mlp probe: hidden width")
         p.add_argument("--mix", action="store_true",
                        help="also train a probe on a learned scalar mix of all states")
-        p.add_argument("--steps", type=int, default=500)
+        p.add_argument("--steps", type=int, default=500, help="training steps per probe")
         p.add_argument("--batch-size", type=int, default=1024, help="0 = full batch")
-        p.add_argument("--learning-rate", type=float, default=1e-3)
-        p.add_argument("--holdout", type=float, default=0.1)
+        p.add_argument("--learning-rate", type=float, default=1e-3, help="probe learning rate")
+        p.add_argument("--holdout", type=float, default=0.1,
+                       help="fraction of train held out as dev when no --dev-file is given")
         p.add_argument("--max-train-examples", type=int, default=0, help="sentences / rows")
-        p.add_argument("--max-dev-examples", type=int, default=0)
-        p.add_argument("--max-length", type=int, default=128)
+        p.add_argument("--max-dev-examples", type=int, default=0,
+                       help="at most this many dev sentences / rows (0: all)")
+        p.add_argument("--max-length", type=int, default=128,
+                       help="tokens per text, [CLS] and [SEP] included")
         p.add_argument("--batch-size-extract", type=int, default=64,
                        help="texts per forward pass when extracting features")
         p.add_argument("--cache", help=".npz file keeping the extracted features (reused "
                                        "when it exists)")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--no-plots", action="store_true")
+        p.add_argument("--seed", type=int, default=0, help="random seed of the probes")
+        p.add_argument("--no-plots", action="store_true", help="write no figures")
 
     @staticmethod
     def run(args):

@@ -84,12 +84,17 @@ EXPORT_FILES = (hf.HF_CONFIG_FILE, hf.SAFETENSORS_FILE, "vocab.txt", "tokenizer_
 
 def export_checkpoint(checkpoint: str, output: str, architecture: str | None = None
                       ) -> hf.ConversionReport:
-    """Exports any bert-jax checkpoint (model dir, workdir, step dir) to Hugging Face.
+    """Exports any checkpoint fine-tuning accepts (bert-jax model dir, workdir, step dir, or a
+    Hugging Face directory) to a Hugging Face directory with its tokenizer.
 
     The export is written under a staging name and swapped in complete: an earlier export
     in ``output`` stays whole until then."""
-    from bert_jax.checkpoint.store import load_model
+    from bert_jax.checkpoint.detect import load_checkpoint
+    from bert_jax.checkpoint.families import export_hf_any
 
+    if os.path.abspath(checkpoint) == os.path.abspath(output):
+        raise BertJaxError(f"{output}: --output is the checkpoint itself; choose another "
+                           "directory")
     fileio.check_output_path(output, directory=True)
     _refuse_foreign_config(output, "hf")
     if os.path.isdir(output):
@@ -97,12 +102,12 @@ def export_checkpoint(checkpoint: str, output: str, architecture: str | None = N
         if others:
             raise BertJaxError(f"{output}: holds files an export does not write "
                                f"({', '.join(others[:3])}); choose a new or empty --output")
-    from bert_jax.checkpoint.families import export_hf_any
-
-    params, config, tokenizer, _ = load_model(checkpoint)
+    params, config, tokenizer, _ = load_checkpoint(checkpoint)
     with fileio.replace_directory(output) as staging:
         report = export_hf_any(params, config, staging, tokenizer, architecture=architecture)
-    report.source = os.path.abspath(output)
+    report.source = os.path.abspath(checkpoint)
+    report.output = os.path.abspath(output)
+    report.files = sorted(os.listdir(output))
     return report
 
 
@@ -129,8 +134,12 @@ class convert:  # noqa: N801 (CLI command object)
 class export:  # noqa: N801 (CLI command object)
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("checkpoint", help="bert-jax model directory, training workdir or step")
-        p.add_argument("--output", required=True, help="directory to write")
+        p.add_argument("checkpoint", help="bert-jax model directory, pretraining or "
+                                          "fine-tuning workdir, step directory, or Hugging "
+                                          "Face BERT directory")
+        p.add_argument("--output", required=True,
+                       help="directory to write: config.json, model.safetensors and the "
+                            "tokenizer (AutoTokenizer loads it)")
         p.add_argument("--format", choices=["hf"], default="hf", help="output format")
         p.add_argument("--architecture", choices=sorted(ARCHITECTURE_FAMILY),
                        help="Hugging Face class to export as (default: from the heads present)")
@@ -138,7 +147,6 @@ class export:  # noqa: N801 (CLI command object)
     @staticmethod
     def run(args: argparse.Namespace) -> int:
         report = export_checkpoint(args.checkpoint, args.output, args.architecture)
-        print(f"exported {os.path.abspath(args.checkpoint)}")
         print(report)
         print(f"wrote Hugging Face directory {os.path.abspath(args.output)}")
         return 0

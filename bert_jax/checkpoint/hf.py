@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +29,6 @@ import numpy as np
 
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
-from bert_jax.modeling.params import to_layout
 
 HF_CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -64,6 +64,8 @@ class ConversionReport:
     ignored: list[str] = dataclasses.field(default_factory=list)  # buffers, optimizer slots
     notes: list[str] = dataclasses.field(default_factory=list)
     unused_label: str = "UNUSED: source tensors not converted"
+    output: str = ""  # the directory written (export)
+    files: list[str] = dataclasses.field(default_factory=list)  # the files written (export)
 
     def check_tokenizer(self, tokenizer, config: BertConfig) -> None:
         """Notes a missing tokenizer or one whose size differs from the model's vocabulary."""
@@ -75,6 +77,9 @@ class ConversionReport:
 
     def lines(self) -> list[str]:
         out = [f"source: {self.source}"]
+        if self.output:
+            out.append(f"output: {self.output}" + (f" ({', '.join(self.files)})"
+                                                    if self.files else ""))
         if self.architecture:
             out.append(f"architecture: {self.architecture}")
         out.append(f"heads: {', '.join(self.heads) if self.heads else '(encoder only)'}")
@@ -268,6 +273,8 @@ def params_from_hf_state(state: Mapping[str, Any], config: BertConfig, source: s
     report = ConversionReport(source=source, heads=heads, unused=unused, ignored=ignored)
     if "pooler" not in params["bert"]:
         report.notes.append("no pooler weights (the pooler is initialised fresh where needed)")
+    from bert_jax.modeling.params import to_layout  # jax: only when converting
+
     return to_layout(params, config), report
 
 
@@ -453,6 +460,8 @@ def bert_named_state(params: Mapping[str, Any], config: BertConfig, architecture
     if missing:
         raise BertJaxError(f"{architecture} needs the {missing} head(s), which this checkpoint "
                            f"does not have (it has {sorted(params)})")
+    from bert_jax.modeling.params import to_layout  # jax: only when converting
+
     params = to_layout(dict(params), config.replace(scan_layers=False))
     bert, v = params["bert"], config.vocab_size
     n, d, h = config.num_attention_heads, config.head_dim, config.hidden_size
@@ -512,35 +521,63 @@ def hf_config_dict(config: BertConfig, architecture: str, num_labels: int | None
     return out
 
 
-def _write_tokenizer(tokenizer, directory: str, config: BertConfig) -> str | None:
-    """vocab.txt + tokenizer_config.json for a WordPiece tokenizer; returns a note otherwise."""
-    if getattr(tokenizer, "kind", None) != "wordpiece":
-        return (f"tokenizer of kind {getattr(tokenizer, 'kind', '?')!r} not exported (Hugging "
-                "Face BERT tokenizers are WordPiece)")
-    with open(os.path.join(directory, VOCAB_FILE), "w", encoding="utf-8", newline="\n") as f:
-        f.writelines(tokenizer.id_to_token(i) + "\n" for i in range(tokenizer.vocab_size))
-    options = tokenizer.options()
-    tok_config = {
-        "tokenizer_class": "BertTokenizer", "do_lower_case": options["do_lower_case"],
-        "strip_accents": options["strip_accents"],
-        "tokenize_chinese_chars": options["tokenize_chinese_chars"],
-        "model_max_length": config.max_position_embeddings,
-        "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-        "mask_token": "[MASK]",
-    }
+SPM_FILE = "spiece.model"  # the name AlbertTokenizer / T5Tokenizer look for
+
+
+def _write_tokenizer(tokenizer, directory: str, config: BertConfig) -> list[str]:
+    """The tokenizer in a form ``transformers.AutoTokenizer`` loads; returns the files written
+    (none for a kind Hugging Face cannot load).
+
+    WordPiece: vocab.txt + tokenizer_config.json (BertTokenizer). SentencePiece: the model as
+    spiece.model + tokenizer_config.json naming AlbertTokenizer (the SentencePiece tokenizer
+    of a BERT-style model: [CLS] x [SEP] framing, [MASK]) with lower-casing and accent
+    stripping off, so it encodes text exactly as bert-jax does."""
+    specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+                "cls_token": "[CLS]", "mask_token": "[MASK]"}
+    kind = getattr(tokenizer, "kind", None)
+    if kind == "wordpiece":
+        with open(os.path.join(directory, VOCAB_FILE), "w", encoding="utf-8",
+                  newline="\n") as f:
+            f.writelines(tokenizer.id_to_token(i) + "\n" for i in range(tokenizer.vocab_size))
+        options = tokenizer.options()
+        tok_config = {
+            "tokenizer_class": "BertTokenizer", "do_lower_case": options["do_lower_case"],
+            "strip_accents": options["strip_accents"],
+            "tokenize_chinese_chars": options["tokenize_chinese_chars"], **specials}
+        written = [VOCAB_FILE]
+    elif kind == "sentencepiece":
+        shutil.copyfile(tokenizer.model_path, os.path.join(directory, SPM_FILE))
+        tok_config = {"tokenizer_class": "AlbertTokenizer", "do_lower_case": False,
+                      "keep_accents": True, "remove_space": True, "bos_token": "[CLS]",
+                      "eos_token": "[SEP]", **specials}
+        written = [SPM_FILE]
+    else:
+        return []
+    tok_config["model_max_length"] = config.max_position_embeddings
     with open(os.path.join(directory, TOKENIZER_CONFIG_FILE), "w", encoding="utf-8") as f:
         json.dump(tok_config, f, indent=2)
-    return None
+        f.write("\n")
+    return [*written, TOKENIZER_CONFIG_FILE]
+
+
+def _publish(path: str) -> None:
+    """Files of an export are for others to read: rw-r--r-- (less the umask), whatever mode
+    the writer chose (safetensors writes through a private temporary file)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o644 & ~umask)
 
 
 def export_hf(params: Mapping[str, Any], config: BertConfig, directory: str, tokenizer=None,
-              architecture: str | None = None) -> ConversionReport:
+              architecture: str | None = None, source: str = "") -> ConversionReport:
     """Writes a Hugging Face directory: config.json, model.safetensors (decoder tied, as
-    transformers saves it) and, for WordPiece, vocab.txt + tokenizer_config.json.
+    transformers saves it) and the tokenizer in a form ``AutoTokenizer`` loads (WordPiece:
+    vocab.txt; SentencePiece: spiece.model; each with tokenizer_config.json). Files are
+    world-readable (0644 less the umask).
 
     ``architecture`` defaults to the class the params fill (BertForPreTraining when they have
-    the MLM and NSP heads). The report (``source`` = the directory written) lists params not
-    exported.
+    the MLM and NSP heads). The report names the checkpoint read (``source``) and the directory
+    and files written, and lists params not exported.
     """
     from safetensors.numpy import save_file
 
@@ -552,13 +589,19 @@ def export_hf(params: Mapping[str, Any], config: BertConfig, directory: str, tok
     with open(os.path.join(directory, HF_CONFIG_FILE), "w", encoding="utf-8") as f:
         json.dump(hf_config_dict(config, architecture, num_labels), f, indent=2, sort_keys=True)
         f.write("\n")
-    report = ConversionReport(source=directory, architecture=architecture,
+    report = ConversionReport(source=source, architecture=architecture,
                               heads=list(ARCHITECTURES[architecture][2]), unused=dropped,
-                              unused_label="NOT EXPORTED: parameters the class has no place for")
+                              unused_label="NOT EXPORTED: parameters the class has no place for",
+                              output=directory, files=[SAFETENSORS_FILE, HF_CONFIG_FILE])
     if tokenizer is None:
-        report.notes.append("no tokenizer in the checkpoint: vocab.txt not written")
+        report.notes.append("no tokenizer in the checkpoint: none written (AutoTokenizer "
+                            "will not load this directory)")
     else:
-        note = _write_tokenizer(tokenizer, directory, config)
-        if note:
-            report.notes.append(note)
+        written = _write_tokenizer(tokenizer, directory, config)
+        if not written:
+            report.notes.append(f"tokenizer of kind {getattr(tokenizer, 'kind', '?')!r} not "
+                                "exported (Hugging Face has no tokenizer class for it)")
+        report.files += written
+    for name in report.files:
+        _publish(os.path.join(directory, name))
     return report

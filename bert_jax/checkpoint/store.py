@@ -15,6 +15,7 @@ newest complete step whose checksums (``sha256.json``, see ``integrity``) match.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from typing import Any
@@ -160,6 +161,15 @@ def resolve(path: str) -> tuple[str, str]:
     raise first_error
 
 
+class _NoStepMetadataWarning(logging.Filter):
+    """Orbax warns that ``_CHECKPOINT_METADATA`` is missing whenever a step's ``params`` item is
+    read on its own: that file lives one level up, in the step directory, and the item does
+    not need it. Nothing for a user to act on, so it is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Metadata file does not exist" not in record.getMessage()
+
+
 def load_params(params_dir: str, target=None, *, verify: bool = True):
     """Restores a params pytree (numpy arrays, or ``target``'s shardings if given); a
     damaged or unreadable directory raises DamagedCheckpoint naming it."""
@@ -168,6 +178,9 @@ def load_params(params_dir: str, target=None, *, verify: bool = True):
 
     if verify:
         _check(params_dir)
+    quiet = _NoStepMetadataWarning()
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addFilter(quiet)
     try:
         with ocp.StandardCheckpointer() as ckptr:
             if target is None:
@@ -184,6 +197,8 @@ def load_params(params_dir: str, target=None, *, verify: bool = True):
         raise
     except Exception as e:  # Orbax/tensorstore: truncated, missing or garbled files
         raise integrity.DamagedCheckpoint(integrity.describe_failure(params_dir, e)) from None
+    finally:
+        absl_logger.removeFilter(quiet)
 
 
 def _to_numpy(tree):

@@ -360,19 +360,35 @@ class command:  # noqa: N801 - the CLI registry names this attribute
                             help="text files or directories (read recursively)")
         parser.add_argument("--tokenizer", required=True,
                             help="tokenizer directory, vocab.txt or SentencePiece .model")
-        parser.add_argument("--output-dir", required=True)
-        parser.add_argument("--max-seq-length", type=int, default=128)
-        parser.add_argument("--short-seq-prob", type=float, default=0.1)
-        parser.add_argument("--mode", choices=instances.MODES, default="nsp")
+        parser.add_argument("--output-dir", required=True,
+                            help="directory for the TFRecord shards and metadata.json")
+        parser.add_argument("--max-seq-length", type=int, default=128,
+                            help="tokens per example, [CLS] and [SEP]s included (the model's "
+                                 "data.max_seq_length must match)")
+        parser.add_argument("--short-seq-prob", type=float, default=0.1,
+                            help="share of examples cut short on purpose (BERT's 10%%), so "
+                                 "the model also sees short inputs")
+        parser.add_argument("--mode", choices=instances.MODES, default="nsp",
+                            help="nsp: sentence pairs + is-next label (BERT); sop: sentence "
+                                 "order (ALBERT); full_sentences: MLM only (RoBERTa)")
         parser.add_argument("--dupe-factor", type=int, default=1,
                             help="passes over the corpus (masking is dynamic, so extra passes "
                                  "only re-sample the pairs)")
-        parser.add_argument("--num-shards", type=int, default=8)
-        parser.add_argument("--seed", type=int, default=12345)
-        parser.add_argument("--num-workers", type=int, default=os.cpu_count() or 1)
-        parser.add_argument("--input-format", choices=text.INPUT_FORMATS, default="auto")
+        parser.add_argument("--num-shards", type=int, default=8,
+                            help="training TFRecord files to write (at least the number of "
+                                 "hosts that will read them)")
+        parser.add_argument("--seed", type=int, default=12345,
+                            help="seed of pairing, truncation and shard order")
+        parser.add_argument("--num-workers", type=int, default=os.cpu_count() or 1,
+                            help="processes tokenizing in parallel (default: this machine's CPU "
+                                 "count, %(default)s here)")
+        parser.add_argument("--input-format", choices=text.INPUT_FORMATS, default="auto",
+                            help="lines: one sentence per line, blank line between documents; "
+                                 "paragraphs: prose; auto: decided per file")
         parser.add_argument("--holdout-fraction", type=float, default=0.0,
-                            help="fraction of documents written to eval-*.tfrecord instead")
+                            help="fraction of documents written to eval-*.tfrecord instead "
+                                 "(held-out data for pretraining's evaluation; 0.05 is "
+                                 "typical, 0 leaves none)")
         parser.add_argument("--format", choices=document_shards.FORMATS, default="pairs",
                             dest="output_format",
                             help="pairs: finished NSP/SOP/packed examples; documents: tokenized "
@@ -383,7 +399,8 @@ class command:  # noqa: N801 - the CLI registry names this attribute
                             default=document_shards.DEFAULT_MAX_RECORD_TOKENS,
                             help="documents: longer documents are stored in chunks of whole "
                                  "sentences of at most this many tokens (0: never chunk)")
-        parser.add_argument("--no-progress", action="store_true")
+        parser.add_argument("--no-progress", action="store_true",
+                            help="no progress bar (for logs)")
 
     @staticmethod
     def run(args) -> int:

@@ -158,13 +158,15 @@ class command:  # noqa: N801 - the CLI registry names this attribute
     @staticmethod
     def add_arguments(parser) -> None:
         parser.add_argument("--data-dir", required=True, help="output of create-pretraining-data")
-        parser.add_argument("--output", required=True)
-        parser.add_argument("--steps", type=int, required=True)
+        parser.add_argument("--output", required=True,
+                            help="directory for the .npy batches and manifest.json")
+        parser.add_argument("--steps", type=int, required=True, help="batches to write")
         parser.add_argument("--batch-size", type=int, required=True, help="global batch size")
-        parser.add_argument("--max-predictions", type=int, required=True)
+        parser.add_argument("--max-predictions", type=int, required=True,
+                            help="masked positions per sequence (data.max_predictions_per_seq)")
         parser.add_argument("--seq-len", type=int, default=None,
                             help="pad to this length (default: the data's max_seq_length)")
-        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--seed", type=int, default=0, help="shuffle and masking seed")
         parser.add_argument("--split", choices=("train", "eval"), default="train",
                             help="eval: the held-out shards (--holdout-fraction)")
         parser.add_argument("--pairing", default=None,
@@ -173,11 +175,14 @@ class command:  # noqa: N801 - the CLI registry names this attribute
                                  "(default: static for pair shards, nsp for document shards)")
         parser.add_argument("--short-seq-prob", type=float, default=0.1,
                             help="document shards, nsp/sop: chance of a shorter target length")
-        parser.add_argument("--whole-word", action="store_true")
-        parser.add_argument("--span-masking", action="store_true")
+        parser.add_argument("--whole-word", action="store_true",
+                            help="mask all pieces of a word together")
+        parser.add_argument("--span-masking", action="store_true",
+                            help="mask contiguous spans of words (SpanBERT)")
         parser.add_argument("--tokenizer", default=None,
                             help="checked against the data; required for --whole-word")
-        parser.add_argument("--no-progress", action="store_true")
+        parser.add_argument("--no-progress", action="store_true",
+                            help="no progress bar (for logs)")
 
     @staticmethod
     def run(args) -> int:

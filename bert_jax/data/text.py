@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 
+from bert_jax.corpus import list_corpus_files
 from bert_jax.errors import BertJaxError
 
 INPUT_FORMATS = ("auto", "lines", "paragraphs")
@@ -43,21 +45,12 @@ class TextFile:
 
 
 def list_input_files(inputs: list[str]) -> list[str]:
-    """Expands files and directories (recursively, hidden entries skipped) to a sorted list."""
-    files: list[str] = []
-    for path in inputs:
-        if os.path.isfile(path):
-            files.append(path)
-        elif os.path.isdir(path):
-            for root, dirs, names in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                files.extend(os.path.join(root, n) for n in names if not n.startswith("."))
-        else:
-            raise BertJaxError(f"--input {path}: no such file or directory")
-    files = sorted(dict.fromkeys(os.path.normpath(f) for f in files))
-    if not files:
-        raise BertJaxError(f"--input {' '.join(inputs)}: no files found")
-    return files
+    """Expands files and directories to a sorted list (recursively; hidden and
+    README/LICENSE-like files in directories skipped, and the latter reported on stderr)."""
+    corpus = list_corpus_files(inputs)
+    if corpus.skipped:
+        print(corpus.skipped_note(), file=sys.stderr)
+    return sorted(dict.fromkeys(os.path.normpath(f) for f in corpus.files))
 
 
 def read_text_file(path: str) -> TextFile:

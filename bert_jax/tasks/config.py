@@ -117,6 +117,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.length_bucket_min = 32
     # Compiled programs kept in $BERT_JAX_CACHE/xla (bert_jax/compilation_cache.py).
     c.compilation_cache = True
+    # A tqdm bar with ETA over all steps (process 0); train loss and dev metrics also go to
+    # WORKDIR/tensorboard/ and WORKDIR/metrics.jsonl.
+    c.progress_bar = True
     return c
 
 

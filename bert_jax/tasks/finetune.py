@@ -10,6 +10,10 @@ the best epoch in WORKDIR as a bert-jax model directory::
     WORKDIR/params/       the best epoch's parameters
     WORKDIR/tokenizer/
     WORKDIR/metrics.json  per-epoch train loss, dev metrics, timings; best and final
+    WORKDIR/metrics.jsonl the running train loss every ``log_every`` steps and each epoch's
+                          dev metrics, mirrored to WORKDIR/tensorboard/ (TensorBoard)
+
+A tqdm bar with ETA follows the steps (``progress_bar=false`` turns it off).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from bert_jax.tasks.inputs import featurize, train_and_dev
 from bert_jax.tasks.model_init import initial_model, merge_encoder
 from bert_jax.tasks.registry import get_task
 from bert_jax.tasks.trainer import build_finetuner, num_rows
+from bert_jax.training.metrics import MetricsWriter
 from bert_jax.training.workdir import check_run_kind
 
 METRICS_FILE = "metrics.json"
@@ -102,37 +107,26 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task) -> dict[str
          f"{config.global_batch_size}, {num_rows(train_feats)} sequences/epoch, length "
          f"buckets {list(finetuner.buckets)}) on mesh {dict(finetuner.mesh.shape)}")
 
-    main = task.main_metric
-    first_split = next(iter(devs))
     history: list[dict[str, Any]] = []
     best: dict[str, Any] | None = None
     train_seconds = steady_seconds = steady_sequences = 0.0
     extra_base = {"task": task.name, "num_labels": task.num_labels,
                   "finetune": config.to_dict(), "init_checkpoint": config.init_checkpoint}
-    for epoch in range(config.epochs):
-        state, stats = finetuner.train_epoch(state, train_feats, epoch, config.seed,
-                                             dropout_rng, _log, config.log_every)
-        train_seconds += stats["seconds"]
-        steady_seconds += stats["seconds"] - stats["first_step_seconds"]
-        steady_sequences += stats["sequences"] * (1 - 1 / max(steps_per_epoch, 1))
-        t0 = time.perf_counter()
-        scores = {s: score(finetuner, state.params, task, devs[s], dev_feats[s], config)[0]
-                  for s in devs}
-        record = {"epoch": epoch + 1, "train_loss": stats["loss"],
-                  "train_seconds": stats["seconds"], "eval_seconds": time.perf_counter() - t0,
-                  **{s: m for s, m in scores.items()}}
-        history.append(record)
-        value = scores[first_split][main]
-        _log(f"epoch {epoch + 1}: train loss {stats['loss']:.4f}; "
-             + "; ".join(f"{s} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()
-                                             if isinstance(v, float))
-                         for s, m in scores.items()))
-        if best is None or (np.isfinite(value) and not value <= best["value"]):
-            best = {"epoch": epoch + 1, "value": value, "metric": f"{first_split}/{main}",
-                    "metrics": scores}
-            store.save_model(workdir, state.params, model_cfg, tokenizer,
-                             extra={**extra_base, "best": best})
-            _log(f"saved epoch {epoch + 1} as best ({first_split} {main} {value:.4f})")
+    writer = MetricsWriter(workdir, enabled=jax.process_index() == 0)
+    progress = _progress_bar(config, total_steps)
+    try:
+        for epoch in range(config.epochs):
+            state, stats, best = _epoch(finetuner, state, train_feats, dev_feats, devs, task,
+                                        config, epoch, dropout_rng, progress, writer,
+                                        history, best, workdir, model_cfg, tokenizer,
+                                        extra_base, steps_per_epoch)
+            train_seconds += stats["seconds"]
+            steady_seconds += stats["seconds"] - stats["first_step_seconds"]
+            steady_sequences += stats["sequences"] * (1 - 1 / max(steps_per_epoch, 1))
+    finally:
+        if progress is not None:
+            progress.close()
+        writer.close()
     result = {"task": task.name, "dev_source": dev_source, "train_examples": len(train),
               "dev_examples": {s: len(d) for s, d in devs.items()},
               "train_sequences": num_rows(train_feats), "epochs": history, "best": best,
@@ -143,3 +137,47 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task) -> dict[str
     if jax.process_index() == 0:
         write_json(os.path.join(workdir, METRICS_FILE), result)
     return result
+
+
+def _progress_bar(config, total_steps: int):
+    if not config.progress_bar or jax.process_index() != 0:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total_steps, desc="finetune", unit="step", dynamic_ncols=True)
+
+
+def _epoch(finetuner, state, train_feats, dev_feats, devs, task, config, epoch, dropout_rng,
+           progress, writer, history, best, workdir, model_cfg, tokenizer, extra_base,
+           steps_per_epoch):
+    """One epoch: train, score every dev split, log (stdout, TensorBoard, metrics.jsonl),
+    keep the best. Returns (state, train stats, best)."""
+    log = progress.write if progress is not None else _log
+    state, stats = finetuner.train_epoch(
+        state, train_feats, epoch, config.seed, dropout_rng, log, config.log_every,
+        progress=progress, scalars=lambda step, values: writer.write(step, values))
+    main = task.main_metric
+    first_split = next(iter(devs))
+    t0 = time.perf_counter()
+    scores = {s: score(finetuner, state.params, task, devs[s], dev_feats[s], config)[0]
+              for s in devs}
+    record = {"epoch": epoch + 1, "train_loss": stats["loss"],
+              "train_seconds": stats["seconds"], "eval_seconds": time.perf_counter() - t0,
+              **{s: m for s, m in scores.items()}}
+    history.append(record)
+    value = scores[first_split][main]
+    step = (epoch + 1) * steps_per_epoch
+    for split, metrics in scores.items():
+        writer.write(step, {k: v for k, v in metrics.items() if isinstance(v, float)},
+                     prefix=split)
+    log(f"epoch {epoch + 1}: train loss {stats['loss']:.4f}; "
+         + "; ".join(f"{s} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()
+                                         if isinstance(v, float))
+                     for s, m in scores.items()))
+    if best is None or (np.isfinite(value) and not value <= best["value"]):
+        best = {"epoch": epoch + 1, "value": value, "metric": f"{first_split}/{main}",
+                "metrics": scores}
+        store.save_model(workdir, state.params, model_cfg, tokenizer,
+                         extra={**extra_base, "best": best})
+        log(f"saved epoch {epoch + 1} as best ({first_split} {main} {value:.4f})")
+    return state, stats, best

@@ -302,9 +302,14 @@ class Finetuner:
 
     def train_epoch(self, state: TrainState, features: Mapping[str, np.ndarray], epoch: int,
                     seed: int, rng: jax.Array, log: Callable[[str], None] | None = None,
-                    log_every: int = 0) -> tuple[TrainState, dict[str, float]]:
+                    log_every: int = 0, progress=None,
+                    scalars: Callable[[int, dict[str, float]], None] | None = None
+                    ) -> tuple[TrainState, dict[str, float]]:
         """One pass over ``features`` in an order drawn from (seed, epoch); with length
-        buckets the batches are formed in that order and then shuffled (``bucketing.py``)."""
+        buckets the batches are formed in that order and then shuffled (``bucketing.py``).
+        ``progress`` (a tqdm bar) advances every step; ``scalars(step, {"loss", "grad_norm"})``
+        receives the running epoch loss at every log point (step counts from the run's
+        start)."""
         missing = [k for k in self.label_keys if k not in features]
         if missing:
             raise BertJaxError(f"{self.task.name}: training features lack labels {missing}")
@@ -323,14 +328,23 @@ class Finetuner:
             if i == 0:
                 jax.block_until_ready(sums)
                 first_step_s = time.perf_counter() - t0
-            if log is not None and log_every and (i + 1) % log_every == 0:
+            if progress is not None:
+                progress.update(1)
+            if (log is not None or scalars is not None) and log_every \
+                    and (i + 1) % log_every == 0:
                 fetched = jax.device_get(pending)
                 pending = []
                 loss_sum += sum(float(s["loss_sum"]) for s in fetched)
                 count += sum(float(s["count"]) for s in fetched)
-                log(f"epoch {epoch + 1} step {i + 1}/{self.steps_per_epoch(features)} "
-                    f"loss {loss_sum / max(count, 1.0):.4f} "
-                    f"grad_norm {float(fetched[-1]['grad_norm']):.3f}")
+                loss, grad_norm = loss_sum / max(count, 1.0), float(fetched[-1]["grad_norm"])
+                if progress is not None:
+                    progress.set_postfix(loss=f"{loss:.4f}")
+                elif log is not None:
+                    log(f"epoch {epoch + 1} step {i + 1}/{self.steps_per_epoch(features)} "
+                        f"loss {loss:.4f} grad_norm {grad_norm:.3f}")
+                if scalars is not None:
+                    scalars(epoch * self.steps_per_epoch(features) + i + 1,
+                            {"loss": loss, "grad_norm": grad_norm})
         fetched = jax.device_get(pending)
         loss_sum += sum(float(s["loss_sum"]) for s in fetched)
         count += sum(float(s["count"]) for s in fetched)

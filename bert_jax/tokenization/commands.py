@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, metavar="DIR",
                         help="tokenizer directory to write (the vocabulary files + "
                              "tokenizer.json)")
-    parser.add_argument("--vocab-size", type=int, required=True)
+    parser.add_argument("--vocab-size", type=int, required=True,
+                        help="pieces in the vocabulary, the special tokens included "
+                             "(30000 for a large corpus; 2000 for the 0.2 MB demo corpus)")
     parser.add_argument("--model-type", choices=("unigram", "bpe", "wordpiece", "byte-bpe"),
                         default="unigram",
                         help="unigram / bpe: SentencePiece; wordpiece: BERT's vocab.txt; "
@@ -40,8 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train on a shuffled sample of at most this many lines")
     parser.add_argument("--byte-fallback", action="store_true",
                         help="spell uncovered characters as UTF-8 byte pieces instead of [UNK]")
-    parser.add_argument("--num-threads", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-threads", type=int, default=None,
+                        help="training threads (default: the CPU count)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
 
 
 def run(args: argparse.Namespace) -> int:

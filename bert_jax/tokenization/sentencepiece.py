@@ -14,6 +14,7 @@ import shutil
 
 import numpy as np
 
+from bert_jax.corpus import list_corpus_files
 from bert_jax.errors import BertJaxError
 from bert_jax.tokenization.base import (
     SPECIAL_TOKENS,
@@ -174,28 +175,22 @@ class CorpusReport:
     undecodable_lines: int = 0
     too_long_lines: int = 0
     bytes: int = 0
+    meta_files: int = 0  # README/LICENSE-like files in input directories
 
     def summary(self) -> str:
-        return (f"{self.files} files ({self.binary_files} binary skipped), {self.lines} lines "
+        return (f"{self.files} files ({self.binary_files} binary and {self.meta_files} "
+                f"README/LICENSE-like skipped), {self.lines} lines "
                 f"({self.bytes / 1e6:.1f} MB) used; skipped {self.undecodable_lines} undecodable "
                 f"and {self.too_long_lines} over-long lines; {self.blank_lines} blank lines")
 
 
-def list_text_files(paths: list[str]) -> list[str]:
-    """Files given directly plus every file under given directories (sorted, hidden skipped)."""
-    files = []
-    for path in paths:
-        if os.path.isfile(path):
-            files.append(path)
-        elif os.path.isdir(path):
-            for root, dirs, names in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                files += [os.path.join(root, n) for n in sorted(names) if not n.startswith(".")]
-        else:
-            raise BertJaxError(f"{path}: input path does not exist")
-    if not files:
-        raise BertJaxError(f"no input files under {', '.join(paths)}")
-    return files
+def list_text_files(paths: list[str], report: CorpusReport | None = None) -> list[str]:
+    """Files given directly plus the text files under given directories (sorted; hidden and
+    README/LICENSE-like files skipped, counted in ``report``)."""
+    corpus = list_corpus_files(paths)
+    if report is not None:
+        report.meta_files = len(corpus.skipped)
+    return corpus.files
 
 
 def iter_lines(files: list[str], report: CorpusReport, max_bytes: int):
@@ -236,8 +231,8 @@ def train_sentencepiece(inputs: list[str], output_prefix: str, vocab_size: int,
         raise BertJaxError(f"model_type must be 'unigram' or 'bpe', got {model_type!r}")
     if vocab_size <= len(SPECIAL_TOKENS):
         raise BertJaxError(f"vocab_size={vocab_size} leaves no room beside the special tokens")
-    files = list_text_files(inputs)
     report = CorpusReport()
+    files = list_text_files(inputs, report)
     os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
     spm.set_random_generator_seed(seed)
     try:

@@ -47,7 +47,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.objective = "nsp"
 
     c.data = ml_collections.ConfigDict()
-    c.data.source = "tfrecord"  # tfrecord | materialized | synthetic
+    # auto: what data.directory holds (TFRecord shards or materialized batches); synthetic:
+    # random token ids, only when named here (smoke tests, benchmarks).
+    c.data.source = "auto"  # auto | tfrecord | materialized | synthetic
     # tfrecord: output of `bert-jax create-pretraining-data`; materialized: of
     # `bert-jax materialize-batches`.
     c.data.directory = config_dict.placeholder(str)

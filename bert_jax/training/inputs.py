@@ -1,5 +1,8 @@
 """Per-process pretraining batches for the loop, from one of three sources.
 
+``data.source="auto"`` (the default) takes the source from what ``data.directory`` holds
+(:func:`resolve_source`); synthetic data is used only when asked for by name.
+
 * ``tfrecord``: ``bert_jax.data.pipeline`` (tf.data; every batch masked afresh, i.e.
   RoBERTa's dynamic masking) over the output of
   ``bert-jax create-pretraining-data``;
@@ -13,6 +16,7 @@ Every source yields this process's rows as numpy dicts and has a JSON-serializab
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -77,6 +81,88 @@ class SyntheticBatches:
                 "masked_lm_positions": mlm_positions, "masked_lm_ids": mlm_ids,
                 "masked_lm_weights": mlm_weights,
                 "next_sentence_labels": rng.integers(0, 2, size=b).astype(np.int32)}
+
+
+def resolve_source(data) -> str:
+    """The data source a run uses: ``data.source`` when set, else what ``data.directory``
+    holds (``metadata.json``: TFRecord shards; ``manifest.json``: materialized batches).
+
+    Synthetic data is never a fallback: it must be named, and then no directory may be given
+    (a directory that would be ignored is an error, not a silent switch to random ids)."""
+    from bert_jax.data.materialize import MANIFEST_JSON
+    from bert_jax.data.metadata import METADATA_JSON
+
+    source, directory = data.source, data.directory
+    if source == "synthetic":
+        if directory:
+            raise BertJaxError(
+                f"data.source='synthetic' trains on random token ids and would ignore "
+                f"data.directory={directory!r}; drop --config.data.source=synthetic (or set "
+                "it to auto) to train on that directory")
+        return source
+    if source not in ("auto", "tfrecord", "materialized"):
+        raise BertJaxError(f"data.source={source!r}: expected auto, tfrecord, materialized or "
+                           "synthetic")
+    if not directory:
+        raise BertJaxError(
+            "no training data: set --config.data.directory=DIR (the output of `bert-jax "
+            "create-pretraining-data` or `bert-jax materialize-batches`), or "
+            "--config.data.source=synthetic to train on random token ids (smoke tests only)")
+    if not os.path.isdir(directory):
+        raise BertJaxError(f"data.directory={directory!r}: no such directory")
+    found = [kind for kind, marker in (("tfrecord", METADATA_JSON),
+                                       ("materialized", MANIFEST_JSON))
+             if os.path.exists(os.path.join(directory, marker))]
+    if not found:
+        raise BertJaxError(
+            f"data.directory={directory!r} holds neither {METADATA_JSON} (TFRecord shards from "
+            f"`bert-jax create-pretraining-data`) nor {MANIFEST_JSON} (batches from "
+            "`bert-jax materialize-batches`)")
+    if source == "auto":
+        return found[0]
+    if source not in found:
+        marker = METADATA_JSON if found[0] == "tfrecord" else MANIFEST_JSON
+        raise BertJaxError(f"data.source={source!r}, but data.directory={directory!r} holds "
+                           f"{found[0]} data ({marker}); drop --config.data.source to use "
+                           "what is there")
+    return source
+
+
+def describe_source(data) -> str:
+    """One line for the log saying exactly what the run trains on."""
+    if data.source == "synthetic":
+        return ("data: SYNTHETIC random token ids (data.source='synthetic'); the model learns "
+                "nothing about language. Point --config.data.directory at real data instead.")
+    kind = {"tfrecord": "TFRecord shards", "materialized": "materialized batches"}[data.source]
+    return f"data: {kind} from {os.path.abspath(data.directory)}"
+
+
+def check_vocab(config, model_vocab_size: int, tokenizer) -> None:
+    """The model's vocabulary must be the tokenizer's: a mismatch trains rows no id reaches
+    (or ids with no row) and surfaces much later, at fill-mask or fine-tuning."""
+    if tokenizer is None or tokenizer.vocab_size == model_vocab_size:
+        return
+    origin = ("--config.model.vocab_size" if config.model.vocab_size is not None
+              else f"the {config.model.preset!r} preset")
+    raise BertJaxError(
+        f"data.tokenizer={config.data.tokenizer!r} has {tokenizer.vocab_size} entries, but the "
+        f"model's vocab_size is {model_vocab_size} (from {origin}); set "
+        f"--config.model.vocab_size={tokenizer.vocab_size} or use the matching tokenizer")
+
+
+def check_eval_data(config) -> None:
+    """Evaluation needs held-out data; say so before training rather than after it."""
+    if config.eval_steps <= 0 or config.data.source != "tfrecord":
+        return  # synthetic and materialized sources always have evaluation batches
+    from bert_jax.data.metadata import load_metadata
+
+    meta = load_metadata(config.data.directory)
+    if not meta.eval_files or sum(meta.eval_examples) == 0:
+        raise BertJaxError(
+            f"{config.data.directory}: no held-out split (metadata.json lists no eval "
+            "shards), so evaluation cannot run; recreate the data with `bert-jax "
+            "create-pretraining-data ... --holdout-fraction 0.05`, or train without "
+            "evaluation with --config.eval_steps=0")
 
 
 def make_batches(config, split: str, *, batch_size: int, vocab_size: int, process_index: int,

@@ -25,7 +25,15 @@ from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.params import flatten_params, to_layout
 from bert_jax.training import config as config_lib
-from bert_jax.training.inputs import DataWaitInterrupted, Prefetcher, make_batches
+from bert_jax.training.inputs import (
+    DataWaitInterrupted,
+    Prefetcher,
+    check_eval_data,
+    check_vocab,
+    describe_source,
+    make_batches,
+    resolve_source,
+)
 from bert_jax.training.metrics import MetricsWriter, flops_per_sequence, peak_tflops
 from bert_jax.training.setup import build_training
 from bert_jax.training.signals import Preemption
@@ -154,11 +162,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     model shape against its checkpoints) before anything is written into it."""
     parallel.maybe_initialize_distributed()
     workdir = os.path.abspath(workdir)
-    model_cfg = config_lib.model_config(config, _data_vocab_size(config))
+    config.data.source = resolve_source(config.data)
+    _log(describe_source(config.data))
+    tokenizer = _load_tokenizer(config)
+    model_cfg = config_lib.model_config(
+        config, _data_vocab_size(config) or (tokenizer.vocab_size if tokenizer else None))
+    check_vocab(config, model_cfg.vocab_size, tokenizer)
+    check_eval_data(config)
     check_pretraining_workdir(workdir, model_cfg, config.to_dict(), overwrite=overwrite)
     mesh = parallel.create_mesh(config.parallel.mesh, config.parallel.dcn_mesh)
     local_batch = _check_sizes(config, model_cfg, mesh)
-    tokenizer = _load_tokenizer(config)
     lock = fileio.WorkdirLock(workdir)
     if jax.process_index() == 0:
         lock.acquire()
@@ -311,16 +324,20 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
                          f"{checkpoints.directory}; exiting")
                     result.update(step=step, stopped="preempted")
                     return result
+                # Save first: an evaluation that fails never costs the training.
+                checkpoints.save(step, state, dropout_rng, data_state, force=at_end)
+                if at_end:
+                    checkpoints.wait()
                 if config.eval_steps > 0 and (step % config.eval_every == 0 or at_end):
                     eval_start = time.perf_counter()
-                    evaluated = evaluate()
+                    evaluated = _evaluate_or_warn(evaluate, step)
                     if last_time is not None:  # keep evaluation out of the throughput window
                         last_time += time.perf_counter() - eval_start
-                    writer.write(step, evaluated, prefix="eval")
-                    result.update({f"eval_{k}": v for k, v in evaluated.items()})
-                    _log(f"step {step}: eval " + ", ".join(f"{k}={v:.4f}"
-                                                         for k, v in evaluated.items()))
-                checkpoints.save(step, state, dropout_rng, data_state, force=at_end)
+                    if evaluated:
+                        writer.write(step, evaluated, prefix="eval")
+                        result.update({f"eval_{k}": v for k, v in evaluated.items()})
+                        _log(f"step {step}: eval " + ", ".join(f"{k}={v:.4f}"
+                                                             for k, v in evaluated.items()))
             result["step"] = step
             return result
     except jax.errors.JaxRuntimeError as error:
@@ -333,6 +350,19 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
             progress.close()
         checkpoints.close()
         writer.close()
+
+
+def _evaluate_or_warn(evaluate, step: int) -> dict[str, float]:
+    """Runs one evaluation; a failure (bad or missing held-out data) is reported and the run
+    goes on, since the checkpoint of this step is already saved."""
+    try:
+        return evaluate()
+    except jax.errors.JaxRuntimeError:
+        raise  # a device or peer failure, not an evaluation problem
+    except Exception as error:  # noqa: BLE001 - any data error; the step is saved already
+        _log(f"warning: evaluation at step {step} failed and was skipped "
+             f"({type(error).__name__}: {error}); training continues")
+        return {}
 
 
 EXIT_LOST_PEER = 3

@@ -132,7 +132,8 @@ def test_export_errors(hf_pretraining_dir, tmp_path, capsys):
     source, _ = hf_pretraining_dir
     rc, _, err = _run(capsys, "export", tmp_path / "nothing", "--output", tmp_path / "x")
     assert rc == 2 and "checkpoint path not found" in err
-    rc, _, err = _run(capsys, "export", source, "--output", tmp_path / "x")
+    (tmp_path / "empty").mkdir()
+    rc, _, err = _run(capsys, "export", tmp_path / "empty", "--output", tmp_path / "x")
     assert rc == 2 and "no bert-jax checkpoint found" in err
     rc, _, _ = _run(capsys, "convert", source, "--output", tmp_path / "bj")
     assert rc == 0
@@ -140,6 +141,10 @@ def test_export_errors(hf_pretraining_dir, tmp_path, capsys):
                       "--architecture", "BertForQuestionAnswering")
     assert rc == 2 and "needs the ['qa_outputs'] head" in err
     rc, _, err = _run(capsys, "export", tmp_path / "bj", "--output", tmp_path / "bj")
+    assert rc == 2 and "--output is the checkpoint itself" in err
+    (tmp_path / "other").mkdir()
+    shutil.copy(tmp_path / "bj" / "config.json", tmp_path / "other" / "config.json")
+    rc, _, err = _run(capsys, "export", source, "--output", tmp_path / "other")
     assert rc == 2 and "already holds a different checkpoint" in err
 
 

@@ -38,7 +38,12 @@ def test_learns_toy_task_then_evaluate_and_predict(data, tmp_path, capsys):
     _, cfg, tok, extra = store.load_model(workdir)
     assert extra["task"] == "sst2" and extra["num_labels"] == 2
     assert extra["best"]["epoch"] == metrics["best"]["epoch"]
-    capsys.readouterr()
+    # Monitoring: a progress bar over all steps; dev metrics per epoch to TensorBoard + jsonl.
+    assert "finetune: 100%" in capsys.readouterr().err
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        dev = [r for r in map(json.loads, f) if r["split"] == "dev"]
+    assert len(dev) == 4 and dev[-1]["accuracy"] == metrics["epochs"][-1]["dev"]["accuracy"]
+    assert any(n.startswith("events") for n in os.listdir(os.path.join(workdir, "tensorboard")))
 
     assert main(["evaluate", "--workdir", workdir]) == 0
     evaluated = json.loads(capsys.readouterr().out)

@@ -15,6 +15,7 @@ SMALL = [
     "--config.model.vocab_size=200", "--config.model.max_position_embeddings=32",
     "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
     "--config.global_batch_size=16", "--config.progress_bar=false",
+    "--config.data.source=synthetic",
 ]
 
 

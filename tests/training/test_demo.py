@@ -1,5 +1,6 @@
-"""`make demo` end to end on a tiny budget: tokenizer -> TFRecord data -> pretraining, and the
-workdir loads as a model checkpoint with its tokenizer."""
+"""`make demo` end to end on a tiny budget: tokenizer -> TFRecord data -> pretraining -> the
+report (baseline, PNG, fill-mask), and the workdir loads as a model checkpoint with its
+tokenizer."""
 
 import json
 import os
@@ -26,7 +27,11 @@ def test_demo_script_runs_end_to_end(tmp_path):
     done = subprocess.run(["bash", os.path.join(REPO, "scripts", "demo.sh")], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "held-out MLM accuracy" in done.stdout and "Next:" in done.stdout
+    assert "held-out masked-LM accuracy" in done.stdout and "Next:" in done.stdout
+    assert "unigram baseline" in done.stdout and "fill-mask (top 3)" in done.stdout
+    assert (tmp_path / "pretrain" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    # The packaged corpus directory's README is not trained on, and the output says so.
+    assert "1 README/LICENSE-like skipped" in done.stdout
     workdir = tmp_path / "pretrain"
     with open(workdir / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]

@@ -1,0 +1,99 @@
+"""``bert-jax plot-metrics WORKDIR``: a run's curves (``WORKDIR/metrics.jsonl``) as one PNG.
+
+Two panels over steps: the masked-LM loss and the masked-LM accuracy, training (logged
+means) and held-out (each evaluation), with optional horizontal reference lines such as a
+unigram baseline. Needs matplotlib (the ``monitor`` and ``demo`` extras install it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from bert_jax.errors import BertJaxError
+
+PLOT_FILE = "curves.png"
+
+
+def _series(records: list[dict], split: str, key: str) -> tuple[list[int], list[float]]:
+    rows = {}
+    for r in records:  # a resumed run logs a step again: the last record wins
+        if r.get("split") == split and key in r:
+            rows[r["step"]] = r[key]
+    steps = sorted(rows)
+    return steps, [rows[s] for s in steps]
+
+
+def read_records(workdir: str) -> list[dict]:
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        raise BertJaxError(f"{path}: not found (is {workdir} a pretraining workdir?)")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                raise BertJaxError(f"{path}:{number}: not a JSON object") from None
+    if not records:
+        raise BertJaxError(f"{path}: no metrics logged yet")
+    return records
+
+
+def plot_metrics(workdir: str, output: str | None = None, *,
+                 baselines: dict[str, float] | None = None) -> str:
+    """Writes the PNG (default ``WORKDIR/curves.png``) and returns its path. ``baselines``:
+    ``{"mlm_loss": x, "mlm_accuracy": y}`` reference lines (e.g. the unigram baseline)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BertJaxError("plot-metrics needs matplotlib: pip install 'bert-jax[monitor]' "
+                           "(or pip install matplotlib)") from None
+    records = read_records(workdir)
+    output = output or os.path.join(workdir, PLOT_FILE)
+    baselines = baselines or {}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+    for ax, key, title in ((axes[0], "mlm_loss", "masked-LM loss"),
+                           (axes[1], "mlm_accuracy", "masked-LM accuracy")):
+        for split, style in (("train", "-"), ("eval", "o-")):
+            steps, values = _series(records, split, key)
+            if steps:
+                ax.plot(steps, values, style, label="held-out" if split == "eval" else split)
+        if key in baselines:
+            ax.axhline(baselines[key], color="gray", linestyle="--", label="unigram baseline")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(os.path.basename(os.path.abspath(workdir)))
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    fig.savefig(output)
+    plt.close(fig)
+    return output
+
+
+class command:  # noqa: N801 - the CLI registry names this attribute
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("workdir", help="pretraining workdir (holds metrics.jsonl)")
+        parser.add_argument("--output", default=None,
+                            help=f"PNG to write (default: WORKDIR/{PLOT_FILE})")
+        parser.add_argument("--baseline-loss", type=float, default=None,
+                            help="draw a reference line at this masked-LM loss")
+        parser.add_argument("--baseline-accuracy", type=float, default=None,
+                            help="draw a reference line at this masked-LM accuracy")
+
+    @staticmethod
+    def run(args) -> int:
+        baselines = {k: v for k, v in (("mlm_loss", args.baseline_loss),
+                                       ("mlm_accuracy", args.baseline_accuracy))
+                     if v is not None}
+        print(f"wrote {plot_metrics(args.workdir, args.output, baselines=baselines)}")
+        return 0
