@@ -22,8 +22,7 @@ from ml_collections import config_dict
 from bert_jax.config import BertConfig, get_preset
 from bert_jax.errors import BertJaxError
 from bert_jax.parallel import DEFAULT_RULES
-
-OBJECTIVES = ("nsp", "sop", "mlm")
+from bert_jax.training.validate import OBJECTIVES
 
 
 def _model_section() -> ml_collections.ConfigDict:

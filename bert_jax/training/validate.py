@@ -14,6 +14,11 @@ from typing import Any
 
 from bert_jax.errors import BertJaxError
 
+# The pretraining objectives (training/config.py reads them from here) and data sources
+# (auto: picked from what data.directory holds; training/inputs.py).
+OBJECTIVES = ("nsp", "sop", "mlm")
+DATA_SOURCES = ("auto", "tfrecord", "materialized", "synthetic")
+
 
 class Checker:
     """Small typed range checks over a (nested) config, errors naming the dotted key."""
@@ -81,11 +86,9 @@ def check_mesh(check: Checker, section: str, config) -> None:
 
 def validate_pretraining(config) -> None:
     """BertJaxError naming the first out-of-range value of a pretraining ConfigDict."""
-    from bert_jax.training.config import OBJECTIVES
-
     c = Checker(config)
     c.choice("objective", OBJECTIVES)
-    c.choice("data.source", ("tfrecord", "materialized", "synthetic"))
+    c.choice("data.source", DATA_SOURCES)
     c.integer("data.max_seq_length", 8)
     c.integer("data.max_predictions_per_seq", 1)
     c.probability("data.masked_lm_prob", zero=False)
