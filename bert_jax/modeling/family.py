@@ -15,8 +15,14 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
 from bert_jax.modeling.encoder import BertModel, dense, initializer, layer_norm, zeros
-from bert_jax.modeling.heads import (BertForPreTraining, MaskedLMHead, MLMDecoder,
-                                     decoder_logits, gather_positions, masked_bias)
+from bert_jax.modeling.heads import (
+    BertForPreTraining,
+    MaskedLMHead,
+    MLMDecoder,
+    decoder_logits,
+    gather_positions,
+    masked_bias,
+)
 
 
 def span_boundaries(masked_lm_positions, masked_lm_weights, seq_len: int):

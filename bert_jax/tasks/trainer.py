@@ -129,13 +129,23 @@ def _apply(model: nn.Module, params, batch: Batch, rng=None):
                        rngs={"dropout": rng} if rng is not None else None)
 
 
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation, kind: str
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation, kind: str,
+                    distill: tuple[float, float] | None = None
                     ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
     """``train_step(state, batch, rng) -> (state, {"loss_sum", "count", "grad_norm"})``;
-    dropout key ``fold_in(rng, step)`` so a run depends only on its seed."""
+    dropout key ``fold_in(rng, step)`` so a run depends only on its seed. ``distill`` =
+    (temperature, alpha): the loss of ``tasks/distill.py`` against ``teacher_logits``."""
 
     def loss_fn(params, batch, rng):
-        return task_loss(kind, _apply(model, params, batch, rng), batch)
+        outputs = _apply(model, params, batch, rng)
+        if distill is None:
+            return task_loss(kind, outputs, batch)
+        from bert_jax.tasks.distill import TEACHER_KEY, distill_loss
+
+        labels = batch["labels" if kind == "regression" else "label_ids"]
+        per_row = distill_loss(kind, outputs["logits"], labels, batch[TEACHER_KEY], *distill)
+        loss, count = _weighted_mean(per_row, batch[WEIGHT_KEY].astype(jnp.float32))
+        return loss, {"loss_sum": loss * jnp.maximum(count, 1.0), "count": count}
 
     def train_step(state: TrainState, batch: Batch, rng: jax.Array):
         step_rng = jax.random.fold_in(rng, state.step)
@@ -204,6 +214,7 @@ class Finetuner:
     schedule: optax.Schedule | None = None
     # Sequence lengths of the batches (``bucketing.py``); default: max_seq_length only.
     buckets: tuple[int, ...] = ()
+    distill: tuple[float, float] | None = None  # (temperature, alpha) with teacher logits
 
     def __post_init__(self):
         for name, size in (("global_batch_size", self.batch_size),
@@ -233,7 +244,7 @@ class Finetuner:
                 lambda rng: self._init_state(self._init_params(rng)), self.mesh, self.rules,
                 jax.random.PRNGKey(0))
             self.train_step = jax.jit(
-                in_mesh(make_train_step(self.model, self.tx, self.kind)),
+                in_mesh(make_train_step(self.model, self.tx, self.kind, self.distill)),
                 out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
                 donate_argnums=0)
 
@@ -309,6 +320,8 @@ class Finetuner:
         if missing:
             raise BertJaxError(f"{self.task.name}: training features lack labels {missing}")
         keys = (*INPUT_KEYS, *self.label_keys)
+        if self.distill is not None:
+            keys += ("teacher_logits",)
         order = np.random.default_rng([seed, epoch]).permutation(num_rows(features))
         plan = self.plan(features, order, self.batch_size)
         if len(self.buckets) > 1:
@@ -388,4 +401,6 @@ def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: Be
     return Finetuner(task, build_model(task, model_cfg, config.freeze_encoder, features),
                      mesh, rules,
                      config.global_batch_size, config.eval_batch_size, config.max_seq_length,
-                     tx, schedule, buckets)
+                     tx, schedule, buckets,
+                     (config.distill_temperature, config.distill_alpha)
+                     if total_steps and config.get("distill_from") else None)

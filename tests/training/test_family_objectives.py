@@ -15,12 +15,13 @@ from bert_jax.modeling import family
 from bert_jax.modeling.params import flatten_params
 from bert_jax.training import config as config_lib
 from bert_jax.training import objectives
+from bert_jax.training.config import load_config
 from bert_jax.training.family import every_other_layer
 from bert_jax.training.inputs import SyntheticBatches
 from bert_jax.training.loop import train_and_evaluate
 from bert_jax.training.setup import build_training
 
-from .helpers import small_config
+from .helpers import EXPERIMENT, SMALL, small_config
 
 NO_DROPOUT = ("--config.model.hidden_dropout_prob=0.0",
               "--config.model.attention_probs_dropout_prob=0.0")
@@ -162,10 +163,16 @@ def test_every_other_layer():
     np.testing.assert_array_equal(stacked["layers"]["w"][:, 0], [0, 2, 4])
 
 
-def _losses_fall(*overrides, steps=12):
-    config = small_config(*NO_DROPOUT, "--config.optimizer.warmup_steps=0",
-                          "--config.optimizer.learning_rate=3e-3", *overrides)
-    mesh = parallel.create_mesh({"data": -1}, devices=jax.devices()[:2])
+def one_layer_config(*overrides):
+    small = [s for s in SMALL if "num_hidden_layers" not in s]
+    return load_config(f"{EXPERIMENT}:tiny", [*small, "--config.model.num_hidden_layers=1",
+                                              *NO_DROPOUT, *overrides])
+
+
+def _losses_fall(*overrides, steps=8):
+    config = one_layer_config("--config.optimizer.warmup_steps=0",
+                              "--config.optimizer.learning_rate=3e-3", *overrides)
+    mesh = parallel.create_mesh({"data": -1}, devices=jax.devices()[:1])
     training = build_training(config, config_lib.model_config(config), mesh)
     state = training.init_state(jax.random.PRNGKey(0))
     batch = training.global_batch(next(SyntheticBatches(16, 32, 5, 200, seed=3)))
@@ -174,7 +181,7 @@ def _losses_fall(*overrides, steps=12):
         state, metrics = training.train_step(state, batch, jax.random.PRNGKey(1))
         losses.append(float(metrics["loss"]))
     assert np.isfinite(losses).all()
-    assert losses[-1] < 0.8 * losses[0], losses
+    assert losses[-1] < 0.9 * losses[0], losses
     return metrics
 
 
@@ -198,9 +205,10 @@ def test_distillation_end_to_end(tmp_path):
     """A 2-layer teacher pretrained briefly, a 1-layer student distilled from it: the student
     starts from the teacher's layer 0, the teacher stays frozen, the loss falls."""
     teacher_dir = str(tmp_path / "teacher")
-    teacher = small_config("--config.objective=mlm", "--config.num_train_steps=4",
-                           "--config.checkpoint.every_steps=4", "--config.eval_steps=0",
-                           "--config.log_every=2")
+    teacher = small_config("--config.objective=mlm", "--config.num_train_steps=2",
+                           "--config.checkpoint.every_steps=2", "--config.eval_steps=0",
+                           "--config.log_every=1", "--config.optimizer.warmup_steps=0",
+                           "--config.checkpoint.async_save=false")
     train_and_evaluate(teacher, teacher_dir)
     config = small_config(*NO_DROPOUT, "--config.objective=distill",
                           f"--config.distill.teacher={teacher_dir}",
@@ -208,7 +216,7 @@ def test_distillation_end_to_end(tmp_path):
                           "--config.optimizer.learning_rate=3e-3")
     model_cfg = config_lib.model_config(config)
     assert model_cfg.num_hidden_layers == 1 and model_cfg.hidden_size == 32
-    mesh = parallel.create_mesh({"data": -1}, devices=jax.devices()[:2])
+    mesh = parallel.create_mesh({"data": -1}, devices=jax.devices()[:1])
     training = build_training(config, model_cfg, mesh)
     state = training.init_state(jax.random.PRNGKey(0))
     state = state.replace(params=training.init_params(state.params,
@@ -219,10 +227,10 @@ def test_distillation_end_to_end(tmp_path):
     frozen = {k: v for k, v in params.items() if k.startswith("teacher/")}
     batch = training.global_batch(next(SyntheticBatches(16, 32, 5, 200, seed=3)))
     losses = []
-    for _ in range(10):
+    for _ in range(8):
         state, metrics = training.train_step(state, batch, jax.random.PRNGKey(1))
         losses.append(float(metrics["loss"]))
-    assert losses[-1] < 0.8 * losses[0], losses
+    assert losses[-1] < 0.9 * losses[0], losses
     assert {"kd_loss", "cos_loss"} <= set(metrics)
     after = flatten_params(jax.device_get(state.params))
     for k, v in frozen.items():
