@@ -13,7 +13,7 @@ run's wall time). Every model is then fine-tuned on the same GLUE tasks with sev
 (dev = a seeded 10% of train, as ``experiments/glue.py`` does without a dev file).
 
   python -m bench variants --corpus /work/shared/data/pretrain-corpus \
-      --glue /work/shared/data/glue --out bench_out/variants --budget-minutes 3      # GPU
+      --glue /work/shared/data/glue --out bench_out/variants --budget-minutes 2      # GPU
   python -m bench variants --corpus tiny_corpus --glue tiny_glue --out /tmp/v \
       --budget-minutes 0.3 --model tiny --vocab-size 400 --batch-size 16 --seq-len 64 \
       --tasks mrpc --seeds 2 --max-train-examples 64 --epochs 1                    # CPU smoke
@@ -247,15 +247,15 @@ def parse_args(argv):
     p.add_argument("--model", default="mini", help="bert_jax.config preset of every encoder")
     p.add_argument("--albert-embedding-size", type=int, default=128)
     p.add_argument("--vocab-size", type=int, default=8000)
-    p.add_argument("--max-corpus-mb", type=float, default=8.0)
+    p.add_argument("--max-corpus-mb", type=float, default=4.0)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--shuffle-buffer", type=int, default=2000)
     p.add_argument("--probe-steps", type=int, default=40)
     p.add_argument("--steps", type=int, default=0, help="fixed steps (0: from the budget)")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--max-train-examples", type=int, default=3000)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--max-train-examples", type=int, default=2000)
     p.add_argument("--finetune-learning-rate", type=float, default=1e-4)
     p.add_argument("--dtype", default=None, help="compute dtype (default: bfloat16 on GPU, "
                                                  "float32 elsewhere)")
@@ -281,6 +281,10 @@ def main(argv=None) -> int:
     out = os.path.abspath(args.out)
     work = os.path.join(out, "work")
     os.makedirs(work, exist_ok=True)
+    # The fine-tuning runs of one task differ only in their seed: the same programs, compiled
+    # once and read back from this cache by the other seeds and variants.
+    jax.config.update("jax_compilation_cache_dir", os.path.join(work, "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     started = time.perf_counter()
     data = prepare(args, work)
     prep_seconds = time.perf_counter() - started

@@ -85,6 +85,10 @@ def make_batches(config, split: str, *, batch_size: int, vocab_size: int, proces
     rows per batch, resumed from ``state`` when given. ``tokenizer`` (tfrecord) is checked
     against the data and supplies word starts for whole-word masking."""
     data = config.data
+    if data.source != "tfrecord" and _masking_mode(data) != "token":
+        raise BertJaxError(f"data.masking={_masking_mode(data)!r} masks tfrecord data as it is "
+                           f"read; data.source={data.source!r} brings its own masks (set "
+                           "data.masking=token)")
     if data.source == "synthetic":
         seed = data.seed + (0 if split == "train" else 1_000_003)
         step = int(state["step"]) if state else 0

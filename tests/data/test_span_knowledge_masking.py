@@ -175,3 +175,54 @@ def test_discover_units_and_lexicon(tmp_path):
         knowledge_masking.load_lexicon(str(lexicon))
     lexicon.write_text("# entities\nNew York  # city\nkick the bucket\n")
     assert knowledge_masking.load_lexicon(str(lexicon)) == ["New York", "kick the bucket"]
+
+
+def test_knowledge_units_from_creation_to_batches(tmp_path):
+    """create-pretraining-data --knowledge-lexicon stores unit_ids; the pipeline masks them
+    whole; data without them is refused by name."""
+    from bert_jax.cli import main
+    from bert_jax.data.pipeline import PretrainingIterator
+    from data.helpers import wordpiece, write_vocab
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    docs = []
+    for _ in range(30):
+        words = rng.choice(["the", "cat", "sat", "on", "a", "log", "dog", "ran"], size=12)
+        docs.append(" ".join(words) + " . the big tree was very happy .")
+    (corpus / "a.txt").write_text("\n\n".join(docs) + "\n")
+    (tmp_path / "lex.txt").write_text("big tree\n# comment\nvery happy\n")
+    vocab = write_vocab(str(tmp_path))
+    out = tmp_path / "data"
+    assert main(["create-pretraining-data", "--input", str(corpus), "--tokenizer", vocab,
+                 "--output-dir", str(out), "--max-seq-length", "40", "--mode", "nsp",
+                 "--num-workers", "1", "--num-shards", "1", "--no-progress",
+                 "--knowledge-lexicon", str(tmp_path / "lex.txt")]) == 0
+    tokenizer = wordpiece(str(tmp_path))
+    big_tree = tokenizer.encode_batch(["big tree"])[0]
+    batches = PretrainingIterator.from_data_dir(
+        str(out), per_host_batch_size=16, max_predictions_per_seq=8, tokenizer=tokenizer,
+        masking="knowledge", basic_fraction=0.0)
+    whole = cut = 0
+    for _, batch in zip(range(6), batches, strict=False):
+        ids = batch["masked_lm_ids"]
+        positions = batch["masked_lm_positions"]
+        for r in range(len(ids)):
+            k = int(batch["masked_lm_weights"][r].sum())
+            chosen = set(positions[r, :k].tolist())
+            labels = dict(zip(positions[r, :k].tolist(), ids[r, :k].tolist(), strict=True))
+            for p in chosen:  # a masked "big" comes with its "tree", and the reverse
+                if labels[p] == big_tree[0] and p + 1 not in chosen:
+                    cut += 1
+                if labels[p] == big_tree[0] and labels.get(p + 1) == big_tree[1]:
+                    whole += 1
+    assert whole > 0 and cut == 0
+    plain = tmp_path / "plain"
+    assert main(["create-pretraining-data", "--input", str(corpus), "--tokenizer", vocab,
+                 "--output-dir", str(plain), "--max-seq-length", "40", "--num-workers", "1",
+                 "--num-shards", "1", "--no-progress"]) == 0
+    with pytest.raises(BertJaxError, match="knowledge-units"):
+        PretrainingIterator.from_data_dir(str(plain), per_host_batch_size=4,
+                                          max_predictions_per_seq=8, tokenizer=tokenizer,
+                                          masking="knowledge")
