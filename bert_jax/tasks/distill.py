@@ -8,24 +8,22 @@ teacher once over the student's training features and stores its logits as the f
   classification: (1 - alpha) * CE(labels) + alpha * T^2 * KL(softmax(t / T) || softmax(s / T))
   regression:     (1 - alpha) * MSE(labels) + alpha * MSE(teacher prediction)
 
-with ``alpha = distill_alpha`` and ``T = distill_temperature`` (Hinton et al. 2015).
+with ``alpha = distill_alpha`` and ``T = distill_temperature`` (Hinton et al. 2015); the
+loss itself is ``trainer.distill_loss``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
 from bert_jax.tasks.base import Task
+from bert_jax.tasks.trainer import TEACHER_KEY, build_finetuner, model_outputs
 
-TEACHER_KEY = "teacher_logits"
 KINDS = ("classification", "regression")
 
 
@@ -45,8 +43,6 @@ def check(config: ml_collections.ConfigDict, task: Task) -> None:
 def add_teacher_logits(config: ml_collections.ConfigDict, task: Task,
                        features: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``features`` plus the teacher's logits [rows, labels] float32."""
-    from bert_jax.tasks.trainer import build_finetuner, model_outputs
-
     directory, params_dir = store.resolve(config.distill_from)
     teacher_cfg, extra = store.read_config(directory)
     if extra.get("task") != task.name:
@@ -59,19 +55,3 @@ def add_teacher_logits(config: ml_collections.ConfigDict, task: Task,
     logits = np.asarray(model_outputs(task.kind, finetuner.predict(params, features)),
                         np.float32)
     return {**features, TEACHER_KEY: logits.reshape(len(logits), -1)}
-
-
-def distill_loss(kind: str, logits, labels, teacher, temperature: float, alpha: float):
-    """Per-row loss: the hard-label loss and the soft-target loss mixed by ``alpha``."""
-    logits = logits.astype(jnp.float32)
-    teacher = jax.lax.stop_gradient(teacher.astype(jnp.float32))
-    if kind == "regression":
-        preds = logits.reshape(labels.shape)
-        return ((1 - alpha) * jnp.square(preds - labels)
-                + alpha * jnp.square(preds - teacher.reshape(labels.shape)))
-    hard = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    t = temperature
-    log_p = jax.nn.log_softmax(teacher / t, axis=-1)
-    log_q = jax.nn.log_softmax(logits / t, axis=-1)
-    soft = jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1) * t * t
-    return (1 - alpha) * hard + alpha * soft

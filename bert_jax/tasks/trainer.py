@@ -42,6 +42,7 @@ from bert_jax.training.state import TrainState
 
 Batch = dict[str, jax.Array]
 WEIGHT_KEY = "example_weight"  # [batch] float32: 1 for real rows, 0 for padding rows
+TEACHER_KEY = "teacher_logits"  # [batch, labels] float32: task distillation's soft labels
 HEAD_NAMES = ("classifier", "qa_outputs", "feature_mix", "bilstm")
 
 
@@ -122,6 +123,22 @@ def task_loss(kind: str, outputs: Mapping[str, jax.Array], batch: Batch
     return loss, {"loss_sum": loss * jnp.maximum(count, 1.0), "count": count}
 
 
+def distill_loss(kind: str, logits, labels, teacher, temperature: float, alpha: float):
+    """Per-row loss: the hard-label loss and the soft-target loss mixed by ``alpha``."""
+    logits = logits.astype(jnp.float32)
+    teacher = jax.lax.stop_gradient(teacher.astype(jnp.float32))
+    if kind == "regression":
+        preds = logits.reshape(labels.shape)
+        return ((1 - alpha) * jnp.square(preds - labels)
+                + alpha * jnp.square(preds - teacher.reshape(labels.shape)))
+    hard = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    t = temperature
+    log_p = jax.nn.log_softmax(teacher / t, axis=-1)
+    log_q = jax.nn.log_softmax(logits / t, axis=-1)
+    soft = jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1) * t * t
+    return (1 - alpha) * hard + alpha * soft
+
+
 # ---- steps ----------------------------------------------------------------------------------
 def _apply(model: nn.Module, params, batch: Batch, rng=None):
     return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
@@ -140,8 +157,6 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, kind: st
         outputs = _apply(model, params, batch, rng)
         if distill is None:
             return task_loss(kind, outputs, batch)
-        from bert_jax.tasks.distill import TEACHER_KEY, distill_loss
-
         labels = batch["labels" if kind == "regression" else "label_ids"]
         per_row = distill_loss(kind, outputs["logits"], labels, batch[TEACHER_KEY], *distill)
         loss, count = _weighted_mean(per_row, batch[WEIGHT_KEY].astype(jnp.float32))
@@ -321,7 +336,7 @@ class Finetuner:
             raise BertJaxError(f"{self.task.name}: training features lack labels {missing}")
         keys = (*INPUT_KEYS, *self.label_keys)
         if self.distill is not None:
-            keys += ("teacher_logits",)
+            keys += (TEACHER_KEY,)
         order = np.random.default_rng([seed, epoch]).permutation(num_rows(features))
         plan = self.plan(features, order, self.batch_size)
         if len(self.buckets) > 1:

@@ -12,8 +12,8 @@ import pytest
 
 from bert_jax.errors import BertJaxError
 from bert_jax.tasks.config import load_config
-from bert_jax.tasks.distill import distill_loss
 from bert_jax.tasks.finetune import finetune
+from bert_jax.tasks.trainer import distill_loss
 
 FAST = ["--config.max_seq_length=32", "--config.log_every=0", "--config.eval_batch_size=32"]
 
