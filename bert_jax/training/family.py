@@ -96,8 +96,7 @@ def build(config: ml_collections.ConfigDict, model_cfg: BertConfig,
                                f"must equal the teacher's {teacher_cfg.hidden_size} (the "
                                "cosine loss compares hidden states)")
         model = family.DistillationPair(model_cfg, teacher_cfg)
-        frozen_tx = optax.multi_transform(
-            {"train": tx, "frozen": optax.set_to_zero()}, _teacher_labels)
+        frozen_tx = freeze_teacher(tx)
 
         def init_fn(rng):
             params = model.init({"params": rng}, ids, ids, ids, positions)["params"]
@@ -113,9 +112,15 @@ def build(config: ml_collections.ConfigDict, model_cfg: BertConfig,
     raise BertJaxError(f"objective={config.objective!r} is not a family objective")
 
 
-def _teacher_labels(params):
-    return {k: jax.tree.map(lambda _, k=k: "frozen" if k == "teacher" else "train", v)
-            for k, v in params.items()}
+def freeze_teacher(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` with every update of ``params["teacher"]`` zero (weight decay included). The
+    teacher's gradients are zero already (``stop_gradient``), so its optimizer moments stay
+    zero; they keep the state one tree that the mesh machinery shards like the parameters."""
+    def update(grads, state, params=None):
+        updates, state = tx.update(grads, state, params)
+        return {**updates, "teacher": jax.tree.map(jnp.zeros_like, updates["teacher"])}, state
+
+    return optax.GradientTransformation(tx.init, update)
 
 
 def every_other_layer(teacher: dict, student_layers: int) -> dict:

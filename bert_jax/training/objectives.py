@@ -114,7 +114,8 @@ def electra_sums(model, rtd_weight: float) -> SumsFn:
 
 def distill_sums(model, temperature: float, alpha_kd: float, alpha_cos: float) -> SumsFn:
     def sums_fn(params, batch, rng, deterministic):
-        # The teacher's parameters are constants here: no gradient, no optimizer state.
+        # The teacher's parameters are constants here: no gradient (family.freeze_teacher
+        # also zeroes their updates).
         params = {**params, "teacher": jax.lax.stop_gradient(params["teacher"])}
         out = model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
                           batch["segment_ids"], batch["masked_lm_positions"],
