@@ -139,19 +139,24 @@ def pretrain(args, name: str, workdir: str, steps: int, data: dict, teacher: str
         extra.append(f"--config.model.embedding_size={args.albert_embedding_size}")
     if name == "distilbert":
         extra.append(f"--config.distill.teacher={teacher}")
-    start = time.perf_counter()
-    if not _metrics(workdir) or _metrics(workdir)[-1].get("step") != steps:
+    seconds_file = os.path.join(workdir, "bench_seconds.json")
+    if not os.path.exists(seconds_file):
         _log(f"pretrain {name}: {steps} steps")
+        start = time.perf_counter()
         _cli(["pretrain", "--config", f"{EXPERIMENT}:tiny", "--workdir", workdir,
               *common_overrides(args, steps, data[kind], data["tokenizer"]), *overrides,
               *extra])
+        with open(seconds_file, "w", encoding="utf-8") as f:
+            json.dump({"seconds": round(time.perf_counter() - start, 1)}, f)
+    with open(seconds_file, encoding="utf-8") as f:
+        seconds = json.load(f)["seconds"]
     records = [r for r in _metrics(workdir) if "loss" in r]
     last = records[-1] if records else {}
     keep = ("loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "sbo_loss", "rtd_loss",
             "rtd_accuracy", "kd_loss", "cos_loss", "seq_per_sec")
     with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
         model = json.load(f)["config"]
-    return {"pretrain_steps": steps, "pretrain_seconds": round(time.perf_counter() - start, 1),
+    return {"pretrain_steps": steps, "pretrain_seconds": seconds,
             "layers": model["num_hidden_layers"], "hidden": model["hidden_size"],
             "first_loss": records[0]["loss"] if records else None,
             **{f"last_{k}": last[k] for k in keep if k in last}}
