@@ -18,9 +18,25 @@ Variants
                        base hyperparameters (8k batch, lr 6e-4, b2 0.98, 500k steps).
   albert_base          ALBERT-Base: SOP, one shared layer, 128-wide factorized embeddings,
                        LAMB lr 0.00176, batch 4096, 125k steps at seq 512.
-All but tiny read document shards (`create-pretraining-data --format documents`) and pair
-them in the pipeline every epoch: nsp for the BERT variants, sop for albert_base,
-full_sentences for roberta_style (data.pairing; static reads pair shards).
+  spanbert_base        SpanBERT (Joshi et al. 2020): span masking (geometric lengths in words,
+                       p=0.2, at most 10), MLM + span boundary objective, single segments of
+                       512 tokens (FULL-SENTENCES data), no NSP; batch 256, lr 1e-4, 2.4M steps.
+  ernie_base           ERNIE 1.0-style (Sun et al. 2019) knowledge masking: phrases and entities
+                       masked as units (data from `create-pretraining-data --knowledge-units`),
+                       a quarter of the sequences token-masked; BERT-Base recipe with NSP.
+  electra_small        ELECTRA-Small (Clark et al. 2020): 12 layers, hidden 256, 4 heads,
+                       128-wide embeddings shared with a 1/4-width generator; RTD weight 50;
+                       batch 128, lr 5e-4, 1M steps, seq 128.
+  electra_base         ELECTRA-Base: BERT-Base discriminator, 1/3-width generator; batch 256,
+                       lr 2e-4, 766k steps, seq 512.
+  distilbert           DistilBERT (Sanh et al. 2019): a student with every other layer of the
+                       teacher (--config.distill.teacher=WORKDIR), soft targets at T=2, MLM and
+                       a hidden-state cosine loss (5:2:1); batch 4096, lr 5e-4, seq 512.
+All but tiny and ernie_base read document shards (`create-pretraining-data --format
+documents`) and pair them in the pipeline every epoch: nsp for the BERT variants, sop for
+albert_base, full_sentences for roberta_style, spanbert_base, electra_* and distilbert
+(data.pairing; static reads pair shards). ernie_base reads pair shards made with
+--knowledge-units (the units are annotated on finished examples).
 Override anything with --config.<key>=<value>, e.g. --config.data.directory=DATA.
 """
 
@@ -32,7 +48,8 @@ from bert_jax.training.config import base_config
 
 VARIANTS = ("tiny", "demo", "bert_base_phase1", "bert_base_phase2", "bert_large_phase1",
             "bert_large_phase2", "lamb_large_batch", "lamb_large_batch_phase2",
-            "roberta_style", "albert_base")
+            "roberta_style", "albert_base", "spanbert_base", "ernie_base", "electra_small",
+            "electra_base", "distilbert")
 
 
 def _phase2(c: ml_collections.ConfigDict) -> None:
@@ -134,9 +151,53 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
         c.optimizer.name = "lamb"
         c.optimizer.learning_rate = 0.00176
         c.optimizer.warmup_steps = 3_125
+    elif variant == "spanbert_base":
+        c.model.preset = "base"
+        c.objective = "sbo"
+        c.data.masking = "span"
+        c.data.max_seq_length = 512
+        c.data.max_predictions_per_seq = 77
+        c.num_train_steps = 2_400_000
+    elif variant == "ernie_base":
+        c.model.preset = "base"
+        c.data.masking = "knowledge"
+    elif variant.startswith("electra"):
+        c.objective = "electra"
+        if variant == "electra_small":
+            c.model.preset = "small"
+            c.model.num_hidden_layers = 12
+            c.model.hidden_size = 256
+            c.model.num_attention_heads = 4
+            c.model.intermediate_size = 1024
+            c.model.embedding_size = 128
+            c.electra.generator_fraction = 0.25
+            c.global_batch_size = 128
+            c.num_train_steps = 1_000_000
+            c.optimizer.learning_rate = 5e-4
+        else:
+            c.model.preset = "base"
+            c.electra.generator_fraction = 1 / 3
+            c.data.max_seq_length = 512
+            c.data.max_predictions_per_seq = 77
+            c.num_train_steps = 766_000
+            c.optimizer.learning_rate = 2e-4
+    elif variant == "distilbert":
+        c.model.preset = "base"  # the student's architecture comes from the teacher
+        c.objective = "distill"
+        c.data.max_seq_length = 512
+        c.data.max_predictions_per_seq = 77
+        c.global_batch_size = 4_096
+        c.microbatches = 8
+        c.num_train_steps = 100_000
+        c.optimizer.learning_rate = 5e-4
+        c.optimizer.warmup_steps = 5_000
     if variant not in ("tiny", "demo"):
         c.model.dtype = "bfloat16"  # bf16 compute; parameters and optimizer state stay fp32
         # Document shards (create-pretraining-data --format documents), paired afresh every
         # epoch; --config.data.pairing=static reads pair shards instead.
-        c.data.pairing = {"nsp": "nsp", "sop": "sop", "mlm": "full_sentences"}[c.objective]
+        c.data.pairing = {"nsp": "nsp", "sop": "sop", "mlm": "full_sentences", "sbo":
+                          "full_sentences", "electra": "full_sentences",
+                          "distill": "full_sentences"}[c.objective]
+        if c.data.masking == "knowledge":  # the units are annotated in pair shards only
+            c.data.pairing = "static"
     return c

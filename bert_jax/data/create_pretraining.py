@@ -53,11 +53,18 @@ class CreationConfig:
     holdout_fraction: float = 0.0
     output_format: str = "pairs"  # pairs | documents (paired in the pipeline)
     max_record_tokens: int = document_shards.DEFAULT_MAX_RECORD_TOKENS  # documents: chunk size
+    # ERNIE knowledge masking: annotate phrases/entities per token (``unit_ids``) from the
+    # lexicon's entries plus the built-in fallback (``bert_jax.data.knowledge_masking``).
+    knowledge_units: bool = False
+    knowledge_lexicon: tuple[str, ...] = ()
 
     def validate(self) -> None:
         if self.output_format not in document_shards.FORMATS:
             raise BertJaxError(f"--format {self.output_format!r}: expected one of "
                                f"{document_shards.FORMATS}")
+        if self.knowledge_units and self.output_format != "pairs":
+            raise BertJaxError("--knowledge-units annotates finished examples: use --format "
+                               "pairs")
         if self.max_record_tokens < 0:
             raise BertJaxError(f"--max-record-tokens {self.max_record_tokens}: must be >= 0")
         if self.mode not in instances.MODES:
@@ -96,17 +103,32 @@ def _init_worker(tokenizer: Tokenizer, config: CreationConfig) -> None:
     _WORKER["tokenizer"] = tokenizer
     _WORKER["config"] = config
     _WORKER["encoder"] = ExampleEncoder(max(tokenizer.vocab_size, config.max_seq_length, 2))
+    _WORKER["lexicon_ids"] = (tokenizer.encode_batch(sorted(set(config.knowledge_lexicon)))
+                              if config.knowledge_lexicon else [])
 
 
 def _serialize(examples: list[instances.Example], max_seq_length: int, pad_id: int,
-               encoder: ExampleEncoder) -> list[bytes]:
+               encoder: ExampleEncoder, matcher=None) -> list[bytes]:
     out = []
     for ids, segs, label in examples:
         pad = max_seq_length - len(ids)
-        out.append(encoder.encode({"input_ids": ids + [pad_id] * pad,
-                                   "segment_ids": segs + [0] * pad,
-                                   "next_sentence_label": [label]}))
+        features = {"input_ids": ids + [pad_id] * pad, "segment_ids": segs + [0] * pad,
+                    "next_sentence_label": [label]}
+        if matcher is not None:
+            features["unit_ids"] = matcher.annotate(ids) + [0] * pad
+        out.append(encoder.encode(features))
     return out
+
+
+def _knowledge_matcher(tokenizer: Tokenizer, sentences: list[str], stats):
+    """Lexicon units plus the units the built-in fallback finds in this work unit."""
+    from bert_jax.data import knowledge_masking
+
+    found = knowledge_masking.discover_units(sentences)
+    ids = _WORKER["lexicon_ids"] + (tokenizer.encode_batch(found) if found else [])
+    matcher = knowledge_masking.UnitMatcher(ids, tokenizer.word_start_mask())
+    stats["knowledge_units_known"] += matcher.num_units
+    return matcher
 
 
 def process_unit(unit_index: int, paths: list[str]) -> dict[str, Any]:
@@ -150,6 +172,8 @@ def process_unit(unit_index: int, paths: list[str]) -> dict[str, Any]:
         token_docs.append(token_doc)
         stats["tokens"] += sum(len(s) for s in token_doc)
 
+    matcher = _knowledge_matcher(tokenizer, sentences, stats) if config.knowledge_units \
+        else None
     rng = random.Random(config.seed * 1_000_003 + unit_index)
     pools: dict[str, list] = {"train": [], "eval": []}
     for index, doc in enumerate(token_docs):
@@ -167,7 +191,7 @@ def process_unit(unit_index: int, paths: list[str]) -> dict[str, Any]:
             [doc for _, doc in pool], config.mode, config.max_seq_length, config.short_seq_prob,
             config.dupe_factor, rng, tokenizer.cls_id, tokenizer.sep_id, stats)
         records[split] = _serialize(examples, config.max_seq_length, tokenizer.pad_id,
-                                    _WORKER["encoder"])
+                                    _WORKER["encoder"], matcher)
     return {"unit": unit_index, "records": records, "stats": stats}
 
 
@@ -284,11 +308,14 @@ def _create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir
         "seed": config.seed,
         "input_format": config.input_format,
         "holdout_fraction": config.holdout_fraction,
+        "knowledge_units": config.knowledge_units,
         "features": {
             "input_ids": f"int64[{config.max_seq_length}], padded with [PAD]",
             "segment_ids": f"int64[{config.max_seq_length}], padded with 0",
             "next_sentence_label": "int64[1]: 1 = random next (nsp) / swapped (sop); 0 in "
                                    "full_sentences",
+            **({"unit_ids": f"int64[{config.max_seq_length}]: 0 outside phrases/entities, "
+                            "1, 2, ... per unit"} if config.knowledge_units else {}),
         },
         "tokenizer": {
             "kind": tokenizer.kind,
@@ -399,6 +426,12 @@ class command:  # noqa: N801 - the CLI registry names this attribute
                             default=document_shards.DEFAULT_MAX_RECORD_TOKENS,
                             help="documents: longer documents are stored in chunks of whole "
                                  "sentences of at most this many tokens (0: never chunk)")
+        parser.add_argument("--knowledge-units", action="store_true",
+                            help="annotate phrases and entities (unit_ids) for "
+                                 "data.masking=knowledge: capitalised spans and frequent "
+                                 "n-grams, plus --knowledge-lexicon entries")
+        parser.add_argument("--knowledge-lexicon", metavar="FILE",
+                            help="entities/phrases, one per line (implies --knowledge-units)")
         parser.add_argument("--no-progress", action="store_true",
                             help="no progress bar (for logs)")
 
@@ -409,7 +442,13 @@ class command:  # noqa: N801 - the CLI registry names this attribute
         if not os.path.exists(args.tokenizer):
             raise BertJaxError(f"--tokenizer {args.tokenizer}: no such file or directory")
         tokenizer = load_tokenizer(args.tokenizer)
+        lexicon: tuple[str, ...] = ()
+        if args.knowledge_lexicon:
+            from bert_jax.data.knowledge_masking import load_lexicon
+
+            lexicon = tuple(load_lexicon(args.knowledge_lexicon))
         config = CreationConfig(
+            knowledge_units=bool(args.knowledge_units or lexicon), knowledge_lexicon=lexicon,
             max_seq_length=args.max_seq_length, short_seq_prob=args.short_seq_prob,
             mode=args.mode, dupe_factor=args.dupe_factor, seed=args.seed,
             input_format=args.input_format, holdout_fraction=args.holdout_fraction,

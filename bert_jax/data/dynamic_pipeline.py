@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.data.documents import DocumentTable
-from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch, mix_seed
+from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch, mix_seed, mode_flags
 from bert_jax.data.pairing import PAIRINGS, Plan, make_plan, materialize
 from bert_jax.errors import BertJaxError
 
@@ -238,7 +238,8 @@ class DocumentPretrainingIterator(Iterator[dict[str, np.ndarray]]):
                  mask_rate: float = 0.15, whole_word: bool = False, span_masking: bool = False,
                  seed: int = 0, process_index: int = 0, process_count: int = 1,
                  start_step: int = 0, repeat: bool = True, state: dict | None = None,
-                 shuffle_buffer: int | None = None):
+                 shuffle_buffer: int | None = None, masking: str | None = None,
+                 span_p: float = 0.2, max_span: int = 10, basic_fraction: float = 0.0):
         del shuffle_buffer  # every epoch is a full permutation
         self._identity_fields = {"seed": seed, "process_index": process_index,
                                  "process_count": process_count,
@@ -257,11 +258,19 @@ class DocumentPretrainingIterator(Iterator[dict[str, np.ndarray]]):
             per_host_batch_size=per_host_batch_size, process_index=process_index,
             process_count=process_count, start_step=anchor_step, start_epoch=epoch,
             start_position=position)
+        # data.masking (masking.MASKING_MODES) overrides whole_word / span_masking; knowledge
+        # units exist only in pair shards (annotated on finished examples).
+        if masking == "knowledge":
+            raise BertJaxError("data.masking='knowledge' reads the unit_ids of pair shards "
+                               "(create-pretraining-data --format pairs --knowledge-units); "
+                               "document shards have none")
+        flags = mode_flags(masking) if masking is not None else {
+            "whole_word": whole_word, "span_masking": span_masking}
         masking = MaskingConfig(vocab_size=vocab_size,
                                 special_ids=tuple(int(i) for i in special_ids), mask_id=mask_id,
                                 max_predictions=max_predictions_per_seq, mask_rate=mask_rate,
-                                whole_word=whole_word, span_masking=span_masking,
-                                word_start_mask=word_start_mask)
+                                word_start_mask=word_start_mask, span_p=span_p,
+                                max_span=max_span, basic_fraction=basic_fraction, **flags)
         self.step = start_step
         self._dataset = make_document_dataset(self.stream, masking, seed=seed,
                                               process_index=process_index,

@@ -8,7 +8,16 @@ within ``round(n * mask_rate)`` (at least 1, at most ``max_predictions``), so wh
 spans are never cut. Google's loop skips a word that does not fit and tries the next; a
 vectorised draw stops at the first that does not fit, so whole-word and span masking may pick a
 few tokens fewer than the budget. Each chosen token becomes [MASK] with probability 0.8, a
-random non-special token with 0.1, and stays unchanged with 0.1.
+random non-special token with 0.1, and stays unchanged with 0.1; with ``per_unit_actions``
+(span and knowledge masking) the draw is made once per unit, so a whole span is masked,
+replaced or kept together (SpanBERT, Joshi et al. 2020, section 3.1).
+
+``knowledge`` (ERNIE, Sun et al. 2019): units are the phrases and entities annotated when the
+data was created (``unit_ids``: int32 [B, S], 0 outside any unit, equal ids mark one unit) and
+whole words elsewhere; a fraction ``basic_fraction`` of the sequences uses basic (single
+token) masking instead, ERNIE's basic-level masking.
+
+The modes users select (``MASKING_MODES``) map onto these flags with :func:`mode_flags`.
 
 All randomness comes from ``seed`` (a [2] int64 tensor), so the same seed gives the same masks.
 """
@@ -33,6 +42,18 @@ def mix_seed(*values: int) -> int:
     return out
 
 
+MASKING_MODES = ("token", "whole_word", "span", "knowledge")
+
+
+def mode_flags(mode: str) -> dict[str, bool]:
+    """``data.masking`` -> MaskingConfig flags. Spans are measured in whole words (SpanBERT
+    samples span lengths in words and masks complete words)."""
+    if mode not in MASKING_MODES:
+        raise BertJaxError(f"data.masking={mode!r}: expected one of {MASKING_MODES}")
+    return {"whole_word": mode != "token", "span_masking": mode == "span",
+            "knowledge": mode == "knowledge", "per_unit_actions": mode in ("span", "knowledge")}
+
+
 @dataclasses.dataclass(frozen=True)
 class MaskingConfig:
     vocab_size: int
@@ -45,6 +66,9 @@ class MaskingConfig:
     span_p: float = 0.2  # geometric span-length parameter (mean 1/p before clipping)
     max_span: int = 10
     word_start_mask: np.ndarray | None = None  # bool[vocab_size], for whole_word
+    knowledge: bool = False  # units from the examples' unit_ids (phrases and entities)
+    basic_fraction: float = 0.0  # knowledge: share of sequences masked token by token
+    per_unit_actions: bool = False  # one 80/10/10 draw per unit instead of per token
 
     def validate(self) -> None:
         if not 0.0 < self.mask_rate < 1.0:
@@ -60,6 +84,8 @@ class MaskingConfig:
         if self.span_masking and not (0.0 < self.span_p <= 1.0 and self.max_span >= 1):
             raise BertJaxError(f"span masking needs 0 < span_p <= 1 and max_span >= 1, got "
                                f"{self.span_p}, {self.max_span}")
+        if not 0.0 <= self.basic_fraction <= 1.0:
+            raise BertJaxError(f"basic_fraction {self.basic_fraction}: must be in [0, 1]")
         bad = [i for i in (*self.special_ids, self.mask_id) if not 0 <= i < self.vocab_size]
         if bad:
             raise BertJaxError(f"special ids {bad} outside vocab_size {self.vocab_size}")
@@ -72,8 +98,8 @@ def _shift_right(x, fill):
     return tf.concat([tf.fill([tf.shape(x)[0], 1], fill), x[:, :-1]], axis=1)
 
 
-def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed):
-    """bool[B, S]: True where a maskable unit (token, word or span) begins."""
+def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed, unit_ids=None):
+    """bool[B, S]: True where a maskable unit (token, word, span or knowledge unit) begins."""
     import tensorflow as tf
 
     prev_candidate = _shift_right(candidate, False)
@@ -81,6 +107,16 @@ def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed):
     if config.whole_word:
         word_start = tf.gather(tables["word_start"], input_ids)
         starts = candidate & (word_start | ~prev_candidate)
+    if config.knowledge:
+        # A phrase/entity is one unit; outside them the whole-word starts stand.
+        prev_unit = _shift_right(unit_ids, -1)
+        in_unit = unit_ids > 0
+        starts = candidate & (~prev_candidate | (unit_ids != prev_unit)
+                              | (~in_unit & starts))
+        seeds = tf.random.experimental.stateless_split(seed, 2, alg="philox")
+        basic = tf.random.stateless_uniform([tf.shape(input_ids)[0]], seeds[0],
+                                            alg="philox") < config.basic_fraction
+        return tf.where(basic[:, None], candidate, starts)
     if not config.span_masking:
         return starts
     # A span boundary at each unit with probability p gives geometric span lengths; a boundary
@@ -99,10 +135,11 @@ def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed):
     return boundary | forced
 
 
-def mask_batch(input_ids, seed, config: MaskingConfig, tables):
+def mask_batch(input_ids, seed, config: MaskingConfig, tables, unit_ids=None):
     """Masks int32[B, S] ids. Returns (masked_ids, positions, ids, weights); see module doc.
 
-    ``tables`` comes from :func:`make_tables` (built once, outside the per-batch function).
+    ``tables`` comes from :func:`make_tables` (built once, outside the per-batch function);
+    ``unit_ids`` int32[B, S] is required with ``knowledge``.
     """
     import tensorflow as tf
 
@@ -115,8 +152,12 @@ def mask_batch(input_ids, seed, config: MaskingConfig, tables):
     budget = tf.cast(tf.round(tf.cast(num_candidates, tf.float32) * config.mask_rate), tf.int32)
     budget = tf.minimum(tf.clip_by_value(budget, 1, config.max_predictions), num_candidates)
 
-    if config.whole_word or config.span_masking:
-        starts = _unit_starts(input_ids, candidate, config, tables, seeds[0])
+    if config.knowledge and unit_ids is None:
+        raise BertJaxError("knowledge masking needs the examples' unit_ids (create the data "
+                           "with `bert-jax create-pretraining-data --knowledge-units`)")
+    action = tf.random.stateless_uniform(tf.shape(input_ids), seeds[2], alg="philox")
+    if config.whole_word or config.span_masking or config.knowledge:
+        starts = _unit_starts(input_ids, candidate, config, tables, seeds[0], unit_ids)
         # Units numbered 0.. per row; non-candidates go to a dummy unit ``seq_len``.
         unit = tf.where(candidate, tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1, seq_len)
         slots = seq_len + 1
@@ -132,6 +173,9 @@ def mask_batch(input_ids, seed, config: MaskingConfig, tables):
         take_unit = tf.scatter_nd(tf.stack([rows, order], axis=-1), take_sorted,
                                   tf.shape(order))  # undo the sort
         selected = tf.gather(take_unit, unit, batch_dims=1) & candidate
+        if config.per_unit_actions:
+            unit_action = tf.random.stateless_uniform([batch, slots], seeds[2], alg="philox")
+            action = tf.gather(unit_action, unit, batch_dims=1)  # one draw per unit
     else:
         # Single tokens: the ``budget`` candidates with the smallest random scores.
         score = tf.random.stateless_uniform(tf.shape(input_ids), seeds[1], alg="philox")
@@ -155,7 +199,6 @@ def mask_batch(input_ids, seed, config: MaskingConfig, tables):
     lm_ids = tf.pad(lm_ids, [[0, 0], [0, pad]])
     weights = tf.pad(weights, [[0, 0], [0, pad]])
 
-    action = tf.random.stateless_uniform(tf.shape(input_ids), seeds[2], alg="philox")
     replacement_index = tf.random.stateless_uniform(
         tf.shape(input_ids), seeds[3], minval=0, maxval=tf.shape(tables["replacements"])[0],
         dtype=tf.int32, alg="philox")

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch, mix_seed
+from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch, mix_seed, mode_flags
 from bert_jax.data.metadata import METADATA_JSON, PretrainingDataConfig, load_metadata
 from bert_jax.errors import BertJaxError
 
@@ -119,13 +119,17 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                              seed: int = 0, process_index: int = 0, process_count: int = 1,
                              shuffle_buffer: int = 10_000, start_step: int = 0,
                              repeat: bool = True, cycle_length: int = 8,
-                             pad_id: int | None = None):
+                             pad_id: int | None = None, masking: str | None = None,
+                             span_p: float = 0.2, max_span: int = 10,
+                             basic_fraction: float = 0.0):
     """A ``tf.data.Dataset`` of masked pretraining batches for this host (see module doc).
 
     Each element is a dict of BATCH_KEYS: int32 [B, seq_len] ids/mask/segments, int32 [B, P]
     positions/ids, float32 [B, P] weights, int32 [B] next-sentence labels. With ``repeat=False``
     the stream is one epoch and the last batch may be smaller. ``pad_id`` defaults to
-    ``special_ids[0]`` ([PAD] comes first in BERT's special-token order).
+    ``special_ids[0]`` ([PAD] comes first in BERT's special-token order). ``masking`` (one of
+    ``masking.MASKING_MODES``) overrides ``whole_word``/``span_masking``; ``knowledge`` reads
+    the examples' ``unit_ids`` feature.
     """
     import tensorflow as tf
 
@@ -135,10 +139,13 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                            f"({stored_len} tokens); recreate the data or raise seq_len")
     if per_host_batch_size < 1:
         raise BertJaxError(f"per_host_batch_size {per_host_batch_size}: must be >= 1")
+    flags = mode_flags(masking) if masking is not None else {
+        "whole_word": whole_word, "span_masking": span_masking}
     masking = MaskingConfig(vocab_size=vocab_size, special_ids=tuple(int(i) for i in special_ids),
                             mask_id=mask_id, max_predictions=max_predictions_per_seq,
-                            mask_rate=mask_rate, whole_word=whole_word,
-                            span_masking=span_masking, word_start_mask=word_start_mask)
+                            mask_rate=mask_rate, word_start_mask=word_start_mask,
+                            span_p=span_p, max_span=max_span, basic_fraction=basic_fraction,
+                            **flags)
     tables = make_tables(masking)
     host = split_for_host(files, counts, process_index, process_count)
     if host.num_examples == 0:
@@ -177,6 +184,8 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
     features = {"input_ids": tf.io.FixedLenFeature([stored_len], tf.int64),
                 "segment_ids": tf.io.FixedLenFeature([stored_len], tf.int64),
                 "next_sentence_label": tf.io.FixedLenFeature([1], tf.int64)}
+    if masking.knowledge:
+        features["unit_ids"] = tf.io.FixedLenFeature([stored_len], tf.int64)
     if pad_id is None:
         pad_id = masking.special_ids[0] if masking.special_ids else 0
 
@@ -188,9 +197,15 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
             extra = [[0, 0], [0, seq_len - stored_len]]
             input_ids = tf.pad(input_ids, extra, constant_values=pad_id)
             segment_ids = tf.pad(segment_ids, extra)
+        unit_ids = None
+        if masking.knowledge:
+            unit_ids = tf.cast(parsed["unit_ids"], tf.int32)
+            if seq_len > stored_len:
+                unit_ids = tf.pad(unit_ids, extra)
         input_ids = tf.ensure_shape(input_ids, [None, seq_len])
         batch_seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
-        masked, positions, ids, weights = mask_batch(input_ids, batch_seed, masking, tables)
+        masked, positions, ids, weights = mask_batch(input_ids, batch_seed, masking, tables,
+                                                     unit_ids)
         return {"input_ids": masked,
                 "input_mask": tf.cast(input_ids != pad_id, tf.int32),
                 "segment_ids": segment_ids,
@@ -277,8 +292,13 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
         check_pairing(meta, pairing)
         if tokenizer is not None:
             meta.check_tokenizer(tokenizer)
-            if kwargs.get("whole_word") and "word_start_mask" not in kwargs:
+            needs_words = kwargs.get("whole_word") or kwargs.get("masking") not in (None, "token")
+            if needs_words and "word_start_mask" not in kwargs:
                 kwargs["word_start_mask"] = tokenizer.word_start_mask()
+        if kwargs.get("masking") == "knowledge" and not meta.raw.get("knowledge_units"):
+            raise BertJaxError(f"{data_dir}: data.masking='knowledge' needs examples with unit "
+                               "annotations (create them with `bert-jax create-pretraining-data "
+                               "--knowledge-units`)")
         special = meta.special_ids
         files, _ = meta.files(split)
         if not files:

@@ -84,6 +84,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.feature_head = "linear"  # linear | bilstm
     c.lstm_hidden_size = 768  # units per direction of the BiLSTM tagger
     c.lstm_layers = 2
+    # Task-specific distillation (tasks/distill.py): a fine-tuned teacher workdir of the same
+    # task; its logits on the train set are soft labels mixed in with weight distill_alpha.
+    c.distill_from = ""
+    c.distill_temperature = 2.0
+    c.distill_alpha = 0.5
 
     c.global_batch_size = 32  # sequences per optimizer step, over all processes
     c.eval_batch_size = 64

@@ -89,6 +89,13 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task) -> dict[str
         if exs.skipped:
             _log(f"{name}: skipped {len(exs.skipped)} malformed rows (first: {exs.skipped[0]})")
     train_feats = featurize(task, train, tokenizer, config)
+    if config.get("distill_from"):
+        from bert_jax.tasks import distill
+
+        distill.check(config, task)
+        train_feats = distill.add_teacher_logits(config, task, train_feats)
+        _log(f"distilling from {config.distill_from} (T={config.distill_temperature}, "
+             f"alpha={config.distill_alpha})")
     dev_feats = {s: featurize(task, d, tokenizer, config) for s, d in devs.items()}
     steps_per_epoch = -(-num_rows(train_feats) // config.global_batch_size)
     total_steps = steps_per_epoch * config.epochs

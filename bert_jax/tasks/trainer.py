@@ -42,6 +42,7 @@ from bert_jax.training.state import TrainState
 
 Batch = dict[str, jax.Array]
 WEIGHT_KEY = "example_weight"  # [batch] float32: 1 for real rows, 0 for padding rows
+TEACHER_KEY = "teacher_logits"  # [batch, labels] float32: task distillation's soft labels
 HEAD_NAMES = ("classifier", "qa_outputs", "feature_mix", "bilstm")
 
 
@@ -122,6 +123,22 @@ def task_loss(kind: str, outputs: Mapping[str, jax.Array], batch: Batch
     return loss, {"loss_sum": loss * jnp.maximum(count, 1.0), "count": count}
 
 
+def distill_loss(kind: str, logits, labels, teacher, temperature: float, alpha: float):
+    """Per-row loss: the hard-label loss and the soft-target loss mixed by ``alpha``."""
+    logits = logits.astype(jnp.float32)
+    teacher = jax.lax.stop_gradient(teacher.astype(jnp.float32))
+    if kind == "regression":
+        preds = logits.reshape(labels.shape)
+        return ((1 - alpha) * jnp.square(preds - labels)
+                + alpha * jnp.square(preds - teacher.reshape(labels.shape)))
+    hard = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    t = temperature
+    log_p = jax.nn.log_softmax(teacher / t, axis=-1)
+    log_q = jax.nn.log_softmax(logits / t, axis=-1)
+    soft = jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1) * t * t
+    return (1 - alpha) * hard + alpha * soft
+
+
 # ---- steps ----------------------------------------------------------------------------------
 def _apply(model: nn.Module, params, batch: Batch, rng=None):
     return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
@@ -129,13 +146,21 @@ def _apply(model: nn.Module, params, batch: Batch, rng=None):
                        rngs={"dropout": rng} if rng is not None else None)
 
 
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation, kind: str
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation, kind: str,
+                    distill: tuple[float, float] | None = None
                     ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
     """``train_step(state, batch, rng) -> (state, {"loss_sum", "count", "grad_norm"})``;
-    dropout key ``fold_in(rng, step)`` so a run depends only on its seed."""
+    dropout key ``fold_in(rng, step)`` so a run depends only on its seed. ``distill`` =
+    (temperature, alpha): the loss of ``tasks/distill.py`` against ``teacher_logits``."""
 
     def loss_fn(params, batch, rng):
-        return task_loss(kind, _apply(model, params, batch, rng), batch)
+        outputs = _apply(model, params, batch, rng)
+        if distill is None:
+            return task_loss(kind, outputs, batch)
+        labels = batch["labels" if kind == "regression" else "label_ids"]
+        per_row = distill_loss(kind, outputs["logits"], labels, batch[TEACHER_KEY], *distill)
+        loss, count = _weighted_mean(per_row, batch[WEIGHT_KEY].astype(jnp.float32))
+        return loss, {"loss_sum": loss * jnp.maximum(count, 1.0), "count": count}
 
     def train_step(state: TrainState, batch: Batch, rng: jax.Array):
         step_rng = jax.random.fold_in(rng, state.step)
@@ -204,6 +229,7 @@ class Finetuner:
     schedule: optax.Schedule | None = None
     # Sequence lengths of the batches (``bucketing.py``); default: max_seq_length only.
     buckets: tuple[int, ...] = ()
+    distill: tuple[float, float] | None = None  # (temperature, alpha) with teacher logits
 
     def __post_init__(self):
         for name, size in (("global_batch_size", self.batch_size),
@@ -233,7 +259,7 @@ class Finetuner:
                 lambda rng: self._init_state(self._init_params(rng)), self.mesh, self.rules,
                 jax.random.PRNGKey(0))
             self.train_step = jax.jit(
-                in_mesh(make_train_step(self.model, self.tx, self.kind)),
+                in_mesh(make_train_step(self.model, self.tx, self.kind, self.distill)),
                 out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
                 donate_argnums=0)
 
@@ -314,6 +340,8 @@ class Finetuner:
         if missing:
             raise BertJaxError(f"{self.task.name}: training features lack labels {missing}")
         keys = (*INPUT_KEYS, *self.label_keys)
+        if self.distill is not None:
+            keys += (TEACHER_KEY,)
         order = np.random.default_rng([seed, epoch]).permutation(num_rows(features))
         plan = self.plan(features, order, self.batch_size)
         if len(self.buckets) > 1:
@@ -402,4 +430,6 @@ def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: Be
     return Finetuner(task, build_model(task, model_cfg, config.freeze_encoder, features),
                      mesh, rules,
                      config.global_batch_size, config.eval_batch_size, config.max_seq_length,
-                     tx, schedule, buckets)
+                     tx, schedule, buckets,
+                     (config.distill_temperature, config.distill_alpha)
+                     if total_steps and config.get("distill_from") else None)

@@ -42,8 +42,27 @@ def base_config() -> ml_collections.ConfigDict:
     """BERT-Base phase 1 as in the paper; experiment variants change what differs."""
     c = ml_collections.ConfigDict()
     c.model = _model_section()
-    # nsp: MLM + next-sentence prediction; sop: MLM + sentence order (ALBERT); mlm: MLM only.
+    # nsp: MLM + next-sentence prediction; sop: MLM + sentence order (ALBERT); mlm: MLM only;
+    # sbo: MLM + SpanBERT's span boundary objective; electra: generator MLM + replaced-token
+    # detection; distill: DistilBERT's student/teacher losses (see training/objectives.py).
     c.objective = "nsp"
+    # objective=sbo: relative positions inside a masked run embedded for the span boundary
+    # head (longer runs share the last; SpanBERT's spans are at most 10 words).
+    c.sbo_max_relative_position = 32
+    c.electra = ml_collections.ConfigDict()
+    # Generator hidden size as a fraction of the discriminator's (ELECTRA: Small 1/4, Base
+    # 1/3, Large 1/4); same depth, and it shares the token and position embeddings.
+    c.electra.generator_fraction = 0.25
+    c.electra.rtd_weight = 50.0  # lambda of loss = MLM_gen + lambda * RTD (paper: 50)
+    c.distill = ml_collections.ConfigDict()
+    # The teacher: a pretraining workdir, step dir or model dir; the student (model.*) starts
+    # from its embeddings, MLM head and every other layer (DistilBERT).
+    c.distill.teacher = config_dict.placeholder(str)
+    c.distill.temperature = 2.0
+    # Loss = MLM + alpha_kd * KL(teacher || student) * T^2 + alpha_cos * (1 - cosine of the
+    # last hidden states); DistilBERT's 5 : 2 : 1 (kd : mlm : cos) with MLM at 1.
+    c.distill.alpha_kd = 2.5
+    c.distill.alpha_cos = 0.5
 
     c.data = ml_collections.ConfigDict()
     # auto: what data.directory holds (TFRecord shards or materialized batches); synthetic:
@@ -58,12 +77,22 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.max_seq_length = 128
     c.data.max_predictions_per_seq = 20
     c.data.masked_lm_prob = 0.15  # every batch is masked afresh (dynamic masking)
-    c.data.whole_word_masking = False
+    c.data.whole_word_masking = False  # same as masking="whole_word"
     # static: the pairs stored in the shards (create-pretraining-data --format pairs);
     # nsp | sop | full_sentences | doc_sentences: document shards (--format documents) paired
     # afresh every epoch in the pipeline (docs/data.md).
     c.data.pairing = "static"
     c.data.short_seq_prob = 0.1  # nsp/sop pairing: chance of a shorter target length
+    # token | whole_word | span (SpanBERT: geometric span lengths in words, p=span_p, at most
+    # max_span words, one 80/10/10 draw per span) | knowledge (ERNIE: phrases and entities
+    # annotated by `create-pretraining-data --knowledge-units` masked as units, with
+    # basic_masking_fraction of the sequences masked token by token). tfrecord data only.
+    c.data.masking = "token"
+    c.data.span_p = 0.2
+    c.data.max_span = 10
+    # ERNIE mixes basic-level (token) masking with phrase/entity masking; the paper trains
+    # the levels in stages, here a fixed share of sequences per batch.
+    c.data.basic_masking_fraction = 0.25
     c.data.shuffle_buffer = 10_000
     c.data.seed = 0
     # Seconds to wait for one batch before the run stops with an error (a stalled input
@@ -131,13 +160,18 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = Non
     fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
     if vocab_size is not None and "vocab_size" not in fields:
         fields["vocab_size"] = vocab_size
-    return get_preset(config.model.preset, **fields)
+    model_cfg = get_preset(config.model.preset, **fields)
+    if config.get("objective") == "distill":
+        from bert_jax.training.family import student_config
+
+        model_cfg = student_config(config, model_cfg, fields)
+    return model_cfg
 
 
 def pair_head(config: ml_collections.ConfigDict) -> bool:
     if config.objective not in OBJECTIVES:
         raise BertJaxError(f"objective={config.objective!r}: expected one of {OBJECTIVES}")
-    return config.objective != "mlm"
+    return config.objective in ("nsp", "sop")
 
 
 def decay_steps(config: ml_collections.ConfigDict) -> int:

@@ -171,6 +171,10 @@ def make_batches(config, split: str, *, batch_size: int, vocab_size: int, proces
     rows per batch, resumed from ``state`` when given. ``tokenizer`` (tfrecord) is checked
     against the data and supplies word starts for whole-word masking."""
     data = config.data
+    if data.source != "tfrecord" and _masking_mode(data) != "token":
+        raise BertJaxError(f"data.masking={_masking_mode(data)!r} masks tfrecord data as it is "
+                           f"read; data.source={data.source!r} brings its own masks (set "
+                           "data.masking=token)")
     if data.source == "synthetic":
         seed = data.seed + (0 if split == "train" else 1_000_003)
         step = int(state["step"]) if state else 0
@@ -194,12 +198,23 @@ def make_batches(config, split: str, *, batch_size: int, vocab_size: int, proces
             data.directory, per_host_batch_size=batch_size,
             max_predictions_per_seq=data.max_predictions_per_seq, seq_len=data.max_seq_length,
             tokenizer=tokenizer, split=split, state=state, mask_rate=data.masked_lm_prob,
-            whole_word=data.whole_word_masking, seed=data.seed + (0 if split == "train" else 1),
+            masking=_masking_mode(data), span_p=data.get("span_p", 0.2),
+            max_span=data.get("max_span", 10),
+            basic_fraction=data.get("basic_masking_fraction", 0.0),
+            seed=data.seed + (0 if split == "train" else 1),
             process_index=process_index, process_count=process_count,
             shuffle_buffer=data.shuffle_buffer, pairing=data.pairing,
             short_seq_prob=data.short_seq_prob)
     raise BertJaxError(f"data.source={data.source!r}: expected tfrecord, materialized or "
                        "synthetic")
+
+
+def _masking_mode(data) -> str:
+    """``data.masking``, with the older ``whole_word_masking`` switch meaning whole_word."""
+    mode = data.get("masking", "token")
+    if data.whole_word_masking and mode == "token":
+        return "whole_word"
+    return mode
 
 
 class DataWaitInterrupted(Exception):

@@ -210,6 +210,9 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
             state = state.replace(params=params)
             _log(f"initialized from {config.init_checkpoint}"
                  + (f" (not used: {unused})" if unused else ""))
+        if training.init_params is not None:
+            state = state.replace(params=training.init_params(state.params,
+                                                              state_shardings.params))
 
     train_step, eval_step, to_global = (training.train_step, training.eval_step,
                                         training.global_batch)

@@ -44,6 +44,9 @@ class Training:
     train_step: Callable  # jitted (state, batch, rng) -> (state, metrics), state donated
     eval_step: Callable  # jitted (params, batch) -> sums
     param_cast: Callable | None = None  # parallel.param_gather_cast, inside the train step
+    # Fills a fresh state's params from elsewhere (distill: the teacher and the student's
+    # start): (params, param shardings) -> params; None for the other objectives.
+    init_params: Callable | None = None
 
     def init_state(self, rng: jax.Array) -> TrainState:
         """Fresh state, created directly in its shards."""
@@ -58,16 +61,25 @@ class Training:
 def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
                    mesh: Mesh) -> Training:
     rules = parallel.rules_from_config(config.parallel.logical_axis_rules)
-    model = BertForPreTraining(model_cfg, pair_head=config_lib.pair_head(config))
     tx, schedule = make_optimizer(ml_collections.ConfigDict(
         dict(config.optimizer.to_dict(), decay_steps=config_lib.decay_steps(config))))
     seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
+    pair_head = config_lib.pair_head(config)
+    if config.objective in ("sbo", "electra", "distill"):
+        from bert_jax.training import family as family_lib
 
-    def init_fn(rng):
-        ids = jnp.zeros((1, seq), jnp.int32)
-        positions = jnp.zeros((1, preds), jnp.int32)
-        params = model.init({"params": rng}, ids, ids, ids, positions)["params"]
-        return TrainState.create(params, tx.init(params))
+        family = family_lib.build(config, model_cfg, tx, seq, preds)
+        model, tx, sums_fn, init_fn = family.model, family.tx, family.sums_fn, family.init_fn
+        init_params = family.init_params
+    else:
+        model = BertForPreTraining(model_cfg, pair_head=pair_head)
+        sums_fn = init_params = None
+
+        def init_fn(rng):
+            ids = jnp.zeros((1, seq), jnp.int32)
+            positions = jnp.zeros((1, preds), jnp.int32)
+            params = model.init({"params": rng}, ids, ids, ids, positions)["params"]
+            return TrainState.create(params, tx.init(params))
 
     abstract_state, state_shardings = parallel.abstract_and_shardings(
         init_fn, mesh, rules, jax.random.PRNGKey(0))
@@ -77,15 +89,17 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
     param_cast = parallel.param_gather_cast(state_shardings.params, model_cfg.dtype,
                                             config.parallel.get("param_gather", "param_dtype"))
     step_fn = make_train_step(
-        model, tx, schedule, microbatches=config.microbatches, pair_head=model.pair_head,
+        model, tx, schedule, microbatches=config.microbatches, pair_head=pair_head,
         microbatch_sharding=lambda ndim: parallel.logical_sharding(
-            mesh, rules, None, "batch", *([None] * (ndim - 1))), param_cast=param_cast)
+            mesh, rules, None, "batch", *([None] * (ndim - 1))), param_cast=param_cast,
+        sums_fn=sums_fn)
     step_fn, eval_fn = (parallel.traced_in_mesh(f, mesh, rules) for f in (
-        step_fn, make_eval_step(model, pair_head=model.pair_head)))
+        step_fn, make_eval_step(model, pair_head=pair_head, sums_fn=sums_fn)))
     train_step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings, replicated),
                          out_shardings=(state_shardings, replicated), donate_argnums=0)
     eval_step = jax.jit(eval_fn,
                         in_shardings=(state_shardings.params, batch_shardings),
                         out_shardings=replicated)
     return Training(model, tx, schedule, mesh, rules, init_fn, abstract_state,
-                    state_shardings, batch_shardings, train_step, eval_step, param_cast)
+                    state_shardings, batch_shardings, train_step, eval_step, param_cast,
+                    init_params)

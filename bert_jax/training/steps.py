@@ -26,6 +26,14 @@ Batch = dict[str, jax.Array]
 # microbatches give exactly the full-batch loss and gradient.
 SUM_KEYS = ("mlm_loss_sum", "mlm_correct", "mlm_weight", "nsp_loss_sum", "nsp_correct",
             "nsp_count")
+# Extra loss terms of the family objectives (``objectives.py``): name -> the sums key of its
+# denominator. An objective's sums carry ``<name>_loss_sum`` and ``<name>_weighted_sum``.
+EXTRA_TERMS = {"sbo": "mlm_weight", "rtd": "token_count", "kd": "mlm_weight",
+               "cos": "token_count"}
+# Accuracy-like sums of the extra terms: sums key -> (metric name, denominator key).
+EXTRA_RATES = {"sbo_correct": ("sbo_accuracy", "mlm_weight"),
+               "rtd_correct": ("rtd_accuracy", "token_count"),
+               "rtd_replaced": ("rtd_replaced_fraction", "token_count")}
 
 
 def loss_sums(outputs: dict[str, Any], batch: Batch, pair_head: bool, config: BertConfig
@@ -52,14 +60,24 @@ def loss_sums(outputs: dict[str, Any], batch: Batch, pair_head: bool, config: Be
 
 
 def summarize(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """Sums -> mean losses and accuracies (total loss = MLM + NSP/SOP)."""
+    """Sums -> mean losses and accuracies (total loss = MLM + NSP/SOP, plus the weighted
+    extra terms of the family objectives where present)."""
     mlm_weight = jnp.maximum(sums["mlm_weight"], 1.0)
     nsp_count = jnp.maximum(sums["nsp_count"], 1.0)
     mlm_loss = sums["mlm_loss_sum"] / mlm_weight
     nsp_loss = sums["nsp_loss_sum"] / nsp_count
-    return {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss,
-            "mlm_accuracy": sums["mlm_correct"] / mlm_weight, "nsp_loss": nsp_loss,
-            "nsp_accuracy": sums["nsp_correct"] / nsp_count}
+    metrics = {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss,
+               "mlm_accuracy": sums["mlm_correct"] / mlm_weight, "nsp_loss": nsp_loss,
+               "nsp_accuracy": sums["nsp_correct"] / nsp_count}
+    for name, den_key in EXTRA_TERMS.items():
+        if f"{name}_loss_sum" in sums:
+            den = jnp.maximum(sums[den_key], 1.0)
+            metrics[f"{name}_loss"] = sums[f"{name}_loss_sum"] / den
+            metrics["loss"] = metrics["loss"] + sums[f"{name}_weighted_sum"] / den
+    for key, (metric, den_key) in EXTRA_RATES.items():
+        if key in sums:
+            metrics[metric] = sums[key] / jnp.maximum(sums[den_key], 1.0)
+    return metrics
 
 
 def _apply(model: nn.Module, params, batch: Batch, *, rng=None) -> dict[str, Any]:
@@ -79,10 +97,29 @@ def _split_microbatches(batch: Batch, k: int, sharding: Callable[[int], Any] | N
     return jax.tree.map(split, batch)
 
 
+def default_sums_fn(model: nn.Module, pair_head: bool) -> Callable[..., dict[str, jax.Array]]:
+    """MLM + NSP/SOP sums: ``sums_fn(params, batch, rng, deterministic)``."""
+    def sums_fn(params, batch: Batch, rng, deterministic: bool):
+        return loss_sums(_apply(model, params, batch, rng=None if deterministic else rng),
+                         batch, pair_head, model.config)
+
+    return sums_fn
+
+
+def _loss(sums: dict[str, jax.Array], dens: dict[str, jax.Array]) -> jax.Array:
+    """The total loss of (micro)batch sums over batch-wide denominators."""
+    loss = sums["mlm_loss_sum"] / dens["mlm_weight"] + sums["nsp_loss_sum"] / dens["nsp_count"]
+    for name, den_key in EXTRA_TERMS.items():
+        if f"{name}_weighted_sum" in sums:
+            loss = loss + sums[f"{name}_weighted_sum"] / dens[den_key]
+    return loss
+
+
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, *, microbatches: int = 1, pair_head: bool = True,
                     microbatch_sharding: Callable[[int], Any] | None = None,
-                    skip: str = "where", param_cast: Callable[[Any], Any] | None = None
+                    skip: str = "where", param_cast: Callable[[Any], Any] | None = None,
+                    sums_fn: Callable[..., dict[str, jax.Array]] | None = None
                     ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
     """Builds ``train_step(state, batch, rng) -> (state, metrics)``.
 
@@ -94,38 +131,44 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     counters (so a saved state is always finite): ``skip="where"`` computes the
     update and selects every leaf; ``skip="cond"`` runs the update under a ``lax.cond``.
     ``param_cast`` (``parallel.param_gather_cast``) maps the parameters before the forward
-    pass, inside the differentiated function.
+    pass, inside the differentiated function. ``sums_fn`` (``objectives.py``) replaces the
+    MLM + NSP/SOP sums with a family objective's.
     """
     if skip not in ("where", "cond"):
         raise ValueError(f"skip={skip!r}: expected 'where' or 'cond'")
+    sums_fn = sums_fn or default_sums_fn(model, pair_head)
 
-    def loss_fn(params, mb: Batch, rng, mlm_den, nsp_den):
+    def loss_fn(params, mb: Batch, rng, dens):
         if param_cast is not None:
             params = param_cast(params)
-        sums = loss_sums(_apply(model, params, mb, rng=rng), mb, pair_head, model.config)
-        loss = sums["mlm_loss_sum"] / mlm_den + sums["nsp_loss_sum"] / nsp_den
-        return loss, sums
+        sums = sums_fn(params, mb, rng, False)
+        return _loss(sums, dens), sums
 
     grad_fn = jax.grad(loss_fn, has_aux=True)
 
     def train_step(state: TrainState, batch: Batch, rng: jax.Array):
         step_rng = jax.random.fold_in(rng, state.step)
-        mlm_den = jnp.maximum(jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1.0)
-        nsp_den = jnp.float32(batch["input_ids"].shape[0])
+        dens = {"mlm_weight": jnp.maximum(
+                    jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1.0),
+                "nsp_count": jnp.float32(batch["input_ids"].shape[0]),
+                "token_count": jnp.maximum(
+                    jnp.sum(batch["input_mask"].astype(jnp.float32)), 1.0)}
         if microbatches == 1:
-            grads, sums = grad_fn(state.params, batch, step_rng, mlm_den, nsp_den)
+            grads, sums = grad_fn(state.params, batch, step_rng, dens)
         else:
             def body(carry, xs):
                 grad_acc, sum_acc = carry
                 index, mb = xs
-                g, s = grad_fn(state.params, mb, jax.random.fold_in(step_rng, index),
-                               mlm_den, nsp_den)
+                g, s = grad_fn(state.params, mb, jax.random.fold_in(step_rng, index), dens)
                 return (jax.tree.map(jnp.add, grad_acc, g),
                         jax.tree.map(jnp.add, sum_acc, s)), None
 
-            init = (jax.tree.map(jnp.zeros_like, state.params),
-                    {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS})
             split = _split_microbatches(batch, microbatches, microbatch_sharding)
+            sum_shapes = jax.eval_shape(
+                lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], split), step_rng,
+                                dens)[1])
+            init = (jax.tree.map(jnp.zeros_like, state.params),
+                    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes))
             (grads, sums), _ = jax.lax.scan(body, init, (jnp.arange(microbatches), split))
         metrics = summarize(sums)
         grad_norm = optax.global_norm(grads)
@@ -174,11 +217,14 @@ def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
-def make_eval_step(model: nn.Module, *, pair_head: bool = True
+def make_eval_step(model: nn.Module, *, pair_head: bool = True,
+                   sums_fn: Callable[..., dict[str, jax.Array]] | None = None
                    ) -> Callable[[Any, Batch], dict[str, jax.Array]]:
-    """``eval_step(params, batch) -> sums`` (add over batches, then ``summarize``)."""
+    """``eval_step(params, batch) -> sums`` (add over batches, then ``summarize``); an
+    objective that samples (ELECTRA) draws from a fixed key."""
+    sums_fn = sums_fn or default_sums_fn(model, pair_head)
 
     def eval_step(params, batch: Batch):
-        return loss_sums(_apply(model, params, batch), batch, pair_head, model.config)
+        return sums_fn(params, batch, jax.random.PRNGKey(0), True)
 
     return eval_step

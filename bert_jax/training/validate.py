@@ -16,7 +16,7 @@ from bert_jax.errors import BertJaxError
 
 # The pretraining objectives (training/config.py reads them from here) and data sources
 # (auto: picked from what data.directory holds; training/inputs.py).
-OBJECTIVES = ("nsp", "sop", "mlm")
+OBJECTIVES = ("nsp", "sop", "mlm", "sbo", "electra", "distill")
 DATA_SOURCES = ("auto", "tfrecord", "materialized", "synthetic")
 
 
