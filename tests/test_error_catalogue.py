@@ -115,7 +115,7 @@ def pretrain_zero_byte_shard(tmp, _):
     data = tmp / "data"
     write_shards(str(data), num_examples=20, num_shards=2)
     open(data / "train-00001-of-00002.tfrecord", "w").close()
-    return [*_pretrain_without("model.vocab_size"), "--workdir", f"{tmp}/w",
+    return [*_pretrain_without("model.vocab_size", "data.source"), "--workdir", f"{tmp}/w",
             "--config.data.source=tfrecord", f"--config.data.directory={data}"], tmp
 
 

@@ -107,7 +107,8 @@ def export_checkpoint(checkpoint: str, output: str, architecture: str | None = N
         report = export_hf_any(params, config, staging, tokenizer, architecture=architecture)
     report.source = os.path.abspath(checkpoint)
     report.output = os.path.abspath(output)
-    report.files = sorted(os.listdir(output))
+    if not report.files:
+        report.files = sorted(os.listdir(output))
     return report
 
 

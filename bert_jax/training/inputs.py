@@ -171,6 +171,8 @@ def make_batches(config, split: str, *, batch_size: int, vocab_size: int, proces
     rows per batch, resumed from ``state`` when given. ``tokenizer`` (tfrecord) is checked
     against the data and supplies word starts for whole-word masking."""
     data = config.data
+    if data.source == "auto":
+        data.source = resolve_source(data)
     if data.source != "tfrecord" and _masking_mode(data) != "token":
         raise BertJaxError(f"data.masking={_masking_mode(data)!r} masks tfrecord data as it is "
                            f"read; data.source={data.source!r} brings its own masks (set "

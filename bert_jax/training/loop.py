@@ -164,9 +164,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     workdir = os.path.abspath(workdir)
     config.data.source = resolve_source(config.data)
     _log(describe_source(config.data))
+    data_vocab = _data_vocab_size(config)  # the data's shards checked before anything else
     tokenizer = _load_tokenizer(config)
     model_cfg = config_lib.model_config(
-        config, _data_vocab_size(config) or (tokenizer.vocab_size if tokenizer else None))
+        config, data_vocab or (tokenizer.vocab_size if tokenizer else None))
     check_vocab(config, model_cfg.vocab_size, tokenizer)
     check_eval_data(config)
     check_pretraining_workdir(workdir, model_cfg, config.to_dict(), overwrite=overwrite)

@@ -27,13 +27,20 @@ def _config(*overrides):
 
 def _tfrecord_dir(path, eval_shards: bool):
     """A data directory as create-pretraining-data leaves it (metadata + shard files)."""
+    import tensorflow as tf
+
+    def shard(name, records):  # framed records: the shard checks count them
+        with tf.io.TFRecordWriter(str(path / name)) as w:
+            for _ in range(records):
+                w.write(b"x")
+
     path.mkdir()
-    (path / "train-00000-of-00001.tfrecord").write_bytes(b"")
+    shard("train-00000-of-00001.tfrecord", 10)
     splits = {"train": {"examples": 10, "shards": [
         {"examples": 10, "file": "train-00000-of-00001.tfrecord"}]},
         "eval": {"examples": 0, "shards": []}}
     if eval_shards:
-        (path / "eval-00000-of-00001.tfrecord").write_bytes(b"")
+        shard("eval-00000-of-00001.tfrecord", 3)
         splits["eval"] = {"examples": 3, "shards": [
             {"examples": 3, "file": "eval-00000-of-00001.tfrecord"}]}
     (path / "metadata.json").write_text(json.dumps({
