@@ -33,6 +33,13 @@ class compile_command:  # noqa: N801 - the CLI registry names this attribute
         parser.add_argument("--num-slices", type=int, default=1,
                             help="identical slices over DCN (multislice); the config's "
                                  "parallel.dcn_mesh splits them (default: data parallel)")
+        parser.add_argument("--layer-costs", choices=("extrapolate", "scanned"),
+                            default="extrapolate",
+                            help="with scanned layers (model.scan_layers): take FLOPs and HBM "
+                                 "bytes from two extra compiles with 1 and 2 unrolled layers, "
+                                 "extrapolated (extrapolate, default), or keep the scanned "
+                                 "program's counts, which count the loop body once (scanned: "
+                                 "faster; memory and fit are the same)")
         parser.add_argument("--json", metavar="OUT",
                             help="also write the report as JSON to this file")
         parser.epilog = ("Override any config field with --config.<key>=<value>, as for "
@@ -62,11 +69,13 @@ class compile_command:  # noqa: N801 - the CLI registry names this attribute
             if args.task:
                 from bert_jax.tasks.config import load_config as load_task_config
 
-                estimate = compile_finetuning(load_task_config(spec, args.overrides), tpu)
+                estimate = compile_finetuning(load_task_config(spec, args.overrides), tpu,
+                                              layer_costs=args.layer_costs)
             else:
                 from bert_jax.training.config import load_config
 
-                estimate = compile_pretraining(load_config(spec, args.overrides), tpu)
+                estimate = compile_pretraining(load_config(spec, args.overrides), tpu,
+                                               layer_costs=args.layer_costs)
         except CompileFailed as e:
             if not e.out_of_memory:
                 raise

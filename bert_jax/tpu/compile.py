@@ -160,9 +160,12 @@ def abstract_batch(batch_shardings, batch: int, seq: int, predictions: int) -> d
         sharding=sharding) for name, sharding in batch_shardings.items()}
 
 
-def compile_pretraining(config, tpu: Slice, devices: list | None = None) -> Estimate:
+def compile_pretraining(config, tpu: Slice, devices: list | None = None,
+                        layer_costs: str = "extrapolate") -> Estimate:
     """Builds the loop's sharded train step over ``tpu``'s abstract devices, compiles it for
-    that slice and returns the estimate."""
+    that slice and returns the estimate. With scanned layers, ``layer_costs="extrapolate"``
+    takes FLOPs and bytes from two small unrolled compiles (``_unrolled_costs``);
+    ``"scanned"`` keeps the scanned program's own counts (memory checks only)."""
     import jax
     import jax.numpy as jnp
 
@@ -190,10 +193,43 @@ def compile_pretraining(config, tpu: Slice, devices: list | None = None) -> Esti
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=parallel.replicated(mesh))
     flops = flops_per_sequence(seq, model_cfg.num_hidden_layers, model_cfg.hidden_size,
                                model_cfg.vocab_size, preds)
-    return estimate_step(tpu, mesh, training.train_step,
-                         (training.abstract_state, batch, rng), training.abstract_state,
-                         global_batch=config.global_batch_size, seq_len=seq,
-                         num_train_steps=config.num_train_steps, model_flops_per_sequence=flops)
+    estimate = estimate_step(tpu, mesh, training.train_step,
+                             (training.abstract_state, batch, rng), training.abstract_state,
+                             global_batch=config.global_batch_size, seq_len=seq,
+                             num_train_steps=config.num_train_steps,
+                             model_flops_per_sequence=flops)
+    if layer_costs == "extrapolate" and model_cfg.scan_layers \
+            and model_cfg.num_hidden_layers > 2:
+        _unrolled_costs(estimate, model_cfg.num_hidden_layers,
+                        lambda layers: compile_pretraining(
+                            _with_layers(config, layers), tpu, devices))
+    return estimate
+
+
+def _with_layers(config, layers: int):
+    """``config`` with ``layers`` unrolled encoder layers (a cost probe)."""
+    probe = config.copy_and_resolve_references()
+    with probe.unlocked():
+        probe.model.num_hidden_layers = layers
+        probe.model.scan_layers = False
+    return probe
+
+
+def _unrolled_costs(estimate: Estimate, layers: int, compile_with) -> None:
+    """Replaces a scanned step's FLOPs and HBM bytes (XLA counts a loop body once) with the
+    unrolled step's, extrapolated from two small compiles of the same step with 1 and 2
+    unrolled layers: cost(L) = cost(1) + (L - 1) * (cost(2) - cost(1)), exact for a stack of
+    identical layers. Memory stays the scanned program's own."""
+    one, two = compile_with(1), compile_with(2)
+    estimate.compiled_flops = one.compiled_flops + (layers - 1) * (
+        two.compiled_flops - one.compiled_flops)
+    estimate.hbm_bytes_accessed = one.hbm_bytes_accessed + (layers - 1) * (
+        two.hbm_bytes_accessed - one.hbm_bytes_accessed)
+    estimate.compile_seconds += one.compile_seconds + two.compile_seconds
+    estimate.notes.append(
+        f"note        the layers are scanned (XLA counts a loop body once): FLOPs and HBM "
+        f"bytes are the unrolled step's, extrapolated to {layers} layers from compiles with "
+        f"1 and 2 layers; memory is the scanned program's")
 
 
 def estimate_step(tpu: Slice, mesh, step, args, state, *, global_batch: int, seq_len: int,
@@ -331,7 +367,8 @@ def finetune_batch(task, mesh, rules, batch: int, seq: int) -> dict:
         mesh, rules, len(shape))) for k, (shape, dtype) in shapes.items()}
 
 
-def compile_finetuning(config, tpu: Slice, devices: list | None = None) -> Estimate:
+def compile_finetuning(config, tpu: Slice, devices: list | None = None,
+                       layer_costs: str = "extrapolate") -> Estimate:
     """The fine-tuning loop's train step (``tasks/trainer.py`` Finetuner, the run config's
     task head, optimizer, mesh and rules) compiled for ``tpu``. The encoder comes from
     ``model.preset`` and the config's model fields (no checkpoint is read: its weights do not
@@ -376,6 +413,11 @@ def compile_finetuning(config, tpu: Slice, devices: list | None = None) -> Estim
                              abstract_state, global_batch=config.global_batch_size,
                              seq_len=seq, num_train_steps=steps,
                              model_flops_per_sequence=flops)
+    if layer_costs == "extrapolate" and model_cfg.scan_layers \
+            and model_cfg.num_hidden_layers > 2:
+        _unrolled_costs(estimate, model_cfg.num_hidden_layers,
+                        lambda layers: compile_finetuning(
+                            _with_layers(config, layers), tpu, devices))
     estimate.notes.append(f"fine-tuning {task.name} ({task.kind}); the schedule line is per "
                           f"{steps:,} steps (a run's steps depend on its data)")
     return estimate

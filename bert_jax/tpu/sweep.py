@@ -59,6 +59,11 @@ ROWS: tuple[Row, ...] = (
         overrides=(*SCAN, *FSDP, "--config.model.remat_policy=dots")),
     Row("Large/128 DP, 2 slices", "bert_large_phase1", "v5e-128", num_slices=2,
         overrides=SCAN),
+    Row("Large/512 DP", "bert_large_phase2", "v5p-128", overrides=SCAN),
+    Row("Large/512 FSDP 16 x tensor 4", "bert_large_phase2", "v5e-64",
+        overrides=(*SCAN, *FSDP, "--config.parallel.mesh.tensor=4")),
+    Row("Large/128 DP", "bert_large_phase1", "v6e-64", overrides=SCAN),
+    Row("Large/512 DP", "bert_large_phase2", "v6e-64", overrides=SCAN),
 )
 
 
