@@ -130,11 +130,12 @@ def _get(config, key: str):
     return config
 
 
-def run_ours(config, workdir: str, name: str) -> dict:
-    """The CLI run in a subprocess, timed from its start to its exit (end to end)."""
+def run_ours(config, workdir: str, name: str, extra: tuple[str, ...] = ()) -> dict:
+    """The CLI run in a subprocess, timed from its start to its exit (end to end);
+    ``extra``: more ``--config.<key>=<value>`` overrides (levers under test)."""
     spec = os.path.join(REPO, "experiments", EXPERIMENTS[name])
     cmd = [sys.executable, "-m", "bert_jax", "finetune", "--config", spec, "--workdir",
-           os.path.abspath(workdir), *cli_overrides(config, spec)]
+           os.path.abspath(workdir), *cli_overrides(config, spec), *extra]
     print(" ".join(cmd), flush=True)
     env = {k: v for k, v in os.environ.items() if k != "BERT_JAX_DATA"}
     t0 = time.perf_counter()
@@ -323,6 +324,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(DEFAULT_OUT, "quality"),
                     help="output folder (default: ./bench_out/quality)")
     ap.add_argument("--label", default="", help="free text stored in the JSON (e.g. commit)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra --config.KEY=VALUE for the bert-jax run (repeatable)")
     ap.add_argument("--peer-train-pad-embedding", action="store_true",
                     help="experiment: transformers trains the [PAD] embedding row, as "
                     "bert-jax does")
@@ -348,7 +351,8 @@ def main(argv=None) -> int:
             record["transformers"] = run_peer(config, workdir, checkpoint, args)
         if not args.skip_ours:
             print(f"== {name}: bert-jax", flush=True)
-            record["bert_jax"] = run_ours(config, os.path.join(workdir, "bert_jax"), name)
+            record["bert_jax"] = run_ours(config, os.path.join(workdir, "bert_jax"), name,
+                                           tuple(f"--config.{kv}" for kv in args.set))
         records.append(record)
         with open(os.path.join(args.out, "quality_finetune.json"), "w", encoding="utf-8") as f:
             json.dump({"device": device, "checkpoint": checkpoint, "label": args.label,

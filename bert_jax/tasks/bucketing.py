@@ -39,6 +39,26 @@ def bucket_lengths(max_seq_length: int, min_length: int) -> tuple[int, ...]:
     return (*out, max_seq_length)
 
 
+def keep_worthwhile(buckets: Sequence[int], lengths: np.ndarray, passes: int,
+                    min_sequences: int) -> tuple[int, ...]:
+    """``buckets`` without the shorter ones that would see fewer than ``min_sequences``
+    sequences (rows that fit them, times ``passes`` over the data): each bucket length costs
+    its own compiled programs, which a small task does not win back. A dropped bucket's rows
+    join the next longer bucket; the longest (``max_seq_length``) always stays."""
+    buckets = tuple(buckets)
+    if min_sequences <= 0 or len(buckets) == 1:
+        return buckets
+    counts = np.bincount(np.searchsorted(np.asarray(buckets), np.asarray(lengths)),
+                         minlength=len(buckets))
+    kept, carried = [], 0
+    for length, count in zip(buckets[:-1], counts[:-1], strict=True):
+        carried += int(count)
+        if carried * passes >= min_sequences:
+            kept.append(length)
+            carried = 0
+    return (*kept, buckets[-1])
+
+
 def row_lengths(input_mask: np.ndarray) -> np.ndarray:
     """[N] one past the last attended position of each row (over all choices)."""
     mask = np.asarray(input_mask).reshape(input_mask.shape[0], -1, input_mask.shape[-1]) > 0

@@ -120,6 +120,12 @@ def base_config() -> ml_collections.ConfigDict:
     # few static lengths: powers of two from length_bucket_min up to max_seq_length (0: every
     # batch max_seq_length). Padding never changes a masked BERT's outputs.
     c.length_bucket_min = 32
+    # A bucket shorter than max_seq_length is kept only when the run trains at least this many
+    # sequences in it (rows that fit it x epochs); smaller ones join the next longer bucket.
+    # Each bucket is one more train and predict program to compile (about 20 s on an H100 for
+    # all-MiniLM-L6-v2), which costs more than the padding it saves on a GLUE-sized task
+    # (docs/performance.md, "Fine-tuning end to end"). 0: every bucket.
+    c.length_bucket_min_sequences = 200_000
     # Compiled programs kept in $BERT_JAX_CACHE/xla (bert_jax/compilation_cache.py).
     c.compilation_cache = True
     # A tqdm bar with ETA over all steps (process 0); train loss and dev metrics also go to

@@ -99,7 +99,8 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task) -> dict[str
     dev_feats = {s: featurize(task, d, tokenizer, config) for s, d in devs.items()}
     steps_per_epoch = -(-num_rows(train_feats) // config.global_batch_size)
     total_steps = steps_per_epoch * config.epochs
-    finetuner = build_finetuner(task, config, model_cfg, total_steps)
+    finetuner = build_finetuner(task, config, model_cfg, total_steps,
+                                train_feats["input_mask"], config.epochs)
     init_rng, dropout_rng = run_rngs(config.seed)
     params = finetuner.init_params(init_rng)
     if pretrained is not None:

@@ -413,9 +413,11 @@ def model_outputs(kind: str, outputs: dict[str, np.ndarray]):
 
 
 def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: BertConfig,
-                    total_steps: int | None) -> Finetuner:
+                    total_steps: int | None, input_mask=None, passes: int = 1) -> Finetuner:
     """The run's Finetuner: its mesh and rules, the task model, and (with ``total_steps``) the
-    optimizer; without, prediction only."""
+    optimizer; without, prediction only. ``input_mask`` (the rows to be run, ``passes`` times)
+    drops length buckets too small to pay for their compilation
+    (``length_bucket_min_sequences``)."""
     if config.max_seq_length > model_cfg.max_sequence_length:
         raise BertJaxError(f"max_seq_length={config.max_seq_length} exceeds the model's "
                            f"{model_cfg.max_sequence_length} positions (max_position_embeddings="
@@ -427,6 +429,9 @@ def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: Be
     features = {k: config[k] for k in ("feature_layers", "feature_head", "lstm_hidden_size",
                                        "lstm_layers") if k in config}
     buckets = bucketing.bucket_lengths(config.max_seq_length, config.length_bucket_min)
+    if input_mask is not None:
+        buckets = bucketing.keep_worthwhile(buckets, bucketing.row_lengths(input_mask), passes,
+                                            config.get("length_bucket_min_sequences", 0))
     return Finetuner(task, build_model(task, model_cfg, config.freeze_encoder, features),
                      mesh, rules,
                      config.global_batch_size, config.eval_batch_size, config.max_seq_length,

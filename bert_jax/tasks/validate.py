@@ -20,6 +20,8 @@ def validate_finetuning(config) -> None:
     c.integer("global_batch_size", 1)
     c.integer("eval_batch_size", 1)
     c.integer("epochs", 1)
+    c.integer("length_bucket_min", 0)
+    c.integer("length_bucket_min_sequences", 0)
     c.integer("seed", 0)
     c.integer("log_every", 0)  # 0: no loss lines during an epoch
     c.choice("optimizer.name", ("adamw", "lamb"))

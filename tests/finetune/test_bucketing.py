@@ -99,3 +99,30 @@ def test_bucketed_predictions_equal_unbucketed(data, spec, data_key):
         attended = feats["input_mask"] > 0
         out, out_b = out[attended], out_b[attended]
     np.testing.assert_allclose(out_b, out, rtol=1e-5, atol=1e-5)
+
+
+def test_small_buckets_that_would_not_pay_for_their_compile_are_dropped():
+    buckets = (32, 64, 128)
+    lengths = np.array([10] * 50 + [40] * 30 + [100] * 20)
+    # every bucket holds enough rows x passes: all kept
+    assert bucketing.keep_worthwhile(buckets, lengths, 3, 60) == (32, 64, 128)
+    # 32 holds 50 x 3 = 150 < 200: its rows join 64's (80 x 3 = 240), which stays
+    assert bucketing.keep_worthwhile(buckets, lengths, 3, 200) == (64, 128)
+    # nothing reaches the threshold below max_seq_length: one bucket
+    assert bucketing.keep_worthwhile(buckets, lengths, 1, 1000) == (128,)
+    assert bucketing.keep_worthwhile(buckets, lengths, 1, 0) == buckets
+
+
+def test_finetuning_keeps_one_bucket_for_a_small_task(data, tmp_path):
+    """The default threshold leaves a tiny task one compiled length; 0 keeps every bucket."""
+    config = load_config("experiments/glue.py:sst2", [
+        f"--config.init_checkpoint={data['ckpt']}", f"--config.data_dir={data['sst2']}",
+        "--config.max_seq_length=32", "--config.length_bucket_min=8"])
+    task = get_task(config.task)
+    model_cfg, tokenizer, _, _ = initial_model(task, config)
+    train, _, _ = train_and_dev(task, config)
+    mask = featurize(task, train, tokenizer, config)["input_mask"]
+    assert build_finetuner(task, config, model_cfg, 10, mask, 3).buckets == (32,)
+    with config.unlocked():
+        config.length_bucket_min_sequences = 0
+    assert build_finetuner(task, config, model_cfg, 10, mask, 3).buckets == (8, 16, 32)
