@@ -533,8 +533,8 @@ def _write_tokenizer(tokenizer, directory: str, config: BertConfig) -> list[str]
 
     WordPiece: vocab.txt + tokenizer_config.json (BertTokenizer). SentencePiece: the model as
     spiece.model + tokenizer_config.json naming AlbertTokenizer (the SentencePiece tokenizer
-    of a BERT-style model: [CLS] x [SEP] framing, [MASK]) with lower-casing and accent
-    stripping off, so it encodes text exactly as bert-jax does."""
+    of a BERT-style model: [CLS] x [SEP] framing, [MASK]) with the tokenizer's own
+    lower-casing and accent options, so it encodes text exactly as bert-jax does."""
     specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
                 "cls_token": "[CLS]", "mask_token": "[MASK]"}
     kind = getattr(tokenizer, "kind", None)
