@@ -48,7 +48,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_approx", "relu", "tanh")
 # BertConfig fields restricted to a set of values (checked in __post_init__).
 CHOICE_FIELDS = {
-    "hidden_act": ACTIVATIONS, "dtype": DTYPES, "param_dtype": DTYPES,
+    "hidden_act": ACTIVATIONS, "pooler_activation": ACTIVATIONS, "dtype": DTYPES,
+    "param_dtype": DTYPES,
     "attention_impl": ATTENTION_IMPLS, "dropout_attention_impl": DROPOUT_ATTENTION_IMPLS,
     "hidden_dropout_impl": HIDDEN_DROPOUT_IMPLS, "dropout_hash": DROPOUT_HASHES,
     "qkv_projection": QKV_PROJECTIONS,
@@ -92,6 +93,9 @@ class BertConfig:
     model_type: str = "bert"
     position_offset: int = 0
     use_token_types: bool = True
+    # The pooler (dense on the first token, then this; the sequence classifier's input):
+    # BERT / RoBERTa / ALBERT tanh, ELECTRA's classification head gelu, DistilBERT's relu.
+    pooler_activation: str = "tanh"
     # Efficiency (no effect on the parameter values).
     vocab_pad_multiple: int = 128
     dtype: str = "float32"  # compute dtype

@@ -4,12 +4,15 @@ Every family is BERT's post-LayerNorm encoder with small differences, which bert
 as ``BertConfig`` fields:
 
 - RoBERTa: positions start at ``pad_token_id + 1`` (``position_offset``), one token type,
-  byte-level BPE vocabulary (``vocab.json`` + ``merges.txt``).
+  byte-level BPE vocabulary (``vocab.json`` + ``merges.txt``); the sequence classifier's
+  ``classifier.dense`` / ``classifier.out_proj`` are BERT's pooler and classifier.
 - ALBERT: factorized embeddings (``embedding_size``) and one shared layer (``share_layers``),
   sentence-order head in BERT's NSP place; SentencePiece vocabulary (``spiece.model``).
 - ELECTRA: ``embeddings_project`` when ``embedding_size != hidden_size``, no pooler; the
-  discriminator's replaced-token head (``rtd``) or the generator's MLM head.
-- DistilBERT: no token types (``use_token_types=False``), no pooler, its own parameter names.
+  discriminator's replaced-token head (``rtd``) or the generator's MLM head; the sequence
+  classifier's head as RoBERTa's, with gelu (``pooler_activation``).
+- DistilBERT: no token types (``use_token_types=False``), no pooler, its own parameter names;
+  the sequence classifier's ``pre_classifier`` is the pooler, with relu.
 
 Import renames a family's state dict into BERT's names and hands it to
 :func:`bert_jax.checkpoint.hf.params_from_hf_state`; export runs
@@ -55,6 +58,13 @@ def _layer_rules(family_layer: str, names: tuple[tuple[str, str], ...]):
 
 
 _MLM = "cls.predictions"
+# RoBERTa's and ELECTRA's sequence-classification head (dense + activation on the first token,
+# then out_proj) is BERT's pooler + classifier; DistilBERT's pre_classifier is its pooler.
+_CLASSIFICATION_HEAD = (("classifier.dense.*", "bert.pooler.dense.*"),
+                        ("classifier.out_proj.*", "classifier.*"))
+# The activation after each family's pooler / classification-head dense layer.
+POOLER_ACTIVATIONS = {"roberta": "tanh", "albert": "tanh", "electra": "gelu",
+                      "distilbert": "relu"}
 
 FAMILIES: dict[str, Family] = {
     "roberta": Family("roberta", "roberta.", (
@@ -63,6 +73,7 @@ FAMILIES: dict[str, Family] = {
         ("lm_head.layer_norm.*", f"{_MLM}.transform.LayerNorm.*"),
         ("lm_head.bias", f"{_MLM}.bias"),
         ("lm_head.decoder.*", f"{_MLM}.decoder.*"),
+        *_CLASSIFICATION_HEAD,
     ), {"RobertaModel": (True, ()), "RobertaForMaskedLM": (False, ("mlm",))}),
     "albert": Family("albert", "albert.", (
         ("albert.encoder.embedding_hidden_mapping_in.*", "bert.embeddings.embedding_projection.*"),
@@ -92,6 +103,7 @@ FAMILIES: dict[str, Family] = {
         ("generator_lm_head.weight", f"{_MLM}.decoder.weight"),
         ("discriminator_predictions.dense_prediction.*", "rtd.prediction.*"),
         ("discriminator_predictions.dense.*", "rtd.dense.*"),
+        *_CLASSIFICATION_HEAD,
     ), {"ElectraModel": (False, ()), "ElectraForPreTraining": (False, ("rtd",)),
         "ElectraForMaskedLM": (False, ("mlm",))}),
     "distilbert": Family("distilbert", "distilbert.", (
@@ -108,6 +120,7 @@ FAMILIES: dict[str, Family] = {
         ("vocab_layer_norm.*", f"{_MLM}.transform.LayerNorm.*"),
         ("vocab_projector.bias", f"{_MLM}.bias"),
         ("vocab_projector.weight", f"{_MLM}.decoder.weight"),
+        ("pre_classifier.*", "bert.pooler.dense.*"),
     ), {"DistilBertModel": (False, ()), "DistilBertForMaskedLM": (False, ("mlm",))}),
 }
 # Every exportable class of every family (BERT's included) -> its model_type.
@@ -183,6 +196,7 @@ def config_from_hf(raw: Mapping[str, Any], source: str, **overrides: Any) -> Ber
         data["share_layers"] = True
     if model_type == "roberta":
         data["position_offset"] = data.get("pad_token_id", 1) + 1
+    data["pooler_activation"] = POOLER_ACTIVATIONS[model_type]
     missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers",
                            "num_attention_heads", "intermediate_size") if k not in data]
     if missing:
@@ -296,10 +310,25 @@ def read_family_tokenizer(directory: str, config: BertConfig):
         return ByteLevelBPETokenizer.from_files(vocab_json, merges)
     spiece = os.path.join(directory, SPIECE_FILE)
     if os.path.exists(spiece):
-        from bert_jax.tokenization.sentencepiece import SentencePieceTokenizer
-
-        return SentencePieceTokenizer(spiece)
+        return _read_spiece_tokenizer(directory, spiece)
     return hf.read_hf_tokenizer(directory)
+
+
+def _read_spiece_tokenizer(directory: str, spiece: str):
+    """``spiece.model`` with AlbertTokenizer's normalisation: its defaults, or the
+    ``do_lower_case`` / ``keep_accents`` / ``remove_space`` of ``tokenizer_config.json``."""
+    from bert_jax.tokenization.sentencepiece import ALBERT_NORMALIZATION, SentencePieceTokenizer
+
+    options = dict(ALBERT_NORMALIZATION)
+    path = os.path.join(directory, hf.TOKENIZER_CONFIG_FILE)
+    if os.path.exists(path):
+        raw = hf._read_json(path)
+        for key in ("do_lower_case", "keep_accents", "remove_space"):
+            if raw.get(key) is not None:
+                if not isinstance(raw[key], bool):
+                    raise BertJaxError(f"{path}: {key} must be true or false, got {raw[key]!r}")
+                options[key] = raw[key]
+    return SentencePieceTokenizer(spiece, **options)
 
 
 def load_hf_any(directory: str, **config_overrides: Any):
@@ -412,8 +441,12 @@ def export_hf_any(params: Mapping[str, Any], config: BertConfig, directory: str,
         _write_bpe_tokenizer(tokenizer, directory, config)
     elif kind == "sentencepiece":
         shutil.copyfile(tokenizer.model_path, os.path.join(directory, SPIECE_FILE))
+        options = tokenizer.options()
         tok_config = {"tokenizer_class": "AlbertTokenizer" if family == "albert" else None,
-                      "model_max_length": config.max_sequence_length}
+                      "model_max_length": config.max_sequence_length,
+                      "do_lower_case": options["do_lower_case"],
+                      "keep_accents": options["keep_accents"],
+                      "remove_space": options["remove_space"]}
         with open(os.path.join(directory, hf.TOKENIZER_CONFIG_FILE), "w",
                   encoding="utf-8") as f:
             json.dump({k: v for k, v in tok_config.items() if v is not None}, f, indent=2)

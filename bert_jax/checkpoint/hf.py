@@ -492,6 +492,9 @@ def bert_named_state(params: Mapping[str, Any], config: BertConfig, architecture
         _norm_out(layer["output_norm"], f"{p}.output.LayerNorm", state)
     dropped = []
     if "pooler" in bert:
+        if with_pooler and config.pooler_activation != "tanh":
+            raise BertJaxError(f"{architecture}'s pooler applies tanh; this model's pooler "
+                               f"applies {config.pooler_activation} (pooler_activation)")
         if with_pooler:
             _linear_out(bert["pooler"], f"{prefix}pooler.dense", state)
         else:
@@ -530,8 +533,8 @@ def _write_tokenizer(tokenizer, directory: str, config: BertConfig) -> list[str]
 
     WordPiece: vocab.txt + tokenizer_config.json (BertTokenizer). SentencePiece: the model as
     spiece.model + tokenizer_config.json naming AlbertTokenizer (the SentencePiece tokenizer
-    of a BERT-style model: [CLS] x [SEP] framing, [MASK]) with lower-casing and accent
-    stripping off, so it encodes text exactly as bert-jax does."""
+    of a BERT-style model: [CLS] x [SEP] framing, [MASK]) with the tokenizer's own
+    lower-casing and accent options, so it encodes text exactly as bert-jax does."""
     specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
                 "cls_token": "[CLS]", "mask_token": "[MASK]"}
     kind = getattr(tokenizer, "kind", None)
@@ -547,8 +550,11 @@ def _write_tokenizer(tokenizer, directory: str, config: BertConfig) -> list[str]
         written = [VOCAB_FILE]
     elif kind == "sentencepiece":
         shutil.copyfile(tokenizer.model_path, os.path.join(directory, SPM_FILE))
-        tok_config = {"tokenizer_class": "AlbertTokenizer", "do_lower_case": False,
-                      "keep_accents": True, "remove_space": True, "bos_token": "[CLS]",
+        options = tokenizer.options()
+        tok_config = {"tokenizer_class": "AlbertTokenizer",
+                      "do_lower_case": options["do_lower_case"],
+                      "keep_accents": options["keep_accents"], "remove_space": True,
+                      "bos_token": "[CLS]",
                       "eos_token": "[SEP]", **specials}
         written = [SPM_FILE]
     else:

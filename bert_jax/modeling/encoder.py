@@ -25,6 +25,7 @@ from bert_jax.modeling.attention import (
     resolve_dropout_implementation,
 )
 from bert_jax.modeling.ops import TwoStageLayerNorm, add_bias, add_bias_activate
+from bert_jax.modeling.ops import activation as activation_fn
 from bert_jax.parallel import constrain
 
 # Logical axis names of activations between layers (mapped to mesh axes by the rules).
@@ -518,7 +519,8 @@ class BertModel(nn.Module):
                           name="encoder")(x, kv_lengths)
         if self.add_pooler:
             pooler = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "pooler")
-            out["pooled_output"] = jnp.tanh(pooler(out["sequence_output"][:, 0]))
+            first = pooler(out["sequence_output"][:, 0])
+            out["pooled_output"] = activation_fn(cfg.pooler_activation)(first)
         return out
 
     def word_embedding_table(self):

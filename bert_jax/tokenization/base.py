@@ -122,25 +122,36 @@ class Tokenizer(abc.ABC):
             return [self.encode_ids(t) for t in texts]
         return _encode_parallel(self, texts, num_workers)
 
+    # Pair layout: [CLS] A [SEP] + extra separators + B [SEP], the second part (from the
+    # extra separators on) of token type ``pair_segment_id``. BERT: no extra separator,
+    # type 1; RoBERTa: ``<s> A </s></s> B </s>``, all type 0.
+    pair_extra_separators: int = 0
+    pair_segment_id: int = 1
+
+    def word_ids(self, text: str) -> list[tuple[int, ...]]:
+        """Text -> one tuple of ids per word (the word boundaries ``encode`` records)."""
+        return [tuple(self.token_to_id(t) for t in w) for w in self.tokenize_words(text)]
+
     def encode(self, text: str, text_pair: str | None = None, max_length: int | None = None,
                truncation: str = "longest_first") -> Encoding:
         """Encodes a text or a pair with [CLS]/[SEP], truncating to ``max_length`` tokens."""
-        words_a = self.tokenize_words(text)
-        words_b = self.tokenize_words(text_pair) if text_pair is not None else None
-        a = [(t, i) for i, w in enumerate(words_a) for t in w]
-        b = [(t, i) for i, w in enumerate(words_b) for t in w] if words_b is not None else None
+        a = [(t, i) for i, w in enumerate(self.word_ids(text)) for t in w]
+        b = [(t, i) for i, w in enumerate(self.word_ids(text_pair)) for t in w] \
+            if text_pair is not None else None
         if max_length is not None:
-            budget = max_length - (3 if b is not None else 2)
+            budget = max_length - (3 + self.pair_extra_separators if b is not None else 2)
             if budget < 0:
                 raise BertJaxError(f"max_length={max_length} leaves no room for special tokens")
             a, b = truncate_pair(a, b, budget, truncation)
-        ids = [self.cls_id] + [self.token_to_id(t) for t, _ in a] + [self.sep_id]
-        word_ids: list[int | None] = [None] + [i for _, i in a] + [None]
+        cls, sep = self.cls_id, self.sep_id
+        ids = [cls, *(t for t, _ in a), sep]
+        word_ids: list[int | None] = [None, *(i for _, i in a), None]
         segs = [0] * len(ids)
         if b is not None:
-            ids += [self.token_to_id(t) for t, _ in b] + [self.sep_id]
-            word_ids += [i for _, i in b] + [None]
-            segs += [1] * (len(b) + 1)
+            extra = self.pair_extra_separators
+            ids += [sep] * extra + [t for t, _ in b] + [sep]
+            word_ids += [None] * extra + [i for _, i in b] + [None]
+            segs += [self.pair_segment_id] * (extra + len(b) + 1)
         return Encoding(ids, segs, word_ids)
 
     def fingerprint(self) -> str:
@@ -149,6 +160,44 @@ class Tokenizer(abc.ABC):
         for i in range(self.vocab_size):
             h.update(self.id_to_token(i).encode("utf-8", "surrogatepass") + b"\0")
         return f"{self.kind}:{self.vocab_size}:{h.hexdigest()[:16]}"
+
+
+class TableTokenizer(Tokenizer):
+    """A tokenizer over a token list (id -> token) and its inverse, that splits text into
+    words of ids (``word_ids``, cached per word by the subclass): WordPiece, byte-level BPE.
+    Unknown tokens map to ``unk_token_id``."""
+
+    def _set_table(self, tokens: list[str], vocab: dict[str, int], unk: str) -> None:
+        self._tokens = tokens
+        self._vocab = vocab
+        self._unk = vocab[unk]
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_cache"] = {}  # workers build their own
+        return state
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    def token_to_id(self, token: str) -> int:
+        return self._vocab.get(token, self._unk)
+
+    def id_to_token(self, token_id: int) -> str:
+        if not 0 <= token_id < len(self._tokens):
+            raise BertJaxError(f"token id {token_id} outside the vocabulary [0, {self.vocab_size})")
+        return self._tokens[token_id]
+
+    def encode_ids(self, text: str) -> list[int]:
+        return [i for word in self.word_ids(text) for i in word]
+
+    def tokenize(self, text: str) -> list[str]:
+        return [self._tokens[i] for i in self.encode_ids(text)]
+
+    def tokenize_words(self, text: str) -> list[list[str]]:
+        return [[self._tokens[i] for i in w] for w in self.word_ids(text)]
 
 
 _MIN_PARALLEL_TEXTS = 2048  # below this, starting worker processes costs more than it saves

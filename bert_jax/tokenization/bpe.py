@@ -20,10 +20,8 @@ import regex
 
 from bert_jax.errors import BertJaxError
 from bert_jax.tokenization.base import (
-    Encoding,
-    Tokenizer,
+    TableTokenizer,
     read_metadata,
-    truncate_pair,
     write_metadata,
 )
 
@@ -66,32 +64,32 @@ def split_bytes(text: str) -> list[str]:
             for piece in _pretokenizer().findall(text)]
 
 
-class ByteLevelBPETokenizer(Tokenizer):
+class ByteLevelBPETokenizer(TableTokenizer):
     """Byte-level BPE over a vocabulary (token -> id) and ranked merges."""
 
     kind = "bpe"
     special_tokens = _ROLES
+    pair_extra_separators = 1  # <s> A </s></s> B </s>
+    pair_segment_id = 0
 
     def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]],
                  source: str = "vocabulary"):
-        self._vocab = dict(vocab)
-        size = max(self._vocab.values(), default=-1) + 1
-        self._tokens = [""] * size
-        for token, i in self._vocab.items():
-            self._tokens[i] = token
-        missing = [t for t in BPE_SPECIAL_TOKENS if t not in self._vocab]
+        vocab = dict(vocab)
+        tokens = [""] * (max(vocab.values(), default=-1) + 1)
+        for token, i in vocab.items():
+            tokens[i] = token
+        missing = [t for t in BPE_SPECIAL_TOKENS if t not in vocab]
         if missing:
             raise BertJaxError(f"{source}: special token(s) {', '.join(missing)} missing from the "
                                f"vocabulary (byte-level BPE needs {', '.join(BPE_SPECIAL_TOKENS)})")
-        absent = [c for c in byte_alphabet() if c not in self._vocab]
+        absent = [c for c in byte_alphabet() if c not in vocab]
         if absent:
             raise BertJaxError(f"{source}: {len(absent)} of the 256 byte symbols are missing "
                                f"(e.g. {absent[0]!r}); not a byte-level BPE vocabulary")
+        self._set_table(tokens, vocab, "<unk>")
         self._merges = [tuple(m) for m in merges]
         self._ranks = {m: i for i, m in enumerate(self._merges)}
-        self._unk = self._vocab["<unk>"]
         self._special_re = regex.compile(r"\s*<mask>|<s>|</s>|<pad>|<unk>")
-        self._cache: dict[str, tuple[int, ...]] = {}
 
     # ---- files ---------------------------------------------------------------------------
     @classmethod
@@ -158,24 +156,7 @@ class ByteLevelBPETokenizer(Tokenizer):
                 "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>",
                 "mask_token": mask}
 
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_cache"] = {}
-        return state
-
     # ---- vocabulary ----------------------------------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        return len(self._tokens)
-
-    def token_to_id(self, token: str) -> int:
-        return self._vocab.get(token, self._unk)
-
-    def id_to_token(self, token_id: int) -> str:
-        if not 0 <= token_id < len(self._tokens):
-            raise BertJaxError(f"token id {token_id} outside the vocabulary [0, {self.vocab_size})")
-        return self._tokens[token_id]
-
     def word_start_mask(self) -> np.ndarray:
         """Tokens that begin with a space (``Ġ``) or are special start a word."""
         specials = set(BPE_SPECIAL_TOKENS)
@@ -213,7 +194,7 @@ class ByteLevelBPETokenizer(Tokenizer):
         self._cache[piece] = ids
         return ids
 
-    def _words(self, text: str) -> list[tuple[int, ...]]:
+    def word_ids(self, text: str) -> list[tuple[int, ...]]:
         """Text -> per-piece id tuples; literal special tokens stay whole."""
         out, pos = [], 0
         for m in self._special_re.finditer(text):
@@ -223,36 +204,8 @@ class ByteLevelBPETokenizer(Tokenizer):
         out += [self._piece_ids(p) for p in split_bytes(text[pos:])]
         return out
 
-    def encode_ids(self, text: str) -> list[int]:
-        return [i for word in self._words(text) for i in word]
-
     def encode_ids_with_masks(self, text: str) -> list[int]:
         return self.encode_ids(text)  # <mask> is matched in the text, with its lstrip
-
-    def tokenize(self, text: str) -> list[str]:
-        return [self._tokens[i] for i in self.encode_ids(text)]
-
-    def tokenize_words(self, text: str) -> list[list[str]]:
-        return [[self._tokens[i] for i in w] for w in self._words(text)]
-
-    def encode(self, text: str, text_pair: str | None = None, max_length: int | None = None,
-               truncation: str = "longest_first") -> Encoding:
-        """``<s> A </s>`` or ``<s> A </s></s> B </s>`` (RoBERTa's layout; one token type)."""
-        words_a = self.tokenize_words(text)
-        words_b = self.tokenize_words(text_pair) if text_pair is not None else None
-        a = [(t, i) for i, w in enumerate(words_a) for t in w]
-        b = [(t, i) for i, w in enumerate(words_b) for t in w] if words_b is not None else None
-        if max_length is not None:
-            budget = max_length - (4 if b is not None else 2)
-            if budget < 0:
-                raise BertJaxError(f"max_length={max_length} leaves no room for special tokens")
-            a, b = truncate_pair(a, b, budget, truncation)
-        ids = [self.cls_id] + [self.token_to_id(t) for t, _ in a] + [self.sep_id]
-        word_ids: list[int | None] = [None] + [i for _, i in a] + [None]
-        if b is not None:
-            ids += [self.sep_id] + [self.token_to_id(t) for t, _ in b] + [self.sep_id]
-            word_ids += [None] + [i for _, i in b] + [None]
-        return Encoding(ids, [0] * len(ids), word_ids)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         specials = set(self.special_ids) if skip_special_tokens else set()

@@ -9,8 +9,11 @@ WordPiece tokenizer). A word starts at a piece beginning with "▁" (U+2581).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import re
 import shutil
+import unicodedata
 
 import numpy as np
 
@@ -42,22 +45,68 @@ def _processor(model_path: str | None = None, proto: bytes | None = None):
     return sp
 
 
+@functools.cache
+def _special_pattern(tokens: tuple[str, ...]) -> re.Pattern:
+    return re.compile("|".join(re.escape(t) for t in tokens))
+
+
 # The first five pieces of ALBERT's released spiece.model files.
 ALBERT_SPECIAL_TOKENS = ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]")
 
 
+# ALBERT's text normalisation before SentencePiece (transformers' AlbertTokenizer): the
+# options with their values there. bert-jax's own SentencePiece models default to none of it.
+ALBERT_NORMALIZATION = {"do_lower_case": True, "keep_accents": False, "remove_space": True,
+                        "replace_quotes": True}
+_NO_NORMALIZATION = {"do_lower_case": False, "keep_accents": True, "remove_space": False,
+                     "replace_quotes": False}
+
+
 class SentencePieceTokenizer(Tokenizer):
-    """A SentencePiece ``.model`` whose first five pieces are BERT's special tokens."""
+    """A SentencePiece ``.model`` whose first five pieces are BERT's special tokens.
+
+    Optional normalisation before SentencePiece, as ALBERT's tokenizer does it
+    (``ALBERT_NORMALIZATION``): ``remove_space`` collapses whitespace runs and strips the ends,
+    ``replace_quotes`` maps two backquotes and two single quotes to a double quote, accents
+    are stripped (NFKD, combining marks dropped) unless ``keep_accents``, and
+    ``do_lower_case`` lower-cases. With any of it on, special tokens written in the text are
+    split off first and kept whole."""
 
     kind = "sentencepiece"
 
-    def __init__(self, model_path: str):
+    def __init__(self, model_path: str, do_lower_case: bool = False, keep_accents: bool = True,
+                 remove_space: bool = False, replace_quotes: bool = False):
         if not os.path.isfile(model_path):
             raise BertJaxError(f"{model_path}: SentencePiece model file not found")
         self.model_path = model_path
+        self.do_lower_case = bool(do_lower_case)
+        self.keep_accents = bool(keep_accents)
+        self.remove_space = bool(remove_space)
+        self.replace_quotes = bool(replace_quotes)
         self._sp = _processor(model_path)
         self._check_specials()
         self._word_start = self._make_word_start_mask()
+
+    def options(self) -> dict:
+        return {"do_lower_case": self.do_lower_case, "keep_accents": self.keep_accents,
+                "remove_space": self.remove_space, "replace_quotes": self.replace_quotes}
+
+    @property
+    def normalizes(self) -> bool:
+        return self.options() != _NO_NORMALIZATION
+
+    def preprocess(self, text: str) -> str:
+        """The normalisation applied before SentencePiece (none by default)."""
+        if self.remove_space:
+            text = " ".join(text.split())
+        if self.replace_quotes:
+            text = text.replace("``", '"').replace("''", '"')
+        if not self.keep_accents:
+            text = "".join(c for c in unicodedata.normalize("NFKD", text)
+                           if not unicodedata.combining(c))
+        if self.do_lower_case:
+            text = text.lower()
+        return text
 
     def _check_specials(self) -> None:
         n = self._sp.get_piece_size()
@@ -82,10 +131,13 @@ class SentencePieceTokenizer(Tokenizer):
         return mask
 
     def __getstate__(self) -> dict:
-        return {"model_path": self.model_path, "proto": self._sp.serialized_model_proto()}
+        return {"model_path": self.model_path, "proto": self._sp.serialized_model_proto(),
+                "options": self.options()}
 
     def __setstate__(self, state: dict) -> None:
         self.model_path = state["model_path"]
+        for key, value in state["options"].items():
+            setattr(self, key, value)
         self._sp = _processor(self.model_path, proto=state["proto"])
         self._check_specials()
         self._word_start = self._make_word_start_mask()
@@ -98,13 +150,16 @@ class SentencePieceTokenizer(Tokenizer):
             shutil.copyfile(self.model_path, target)
         meta = {"kind": self.kind, "model_file": MODEL_FILE, "vocab_size": self.vocab_size,
                 "fingerprint": self.fingerprint()}
+        if self.normalizes:
+            meta.update(self.options())
         write_metadata(directory, meta)
 
     @classmethod
     def load(cls, directory: str) -> SentencePieceTokenizer:
         meta_path = os.path.join(directory, TOKENIZER_JSON)
         meta = read_metadata(directory, cls.kind)
-        tok = cls(os.path.join(directory, meta.get("model_file", MODEL_FILE)))
+        options = {k: meta[k] for k in _NO_NORMALIZATION if k in meta}
+        tok = cls(os.path.join(directory, meta.get("model_file", MODEL_FILE)), **options)
         if "fingerprint" in meta and meta["fingerprint"] != tok.fingerprint():
             raise BertJaxError(f"{meta_path}: model fingerprint {tok.fingerprint()} does not "
                                f"match the recorded {meta['fingerprint']}")
@@ -129,20 +184,35 @@ class SentencePieceTokenizer(Tokenizer):
     # ---- tokenization -------------------------------------------------------------------
     def normalize(self, text: str) -> str:
         """The text as the model sees it (NFKC etc., whitespace collapsed): what decode gives."""
-        return self._sp.normalize(text).replace(WORD_START, " ").strip(" ")
+        return self._sp.normalize(self.preprocess(text)).replace(WORD_START, " ").strip(" ")
+
+    def _ids(self, text: str) -> list[int]:
+        """Text -> ids; with normalisation, literal special tokens are split off first (so
+        that lower-casing cannot touch them) and each part is encoded on its own."""
+        if not self.normalizes:
+            return self._sp.encode(text)
+        ids: list[int] = []
+        pos = 0
+        for m in _special_pattern(tuple(self.special_tokens.values())).finditer(text):
+            ids += self._sp.encode(self.preprocess(text[pos:m.start()]))
+            ids.append(self._sp.piece_to_id(m.group()))
+            pos = m.end()
+        return ids + self._sp.encode(self.preprocess(text[pos:]))
 
     def encode_ids(self, text: str) -> list[int]:
-        return self._sp.encode(text)
+        return self._ids(text)
 
     def encode_batch(self, texts: list[str], num_workers: int = 1) -> list[list[int]]:
+        if self.normalizes:
+            return super().encode_batch(texts, num_workers)
         return self._sp.encode(list(texts), num_threads=max(1, num_workers))
 
     def tokenize(self, text: str) -> list[str]:
-        return [self._sp.id_to_piece(i) for i in self._sp.encode(text)]
+        return [self._sp.id_to_piece(i) for i in self._ids(text)]
 
     def tokenize_words(self, text: str) -> list[list[str]]:
         words: list[list[str]] = []
-        for i in self._sp.encode(text):
+        for i in self._ids(text):
             piece = self._sp.id_to_piece(i)
             # A bare "▁" (before a user-defined symbol such as [MASK]) joins the next piece.
             if (self._word_start[i] and words[-1:] != [[WORD_START]]) or not words:

@@ -26,10 +26,8 @@ from bert_jax.errors import BertJaxError
 from bert_jax.tokenization.base import (
     SPECIAL_TOKENS,
     TOKENIZER_JSON,
-    Encoding,
-    Tokenizer,
+    TableTokenizer,
     read_metadata,
-    truncate_pair,
     write_metadata,
 )
 
@@ -103,7 +101,7 @@ def infer_lower_case(tokens: list[str]) -> bool:
                    if not (t.startswith("[") and t.endswith("]")) and not t.startswith("##"))
 
 
-class WordPieceTokenizer(Tokenizer):
+class WordPieceTokenizer(TableTokenizer):
     """BERT WordPiece over a ``vocab.txt`` vocabulary (cased or uncased)."""
 
     kind = "wordpiece"
@@ -117,12 +115,11 @@ class WordPieceTokenizer(Tokenizer):
             tokens = [""] * size
             for token, i in vocab.items():
                 tokens[i] = token
-            self._vocab = dict(vocab)
+            vocab = dict(vocab)
         else:
             tokens = list(vocab)
-            self._vocab = {t: i for i, t in enumerate(tokens)}  # duplicates: last id wins (HF)
-        self._tokens = tokens
-        missing = [t for t in SPECIAL_TOKENS if t not in self._vocab]
+            vocab = {t: i for i, t in enumerate(tokens)}  # duplicates: last id wins (HF)
+        missing = [t for t in SPECIAL_TOKENS if t not in vocab]
         if missing:
             raise BertJaxError(f"{source}: special token(s) {', '.join(missing)} missing from the "
                                f"vocabulary (BERT needs {', '.join(SPECIAL_TOKENS)})")
@@ -132,10 +129,9 @@ class WordPieceTokenizer(Tokenizer):
         self.max_input_chars_per_word = int(max_input_chars_per_word)
         self.split_special_tokens = bool(split_special_tokens)
         self._strip = self.do_lower_case if strip_accents is None else bool(strip_accents)
-        self._unk = self._vocab["[UNK]"]
+        self._set_table(tokens, vocab, "[UNK]")
         self._max_piece = max((len(t) for t in self._vocab), default=1)
         self._special_re = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS))
-        self._cache: dict[str, tuple[int, ...]] = {}
 
     # ---- construction / persistence ------------------------------------------------------
     @classmethod
@@ -176,27 +172,10 @@ class WordPieceTokenizer(Tokenizer):
                                f"match the recorded {meta['fingerprint']}")
         return tok
 
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_cache"] = {}  # workers build their own
-        return state
-
     # ---- vocabulary ---------------------------------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        return len(self._tokens)
-
     @property
     def vocab(self) -> dict[str, int]:
         return self._vocab
-
-    def token_to_id(self, token: str) -> int:
-        return self._vocab.get(token, self._unk)
-
-    def id_to_token(self, token_id: int) -> str:
-        if not 0 <= token_id < len(self._tokens):
-            raise BertJaxError(f"token id {token_id} outside the vocabulary [0, {self.vocab_size})")
-        return self._tokens[token_id]
 
     def word_start_mask(self) -> np.ndarray:
         return np.array([not t.startswith("##") for t in self._tokens], dtype=bool)
@@ -249,7 +228,7 @@ class WordPieceTokenizer(Tokenizer):
         self._cache[word] = ids
         return ids
 
-    def _words(self, text: str) -> list[tuple[int, ...]]:
+    def word_ids(self, text: str) -> list[tuple[int, ...]]:
         """Text -> per-word id tuples, keeping literal special tokens whole."""
         if self.split_special_tokens or "[" not in text:
             return [self._word_ids(w) for w in self.basic_tokenize(text)]
@@ -260,39 +239,6 @@ class WordPieceTokenizer(Tokenizer):
             pos = m.end()
         out += [self._word_ids(w) for w in self.basic_tokenize(text[pos:])]
         return out
-
-    def encode_ids(self, text: str) -> list[int]:
-        ids: list[int] = []
-        for word in self._words(text):
-            ids += word
-        return ids
-
-    def tokenize(self, text: str) -> list[str]:
-        return [self._tokens[i] for i in self.encode_ids(text)]
-
-    def encode(self, text: str, text_pair: str | None = None, max_length: int | None = None,
-               truncation: str = "longest_first") -> Encoding:
-        """As ``Tokenizer.encode``, from the cached word ids directly (no token strings)."""
-        a = [(t, i) for i, w in enumerate(self._words(text)) for t in w]
-        b = [(t, i) for i, w in enumerate(self._words(text_pair)) for t in w] \
-            if text_pair is not None else None
-        if max_length is not None:
-            budget = max_length - (3 if b is not None else 2)
-            if budget < 0:
-                raise BertJaxError(f"max_length={max_length} leaves no room for special tokens")
-            a, b = truncate_pair(a, b, budget, truncation)
-        cls, sep = self._vocab["[CLS]"], self._vocab["[SEP]"]
-        ids = [cls, *(t for t, _ in a), sep]
-        word_ids: list[int | None] = [None, *(i for _, i in a), None]
-        segs = [0] * len(ids)
-        if b is not None:
-            ids += [*(t for t, _ in b), sep]
-            word_ids += [*(i for _, i in b), None]
-            segs += [1] * (len(b) + 1)
-        return Encoding(ids, segs, word_ids)
-
-    def tokenize_words(self, text: str) -> list[list[str]]:
-        return [[self._tokens[i] for i in w] for w in self._words(text)]
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         specials = set(self.special_ids) if skip_special_tokens else set()

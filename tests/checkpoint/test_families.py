@@ -51,8 +51,11 @@ CASES = [
 ]
 
 
-def _hf_model(family: str, cls_name: str, seed: int = 0):
-    model = getattr(transformers, cls_name)(HF_CONFIGS[family]())
+def _hf_model(family: str, cls_name: str, seed: int = 0, **config_overrides):
+    config = HF_CONFIGS[family]()
+    for key, value in config_overrides.items():
+        setattr(config, key, value)
+    model = getattr(transformers, cls_name)(config)
     randomize(model, seed)
     with torch.no_grad():  # LayerNorm scales near one, whatever the family calls them
         for name, p in model.named_parameters():
