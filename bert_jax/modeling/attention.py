@@ -148,8 +148,9 @@ def dropout_attention_packed(qkv, kv_lengths, *, dropout_rng, dropout_rate: floa
 def _flash_salt(dropout_rng, batch: int, heads: int):
     """The flash kernel's [batch, heads] salts (a warning off GPU, where it is interpreted)."""
     from bert_jax.kernels import flash
+    from bert_jax.kernels.platform import target_platform
 
-    if jax.default_backend() != "gpu":
+    if target_platform() != "gpu":
         warnings.warn("dropout_attention_impl='flash' off GPU runs the Pallas kernel in "
                       "interpret mode (for tests; slow): use 'auto' or 'explicit' here",
                       stacklevel=3)

@@ -78,9 +78,11 @@ def use_fused_norm(config: BertConfig) -> bool:
     the rowcol hash, a hidden size divisible by 16, activations not split on hidden)."""
     if config.layer_norm_impl == "fused":
         return True
-    if config.layer_norm_impl != "auto" or jax.default_backend() != "gpu":
-        return False
     from bert_jax.kernels import fused_norm
+    from bert_jax.kernels.platform import target_platform
+
+    if config.layer_norm_impl != "auto" or target_platform() != "gpu":
+        return False
 
     if config.hidden_dropout_impl != "hash" or config.dropout_hash != "rowcol":
         return False

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
 from bert_jax.kernels import fused_xent
+from bert_jax.kernels.platform import target_platform
 from bert_jax.kernels.reference import NEG_INF, decode, logits_cross_entropy
 from bert_jax.modeling.encoder import BertModel, dense, hidden_dropout, layer_norm, zeros
 
@@ -94,7 +95,7 @@ def _use_fused_mlm_loss(decoder: MLMDecoder | None, fused: str) -> bool:
     applies = fused_xent.supported(decoder.table.shape[0])
     if fused == "force":
         return applies
-    return (applies and jax.default_backend() == "gpu"
+    return (applies and target_platform() == "gpu"
             and fused_xent.vocab_split_axes() is None)
 
 

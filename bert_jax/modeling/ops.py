@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.kernels import fused_gelu
+from bert_jax.kernels.platform import target_platform
 from bert_jax.kernels.reference import gelu_erf
 
 
@@ -81,7 +82,7 @@ def _use_fused_gelu(y, bias, name: str, fused: str) -> bool:
                and fused_gelu.supported(y.shape[-1]))
     if fused == "force":
         return applies
-    return (applies and jax.default_backend() == "gpu"
+    return (applies and target_platform() == "gpu"
             and fused_gelu.mlp_split_axes() is None)
 
 
