@@ -46,3 +46,24 @@ def test_table_recomputes_from_raw_fields(tmp_path, capsys):
     assert "| v5e-256 | fsdp256 | 80 |" in fsdp and "| yes | 160 |" in fsdp
     assert "990%" not in fsdp
     assert "| no |" in dp and "RESOURCE_EXHAUSTED" in dp
+
+
+def test_an_interrupted_sweep_keeps_its_rows(tmp_path, monkeypatch, capsys):
+    """Rows already in OUT/sweep.jsonl are not compiled again; the table keeps row order."""
+    rows = sweep.ROWS[:3]
+    compiled = []
+
+    def fake_run_row(row):
+        compiled.append(row.command())
+        return _record(label=row.label, command=row.command(), seconds=1.0)
+
+    monkeypatch.setattr(sweep, "ROWS", rows)
+    monkeypatch.setattr(sweep, "run_row", fake_run_row)
+    (tmp_path / "sweep.jsonl").write_text(json.dumps(
+        _record(label="first", command=rows[1].command(), seconds=1.0)) + "\n")
+    assert sweep.main(["--out", str(tmp_path)]) == 0
+    assert compiled == [rows[0].command(), rows[2].command()]
+    lines = (tmp_path / "sweep.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    table = (tmp_path / "sweep.md").read_text()
+    assert table.index(rows[0].label) < table.index("first")
