@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax.data.masking import MASKING_MODES
 from bert_jax.errors import BertJaxError
 
 MANIFEST_JSON = "manifest.json"
@@ -41,10 +42,18 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
                         span_masking: bool = False, seq_len: int | None = None,
                         tokenizer=None, shuffle_buffer: int = 10_000, split: str = "train",
                         pairing: str | None = None, short_seq_prob: float = 0.1,
+                        masking: str | None = None, mask_rate: float = 0.15,
+                        span_p: float = 0.2, max_span: int = 10, basic_fraction: float = 0.0,
                         progress: bool = True) -> dict[str, Any]:
     """Runs the pipeline for ``steps`` global batches of ``split`` (train, or eval: the
     held-out shards) and writes them; returns the manifest. Document shards are paired with
-    ``pairing`` (nsp, sop, full_sentences, doc_sentences) at ``seq_len``, as in training."""
+    ``pairing`` (nsp, sop, full_sentences, doc_sentences) at ``seq_len``, as in training.
+
+    ``masking`` is a training run's ``data.masking`` (token, whole_word, span, knowledge; with
+    ``mask_rate``, ``span_p``, ``max_span`` and ``basic_fraction`` as ``data.masked_lm_prob``,
+    ``data.span_p``, ``data.max_span`` and ``data.basic_masking_fraction``): the batches are
+    masked exactly as that run's pipeline masks them. Unset, ``whole_word`` / ``span_masking``
+    select the masking flags directly (the pipeline's older switches)."""
     from tqdm import tqdm
 
     from bert_jax.data.metadata import load_metadata
@@ -53,15 +62,24 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
     if steps < 1 or batch_size < 1:
         raise BertJaxError(f"--steps {steps} and --batch-size {batch_size} must be >= 1")
     meta = load_metadata(data_dir)
-    if whole_word and tokenizer is None:
-        raise BertJaxError("--whole-word needs --tokenizer (its word-start table)")
+    if masking is not None:
+        if masking not in MASKING_MODES:
+            raise BertJaxError(f"--masking {masking!r}: expected one of {MASKING_MODES}")
+        if whole_word or span_masking:
+            raise BertJaxError("--masking replaces --whole-word and --span-masking; give one")
+    if (whole_word or masking not in (None, "token")) and tokenizer is None:
+        raise BertJaxError(f"--masking {masking or 'whole_word'} needs --tokenizer (its "
+                           "word-start table)")
     if meta.format == "documents" and not seq_len:
         raise BertJaxError(f"{data_dir}: document shards need --seq-len")
+    options = {"masking": masking, "span_p": span_p, "max_span": max_span,
+               "basic_fraction": basic_fraction} if masking is not None else {
+        "whole_word": whole_word, "span_masking": span_masking}
     iterator = PretrainingIterator.from_data_dir(
         data_dir, per_host_batch_size=batch_size, max_predictions_per_seq=max_predictions,
-        seq_len=seq_len, tokenizer=tokenizer, seed=seed, whole_word=whole_word,
-        span_masking=span_masking, shuffle_buffer=shuffle_buffer, split=split,
-        pairing=pairing, short_seq_prob=short_seq_prob)
+        seq_len=seq_len, tokenizer=tokenizer, seed=seed, mask_rate=mask_rate,
+        shuffle_buffer=shuffle_buffer, split=split, pairing=pairing,
+        short_seq_prob=short_seq_prob, **options)
     seq = seq_len or meta.max_seq_length
     shapes = {"input_ids": (seq,), "input_mask": (seq,), "segment_ids": (seq,),
               "masked_lm_positions": (max_predictions,), "masked_lm_ids": (max_predictions,),
@@ -87,7 +105,10 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
     manifest = {
         "steps": steps, "batch_size": batch_size, "seq_len": seq,
         "max_predictions": max_predictions, "seed": seed, "whole_word": whole_word,
-        "span_masking": span_masking, "split": split, "mode": meta.mode,
+        "span_masking": span_masking, "masking": masking, "mask_rate": mask_rate,
+        **({"span_p": span_p, "max_span": max_span} if masking == "span" else {}),
+        **({"basic_fraction": basic_fraction} if masking == "knowledge" else {}),
+        "shuffle_buffer": shuffle_buffer, "split": split, "mode": meta.mode,
         "pairing": pairing or ("nsp" if meta.format == "documents" else "static"),
         "short_seq_prob": short_seq_prob,
         "data_dir": os.path.abspath(data_dir),
@@ -175,12 +196,29 @@ class command:  # noqa: N801 - the CLI registry names this attribute
                                  "(default: static for pair shards, nsp for document shards)")
         parser.add_argument("--short-seq-prob", type=float, default=0.1,
                             help="document shards, nsp/sop: chance of a shorter target length")
+        parser.add_argument("--masking", default=None, choices=MASKING_MODES,
+                            help="as a training run's data.masking: token, whole_word, span "
+                                 "(SpanBERT) or knowledge (ERNIE: data created with "
+                                 "--knowledge-units); default token")
+        parser.add_argument("--mask-rate", type=float, default=0.15,
+                            help="share of tokens masked (data.masked_lm_prob)")
+        parser.add_argument("--span-p", type=float, default=0.2,
+                            help="--masking span: geometric parameter of span lengths in words")
+        parser.add_argument("--max-span", type=int, default=10,
+                            help="--masking span: longest span in words")
+        parser.add_argument("--basic-masking-fraction", type=float, default=0.25,
+                            help="--masking knowledge: share of sequences masked token by "
+                                 "token (data.basic_masking_fraction)")
+        parser.add_argument("--shuffle-buffer", type=int, default=10_000,
+                            help="example shuffle buffer (data.shuffle_buffer)")
         parser.add_argument("--whole-word", action="store_true",
-                            help="mask all pieces of a word together")
+                            help="mask all pieces of a word together (= --masking whole_word)")
         parser.add_argument("--span-masking", action="store_true",
-                            help="mask contiguous spans of words (SpanBERT)")
+                            help="the older contiguous-span switch of the pipeline; "
+                                 "--masking span is what data.masking=span trains with")
         parser.add_argument("--tokenizer", default=None,
-                            help="checked against the data; required for --whole-word")
+                            help="checked against the data; required for every masking but "
+                                 "token")
         parser.add_argument("--no-progress", action="store_true",
                             help="no progress bar (for logs)")
 
@@ -196,6 +234,8 @@ class command:  # noqa: N801 - the CLI registry names this attribute
             max_predictions=args.max_predictions, seed=args.seed, whole_word=args.whole_word,
             span_masking=args.span_masking, seq_len=args.seq_len, tokenizer=tokenizer,
             split=args.split, pairing=args.pairing, short_seq_prob=args.short_seq_prob,
-            progress=not args.no_progress)
+            masking=args.masking, mask_rate=args.mask_rate, span_p=args.span_p,
+            max_span=args.max_span, basic_fraction=args.basic_masking_fraction,
+            shuffle_buffer=args.shuffle_buffer, progress=not args.no_progress)
         print(f"wrote {manifest['steps']} batches of {manifest['batch_size']} to {args.output}")
         return 0

@@ -35,7 +35,7 @@ from bert_jax.tasks.evaluate import score
 from bert_jax.tasks.inputs import featurize, train_and_dev
 from bert_jax.tasks.model_init import initial_model, merge_encoder
 from bert_jax.tasks.registry import get_task
-from bert_jax.tasks.trainer import build_finetuner, num_rows
+from bert_jax.tasks.trainer import FinetunerCache, build_finetuner, num_rows
 from bert_jax.training.metrics import MetricsWriter
 from bert_jax.training.workdir import check_run_kind
 
@@ -53,10 +53,13 @@ def run_rngs(seed: int) -> tuple[jax.Array, jax.Array]:
     return init_rng, dropout_rng
 
 
-def finetune(config: ml_collections.ConfigDict, workdir: str, *, overwrite: bool = False
-             ) -> dict[str, Any]:
+def finetune(config: ml_collections.ConfigDict, workdir: str, *, overwrite: bool = False,
+             programs: FinetunerCache | None = None) -> dict[str, Any]:
     """Trains, evaluates after each epoch, keeps the best epoch in ``workdir``; returns the
     contents of metrics.json.
+
+    ``programs``: a :class:`FinetunerCache` shared by several runs in this process; runs of
+    the same shape then reuse one set of compiled steps.
 
     ``workdir`` must be new or hold a fine-tuning run (a pretraining workdir or a model
     directory is refused unless ``overwrite``); it is locked for the run, and each new best
@@ -75,12 +78,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, *, overwrite: bool
     if jax.process_index() == 0:
         lock.acquire()
     try:
-        return _finetune(config, workdir, task)
+        return _finetune(config, workdir, task, programs)
     finally:
         lock.release()
 
 
-def _finetune(config: ml_collections.ConfigDict, workdir: str, task) -> dict[str, Any]:
+def _finetune(config: ml_collections.ConfigDict, workdir: str, task,
+              programs: FinetunerCache | None) -> dict[str, Any]:
     model_cfg, tokenizer, pretrained, report = initial_model(task, config)
     train, devs, dev_source = train_and_dev(task, config)
     _log(f"{task.name}: {len(train)} train examples, "
@@ -99,8 +103,10 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task) -> dict[str
     dev_feats = {s: featurize(task, d, tokenizer, config) for s, d in devs.items()}
     steps_per_epoch = -(-num_rows(train_feats) // config.global_batch_size)
     total_steps = steps_per_epoch * config.epochs
-    finetuner = build_finetuner(task, config, model_cfg, total_steps,
-                                train_feats["input_mask"], config.epochs)
+    finetuner = programs.get(task, config, model_cfg, total_steps, train_feats["input_mask"],
+                             config.epochs) if programs is not None \
+        else build_finetuner(task, config, model_cfg, total_steps, train_feats["input_mask"],
+                             config.epochs)
     init_rng, dropout_rng = run_rngs(config.seed)
     params = finetuner.init_params(init_rng)
     if pretrained is not None:

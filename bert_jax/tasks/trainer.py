@@ -254,10 +254,15 @@ class Finetuner:
         in_mesh = functools.partial(parallel.traced_in_mesh, mesh=self.mesh, rules=self.rules)
         self.predict_step = jax.jit(in_mesh(make_predict_step(self.model, self.kind)),
                                     out_shardings=out_sharding)
+        # Jitted once per Finetuner, so runs that share one (FinetunerCache) share the programs.
+        self._init_jit = jax.jit(lambda rng: nn.unbox(self._init_params(rng)),
+                                 out_shardings=self.param_shardings)
         if self.tx is not None:
             _, self.state_shardings = parallel.abstract_and_shardings(
                 lambda rng: self._init_state(self._init_params(rng)), self.mesh, self.rules,
                 jax.random.PRNGKey(0))
+            self._create_state_jit = jax.jit(lambda p: nn.unbox(self._init_state(p)),
+                                             out_shardings=self.state_shardings)
             self.train_step = jax.jit(
                 in_mesh(make_train_step(self.model, self.tx, self.kind, self.distill)),
                 out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
@@ -278,7 +283,7 @@ class Finetuner:
 
     def init_params(self, rng: jax.Array):
         """Fresh parameters, created directly in their shards."""
-        return parallel.sharded_init(self._init_params, self.param_shardings, rng)
+        return self._init_jit(rng)
 
     def place_params(self, params):
         """Host (numpy) parameters -> global arrays with the model's shardings."""
@@ -290,8 +295,7 @@ class Finetuner:
 
     def create_state(self, params) -> TrainState:
         """Train state (optimizer moments zero, step 0) around sharded ``params``."""
-        return jax.jit(lambda p: nn.unbox(self._init_state(p)),
-                       out_shardings=self.state_shardings)(params)
+        return self._create_state_jit(params)
 
     # ---- batches ------------------------------------------------------------------------
     def _global(self, batch: dict[str, np.ndarray]) -> Batch:
@@ -412,6 +416,17 @@ def model_outputs(kind: str, outputs: dict[str, np.ndarray]):
     return outputs if kind == "span" else outputs["logits"]
 
 
+def run_buckets(config: ml_collections.ConfigDict, input_mask=None, passes: int = 1
+                ) -> tuple[int, ...]:
+    """The run's length buckets; with ``input_mask`` (the rows to be run, ``passes`` times)
+    without those too small to pay for their compilation (``length_bucket_min_sequences``)."""
+    buckets = bucketing.bucket_lengths(config.max_seq_length, config.length_bucket_min)
+    if input_mask is not None:
+        buckets = bucketing.keep_worthwhile(buckets, bucketing.row_lengths(input_mask), passes,
+                                            config.get("length_bucket_min_sequences", 0))
+    return tuple(buckets)
+
+
 def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: BertConfig,
                     total_steps: int | None, input_mask=None, passes: int = 1) -> Finetuner:
     """The run's Finetuner: its mesh and rules, the task model, and (with ``total_steps``) the
@@ -428,13 +443,57 @@ def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: Be
     tx, schedule = make_tx(config, total_steps) if total_steps else (None, None)
     features = {k: config[k] for k in ("feature_layers", "feature_head", "lstm_hidden_size",
                                        "lstm_layers") if k in config}
-    buckets = bucketing.bucket_lengths(config.max_seq_length, config.length_bucket_min)
-    if input_mask is not None:
-        buckets = bucketing.keep_worthwhile(buckets, bucketing.row_lengths(input_mask), passes,
-                                            config.get("length_bucket_min_sequences", 0))
+    buckets = run_buckets(config, input_mask, passes)
     return Finetuner(task, build_model(task, model_cfg, config.freeze_encoder, features),
                      mesh, rules,
                      config.global_batch_size, config.eval_batch_size, config.max_seq_length,
                      tx, schedule, buckets,
                      (config.distill_temperature, config.distill_alpha)
                      if total_steps and config.get("distill_from") else None)
+
+
+class FinetunerCache:
+    """Finetuners kept across fine-tuning runs in one process (a sweep over seeds or over
+    checkpoints of one shape): a run whose programs would be the same as an earlier run's
+    reuses that run's Finetuner, so its steps are neither traced nor compiled again (the
+    persistent compilation cache still costs a trace and a lookup per program and run).
+
+    Programs are the same when the task, the model config and every run setting other than
+    the per-run inputs below are equal, and so are the number of training steps (it shapes
+    the learning-rate schedule) and the length buckets."""
+
+    # Settings that choose inputs of a run, not its programs.
+    PER_RUN_KEYS = ("seed", "data_dir", "train_file", "dev_file", "test_file", "tfds_data_dir",
+                    "init_checkpoint", "tokenizer", "on_error", "holdout_seed",
+                    "max_train_examples", "distill_from", "log_every", "progress_bar",
+                    "compilation_cache", "postprocess")
+
+    def __init__(self):
+        self._finetuners: dict[str, Finetuner] = {}
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._finetuners)
+
+    def key(self, task: Task, config: ml_collections.ConfigDict, model_cfg: BertConfig,
+            total_steps: int | None, buckets: tuple[int, ...]) -> str:
+        import json
+
+        settings = {k: v for k, v in config.to_dict().items() if k not in self.PER_RUN_KEYS}
+        return json.dumps({"task": task.name, "num_labels": task.num_labels,
+                           "model": repr(model_cfg), "steps": total_steps,
+                           "buckets": list(buckets), "settings": settings,
+                           "distill": bool(config.get("distill_from"))},
+                          sort_keys=True, default=repr)
+
+    def get(self, task: Task, config: ml_collections.ConfigDict, model_cfg: BertConfig,
+            total_steps: int | None, input_mask=None, passes: int = 1) -> Finetuner:
+        """:func:`build_finetuner`'s Finetuner, or an earlier one of the same programs."""
+        key = self.key(task, config, model_cfg, total_steps,
+                       run_buckets(config, input_mask, passes))
+        if key in self._finetuners:
+            self.hits += 1
+        else:
+            self._finetuners[key] = build_finetuner(task, config, model_cfg, total_steps,
+                                                    input_mask, passes)
+        return self._finetuners[key]

@@ -59,3 +59,70 @@ def test_reader_does_not_import_tensorflow(tmp_path):
             "assert len(b) == 2 and b[0]['input_ids'].shape == (2, 8); "
             "assert 'tensorflow' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("masking", ["knowledge", "span"])
+def test_masking_modes_materialize_as_the_pipeline_masks(tmp_path, masking):
+    """--masking knowledge / span: the stored batches are the pipeline's (data.masking of a
+    training run), and a knowledge batch masks the lexicon's units whole."""
+    from bert_jax.data.pipeline import PretrainingIterator
+    from data.helpers import wordpiece, write_vocab
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    docs = [" ".join(rng.choice(["the", "cat", "sat", "on", "a", "log", "dog", "ran"], size=12))
+            + " . the big tree was very happy ." for _ in range(30)]
+    (corpus / "a.txt").write_text("\n\n".join(docs) + "\n")
+    (tmp_path / "lex.txt").write_text("big tree\nvery happy\n")
+    vocab = write_vocab(str(tmp_path))
+    assert main(["create-pretraining-data", "--input", str(corpus), "--tokenizer", vocab,
+                 "--output-dir", str(tmp_path / "data"), "--max-seq-length", "40",
+                 "--mode", "nsp", "--num-workers", "1", "--num-shards", "1", "--no-progress",
+                 "--knowledge-lexicon", str(tmp_path / "lex.txt")]) == 0
+    options = ["--basic-masking-fraction", "0"] if masking == "knowledge" else []
+    assert main(["materialize-batches", "--data-dir", str(tmp_path / "data"), "--output",
+                 str(tmp_path / "mat"), "--steps", "4", "--batch-size", "16",
+                 "--max-predictions", "8", "--seed", "3", "--masking", masking, "--tokenizer",
+                 vocab, "--shuffle-buffer", "50", "--no-progress", *options]) == 0
+    tokenizer = wordpiece(str(tmp_path))
+    live = PretrainingIterator.from_data_dir(
+        str(tmp_path / "data"), per_host_batch_size=16, max_predictions_per_seq=8, seed=3,
+        tokenizer=tokenizer, masking=masking, basic_fraction=0.0, shuffle_buffer=50)
+    got = list(MaterializedBatches(str(tmp_path / "mat")))
+    for g in got:
+        e = next(live)
+        for k in e:
+            np.testing.assert_array_equal(g[k], e[k])
+    manifest = json.loads((tmp_path / "mat" / "manifest.json").read_text())
+    assert manifest["masking"] == masking
+    if masking != "knowledge":
+        return
+    big, tree = tokenizer.encode_batch(["big tree"])[0]
+    whole = cut = 0
+    for batch in got:
+        for r in range(16):
+            k = int(batch["masked_lm_weights"][r].sum())
+            labels = dict(zip(batch["masked_lm_positions"][r, :k].tolist(),
+                              batch["masked_lm_ids"][r, :k].tolist(), strict=True))
+            for p, label in labels.items():  # a masked "big" comes with its "tree"
+                if label == big:
+                    whole += labels.get(p + 1) == tree
+                    cut += labels.get(p + 1) != tree
+    assert whole > 0 and cut == 0
+
+
+def test_masking_option_errors(tmp_path):
+    from bert_jax.data.materialize import materialize_batches
+
+    write_shards(str(tmp_path / "data"), num_examples=16, num_shards=1)
+    common = {"steps": 1, "batch_size": 4, "max_predictions": 3, "progress": False}
+    with pytest.raises(BertJaxError, match="--masking span needs --tokenizer"):
+        materialize_batches(str(tmp_path / "data"), str(tmp_path / "m"), masking="span",
+                            **common)
+    with pytest.raises(BertJaxError, match="replaces --whole-word"):
+        materialize_batches(str(tmp_path / "data"), str(tmp_path / "m"), masking="token",
+                            whole_word=True, **common)
+    with pytest.raises(BertJaxError, match="'spans'"):
+        materialize_batches(str(tmp_path / "data"), str(tmp_path / "m"), masking="spans",
+                            **common)
