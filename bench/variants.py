@@ -22,7 +22,7 @@ Two phases, for a GPU machine without tensorflow (docs/variants.md):
 
   python -m bench variants --prepare-only prep/ --corpus CORPUS --glue GLUE --out work/
       # with tensorflow: tokenizer, data, the batches of every (data, masking) pair the
-      # variants use, packed into prep/ (variants_prep.tar.xz + prepared.json, ~35 MiB)
+      # variants use, packed into prep/ (variants_prep.tar.xz + prepared.json, ~20 MiB)
   python -m bench variants --prepared prep/ --out bench_out/variants
       # no tensorflow: unpacks to /tmp, pretrains from data.source=materialized, fine-tunes
 
@@ -192,7 +192,7 @@ def prepare_only(args, work: str) -> dict:
         for f in files:
             shutil.copy(f, os.path.join(stage, "glue", folder))
     prepared = variants_prep.write_archive(stage, args.prepare_only, {
-        "batches": args.batches, "steps": args.steps or 2 * args.batches,
+        "batches": args.batches, "steps": args.steps or args.batches,
         "batch_size": args.batch_size, "seq_len": args.seq_len,
         "max_predictions": max_predictions(args.seq_len), "vocab_size": args.vocab_size,
         "model": args.model, "variants": variants, "tasks": args.tasks.split(","),
@@ -397,14 +397,14 @@ def parse_args(argv):
     p.add_argument("--max-corpus-mb", type=float, default=12.0)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--batches", type=int, default=600,
+    p.add_argument("--batches", type=int, default=1200,
                    help="--prepare-only: batches materialized per (data, masking) pair")
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--shuffle-buffer", type=int, default=2000)
     p.add_argument("--probe-steps", type=int, default=40)
     p.add_argument("--steps", type=int, default=0,
                    help="fixed steps per variant (0: from the budget; --prepare-only: the "
-                        "steps the GPU phase runs by default, 0 = 2 x --batches)")
+                        "steps the GPU phase runs by default, 0 = --batches)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--max-train-examples", type=int, default=2000)
     p.add_argument("--finetune-learning-rate", type=float, default=1e-4)

@@ -136,3 +136,28 @@ def test_freeze_encoder_leaves_encoder_unchanged(data, tmp_path):
     encoder = [p for p in tuned if p.startswith("bert/")]
     assert encoder and all(np.array_equal(tuned[p], original[p]) for p in encoder)
     assert np.abs(tuned["classifier/bias"]).max() > 0  # bias starts at zero
+
+
+def test_finetuner_cache_shares_programs_across_runs_of_one_shape(data, tmp_path):
+    """Runs that differ only in seed (or data folder) reuse one Finetuner and give the same
+    results as runs that build their own; another schedule length gets its own."""
+    from bert_jax.tasks.trainer import FinetunerCache
+
+    def stsb(*extra, epochs=1):
+        return config("experiments/glue.py:stsb", "--config.init_checkpoint=",
+                      f"--config.tokenizer={data['vocab_dir']}", "--config.model.preset=tiny",
+                      "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
+                      "--config.model.max_position_embeddings=64", f"--config.epochs={epochs}",
+                      f"--config.data_dir={data['stsb']}", "--config.holdout_fraction=0.25",
+                      "--config.global_batch_size=16", "--config.progress_bar=false", *extra)
+
+    programs = FinetunerCache()
+    fresh = finetune(stsb("--config.seed=1"), str(tmp_path / "fresh"))
+    shared = [finetune(stsb(f"--config.seed={s}"), str(tmp_path / f"s{s}"), programs=programs)
+              for s in (0, 1)]
+    assert len(programs) == 1 and programs.hits == 1
+    assert shared[1]["final"]["dev"] == fresh["final"]["dev"]
+    assert shared[1]["final"]["train_loss"] == fresh["final"]["train_loss"]
+    assert shared[0]["final"]["train_loss"] != fresh["final"]["train_loss"]  # its own seed
+    finetune(stsb(epochs=2), str(tmp_path / "longer"), programs=programs)
+    assert len(programs) == 2 and programs.hits == 1
