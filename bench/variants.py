@@ -22,7 +22,7 @@ Two phases, for a GPU machine without tensorflow (docs/variants.md):
 
   python -m bench variants --prepare-only prep/ --corpus CORPUS --glue GLUE --out work/
       # with tensorflow: tokenizer, data, the batches of every (data, masking) pair the
-      # variants use, packed into prep/ (variants_prep.tar.xz + prepared.json, ~20 MiB)
+      # variants use, packed into prep/ (variants_prep.tar.xz + prepared.json, ~17 MiB)
   python -m bench variants --prepared prep/ --out bench_out/variants
       # no tensorflow: unpacks to /tmp, pretrains from data.source=materialized, fine-tunes
 
