@@ -35,7 +35,7 @@ LINT_DIRS := bert_jax tests bench experiments scripts
 ## make test: style (ruff) on every Python folder, then the whole test suite on the CPU
 ## (8 simulated devices)
 test: lint
-	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -n 2 --dist loadgroup tests
+	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -n 2 --dist loadgroup --durations=30 tests
 
 lint: $(VENV)/.installed-test-$(CKSUM)
 	$(VENV)/bin/ruff check $(LINT_DIRS)

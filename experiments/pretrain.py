@@ -52,74 +52,86 @@ VARIANTS = ("tiny", "demo", "bert_base_phase1", "bert_base_phase2", "bert_large_
             "electra_base", "distilbert")
 
 
+def _sequences(c: ml_collections.ConfigDict, length: int, predictions: int) -> None:
+    """Sequences of ``length`` tokens with at most ``predictions`` masked positions each."""
+    c.data.max_seq_length = length
+    c.data.max_predictions_per_seq = predictions
+
+
+def _schedule(c: ml_collections.ConfigDict, *, steps: int, lr: float, warmup: int | None = None,
+              batch: int | None = None, microbatches: int | None = None) -> None:
+    """Steps and peak learning rate; the warmup, global batch and its microbatches where given
+    (else base_config's)."""
+    c.num_train_steps = steps
+    c.optimizer.learning_rate = lr
+    if warmup is not None:
+        c.optimizer.warmup_steps = warmup
+    if batch is not None:
+        c.global_batch_size = batch
+    if microbatches is not None:
+        c.microbatches = microbatches
+
+
+def _cadence(c: ml_collections.ConfigDict, *, checkpoint: int, log: int, eval_steps: int
+             ) -> None:
+    """CPU runs: a checkpoint every ``checkpoint`` steps, a loss line every ``log``, and
+    ``eval_steps`` batches of evaluation every 100 steps."""
+    c.checkpoint.every_steps = checkpoint
+    c.log_every = log
+    c.eval_every = 100
+    c.eval_steps = eval_steps
+
+
 def _phase2(c: ml_collections.ConfigDict) -> None:
     """The paper's last 10%: seq 512, 100k steps. The 1M-step linear schedule is at
     1e-4 * 100k / 990k when phase 1 ends; phase 2 continues it from there without warmup
     (its Adam moments start fresh, parameters come from init_checkpoint)."""
-    c.data.max_seq_length = 512
-    c.data.max_predictions_per_seq = 80
+    _sequences(c, 512, 80)
     c.model.max_position_embeddings = 512
-    c.num_train_steps = 100_000
-    c.optimizer.learning_rate = 1e-4 * 100_000 / 990_000
-    c.optimizer.warmup_steps = 0
+    _schedule(c, steps=100_000, lr=1e-4 * 100_000 / 990_000, warmup=0)
 
 
-def _lamb(c: ml_collections.ConfigDict, batch: int, lr: float, steps: int, warmup: float
-          ) -> None:
-    c.global_batch_size = batch
-    c.num_train_steps = steps
+def _lamb(c: ml_collections.ConfigDict, batch: int, lr: float, steps: int, warmup: float,
+          microbatch: int = 512) -> None:
+    """NVIDIA's LAMB recipe: ``warmup`` a fraction of ``steps``, polynomial decay (power 0.5);
+    the batch accumulated in microbatches of ``microbatch`` sequences (64k sequences do not
+    fit at once)."""
+    _schedule(c, steps=steps, lr=lr, warmup=int(round(warmup * steps)), batch=batch,
+              microbatches=batch // microbatch)
     c.optimizer.name = "lamb"
-    c.optimizer.learning_rate = lr
-    c.optimizer.warmup_steps = int(round(warmup * steps))
     c.optimizer.decay = "polynomial"
     c.optimizer.power = 0.5
     c.optimizer.b2 = 0.999
     c.optimizer.weight_decay = 0.01
     c.optimizer.clip_norm = 1.0
-    # 64k sequences do not fit at once: accumulate 128 microbatches (512 per microbatch).
-    c.microbatches = batch // 512
 
 
 def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")
     c = base_config()
-    if variant in ("tiny", "demo"):
+    if variant == "tiny":
         c.model.preset = "tiny"
         c.model.max_position_embeddings = 128
-        c.global_batch_size = 32
-        c.num_train_steps = 300
-        c.optimizer.learning_rate = 1e-3
-        c.optimizer.warmup_steps = 30
-        c.checkpoint.every_steps = 100
-        c.log_every = 20
-        c.eval_every = 100
-        c.eval_steps = 4
-    if variant == "demo":
+        _schedule(c, steps=300, lr=1e-3, warmup=30, batch=32)
+        _cadence(c, checkpoint=100, log=20, eval_steps=4)
+    elif variant == "demo":
         # A 0.2 MB corpus and a few CPU minutes: short sequences (more steps per second), no
         # dropout (nothing to regularize yet), and a learning rate that leaves the unigram
         # plateau early. Data: `bert-jax create-pretraining-data --max-seq-length 64`.
+        c.model.preset = "tiny"
         c.model.max_position_embeddings = 64
         c.model.hidden_dropout_prob = 0.0
         c.model.attention_probs_dropout_prob = 0.0
-        c.data.max_seq_length = 64
-        c.data.max_predictions_per_seq = 10
-        c.num_train_steps = 800
-        c.optimizer.learning_rate = 3e-3
-        c.optimizer.warmup_steps = 50
-        c.checkpoint.every_steps = 200
-        c.log_every = 50
-        c.eval_every = 100
-        c.eval_steps = 8
-    elif variant.startswith("bert_base"):
-        c.model.preset = "base"
-        if variant.endswith("phase2"):
-            _phase2(c)
-    elif variant.startswith("bert_large"):
-        c.model.preset = "large"
-        # 24 layers scanned: the same math, one layer compiled instead of 24 (a v5p-128 step
-        # compiles in ~35 s instead of ~130 s on 2 cores); checkpoints load either way.
-        c.model.scan_layers = True
+        _sequences(c, 64, 10)
+        _schedule(c, steps=800, lr=3e-3, warmup=50, batch=32)
+        _cadence(c, checkpoint=200, log=50, eval_steps=8)
+    elif variant.startswith(("bert_base", "bert_large")):
+        c.model.preset = variant.split("_")[1]
+        if c.model.preset == "large":
+            # 24 layers scanned: the same math, one layer compiled instead of 24 (a v5p-128
+            # step compiles in ~35 s instead of ~130 s on 2 cores); checkpoints load either way.
+            c.model.scan_layers = True
         if variant.endswith("phase2"):
             _phase2(c)
     elif variant == "lamb_large_batch":
@@ -127,73 +139,51 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
         _lamb(c, batch=65_536, lr=6e-3, steps=7_038, warmup=0.2843)
     elif variant == "lamb_large_batch_phase2":
         c.model.preset = "large"
-        _lamb(c, batch=32_768, lr=4e-3, steps=1_563, warmup=0.128)
-        c.microbatches = 32_768 // 128
-        c.data.max_seq_length = 512
-        c.data.max_predictions_per_seq = 80
+        _lamb(c, batch=32_768, lr=4e-3, steps=1_563, warmup=0.128, microbatch=128)
+        _sequences(c, 512, 80)
     elif variant == "roberta_style":
         c.model.preset = "base"
         c.objective = "mlm"
-        c.data.max_seq_length = 512
-        c.data.max_predictions_per_seq = 77
-        c.global_batch_size = 8_192
-        c.microbatches = 16
-        c.num_train_steps = 500_000
-        c.optimizer.learning_rate = 6e-4
-        c.optimizer.warmup_steps = 24_000
+        _sequences(c, 512, 77)
+        _schedule(c, steps=500_000, lr=6e-4, warmup=24_000, batch=8_192, microbatches=16)
         c.optimizer.b2 = 0.98
         c.optimizer.eps = 1e-6
     elif variant == "albert_base":
         c.model.preset = "albert_base"
         c.objective = "sop"
-        c.data.max_seq_length = 512
-        c.data.max_predictions_per_seq = 20
-        c.global_batch_size = 4_096
-        c.microbatches = 8
-        c.num_train_steps = 125_000
+        _sequences(c, 512, 20)
+        _schedule(c, steps=125_000, lr=0.00176, warmup=3_125, batch=4_096, microbatches=8)
         c.optimizer.name = "lamb"
-        c.optimizer.learning_rate = 0.00176
-        c.optimizer.warmup_steps = 3_125
     elif variant == "spanbert_base":
         c.model.preset = "base"
         c.objective = "sbo"
         c.data.masking = "span"
-        c.data.max_seq_length = 512
-        c.data.max_predictions_per_seq = 77
+        _sequences(c, 512, 77)
         c.num_train_steps = 2_400_000
     elif variant == "ernie_base":
         c.model.preset = "base"
         c.data.masking = "knowledge"
-    elif variant.startswith("electra"):
+    elif variant == "electra_small":
         c.objective = "electra"
-        if variant == "electra_small":
-            c.model.preset = "small"
-            c.model.num_hidden_layers = 12
-            c.model.hidden_size = 256
-            c.model.num_attention_heads = 4
-            c.model.intermediate_size = 1024
-            c.model.embedding_size = 128
-            c.electra.generator_fraction = 0.25
-            c.global_batch_size = 128
-            c.num_train_steps = 1_000_000
-            c.optimizer.learning_rate = 5e-4
-        else:
-            c.model.preset = "base"
-            c.electra.generator_fraction = 1 / 3
-            c.data.max_seq_length = 512
-            c.data.max_predictions_per_seq = 77
-            c.num_train_steps = 766_000
-            c.optimizer.learning_rate = 2e-4
+        c.model.preset = "small"
+        c.model.num_hidden_layers = 12
+        c.model.hidden_size = 256
+        c.model.num_attention_heads = 4
+        c.model.intermediate_size = 1024
+        c.model.embedding_size = 128
+        c.electra.generator_fraction = 0.25
+        _schedule(c, steps=1_000_000, lr=5e-4, batch=128)
+    elif variant == "electra_base":
+        c.objective = "electra"
+        c.model.preset = "base"
+        c.electra.generator_fraction = 1 / 3
+        _sequences(c, 512, 77)
+        _schedule(c, steps=766_000, lr=2e-4)
     elif variant == "distilbert":
         c.model.preset = "base"  # the student's architecture comes from the teacher
         c.objective = "distill"
-        c.data.max_seq_length = 512
-        c.data.max_predictions_per_seq = 77
-        c.global_batch_size = 4_096
-        c.microbatches = 8
-        c.num_train_steps = 100_000
-        c.optimizer.learning_rate = 5e-4
-        c.optimizer.warmup_steps = 5_000
+        _sequences(c, 512, 77)
+        _schedule(c, steps=100_000, lr=5e-4, warmup=5_000, batch=4_096, microbatches=8)
     if variant not in ("tiny", "demo"):
         c.model.dtype = "bfloat16"  # bf16 compute; parameters and optimizer state stay fp32
         # Document shards (create-pretraining-data --format documents), paired afresh every

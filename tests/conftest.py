@@ -1,6 +1,9 @@
 """Test-wide setup: 8 simulated CPU devices (set before jax is imported) and shared fixtures."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # libtpu (test extra) is only a compile target here: the CPU runs everything, and the TPU
@@ -16,3 +19,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # CLI runs in tests keep no compiled programs in the user's cache folder.
 os.environ.setdefault("BERT_JAX_COMPILATION_CACHE", "0")
+# Instead the whole test run shares one fresh persistent XLA cache: many tests compile the same
+# tiny programs (the same model, step and shapes, in-process or in the CLI subprocesses they
+# start), and the second compile of a program is a read. The process that makes the folder
+# (pytest, or its xdist controller; the workers and subprocesses inherit the variable) removes
+# it at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _xla_cache = tempfile.mkdtemp(prefix="bert-jax-tests-xla-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _xla_cache
+    atexit.register(shutil.rmtree, _xla_cache, ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")

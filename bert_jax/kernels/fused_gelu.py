@@ -55,20 +55,25 @@ Pallas interpret mode (tests).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from bert_jax.kernels.flash import fit_block
 from bert_jax.kernels.fused_norm import (
     _flat,
     per_shard,
     rows_per_shard,
     split_axes,
     unsplit_row_spec,
+)
+from bert_jax.kernels.row_tiles import (
+    TileSettings,
+    column_sums_over_row_blocks,
+    compiler_params,
+    fit_tile,
+    interpret_default,
+    layout,
 )
 
 _SQRT_HALF = 0.7071067811865476
@@ -135,23 +140,7 @@ def _cdf_and_gauss(x):
 
 
 # ---------------------------------------------------------------------------------------------
-# Settings.
-
-@dataclasses.dataclass(frozen=True)
-class GeluSettings:
-    """Static kernel settings (hashable: a custom_vjp non-differentiable argument)."""
-    block_rows: int
-    block_cols: int  # a power of two dividing the width
-    num_warps: int
-    interpret: bool
-    # Backward: row blocks one program loops over, carrying the bias-gradient column sums;
-    # one [block_cols] float32 partial sum per program (XLA sums them afterwards).
-    sum_blocks: int = 1
-    # Backward: Triton's software pipelining of that loop (1: none).
-    num_stages: int = 1
-    # Launch order: column tiles fastest (consecutive programs stream consecutive memory).
-    cols_fastest: bool = True
-
+# Settings (``row_tiles.TileSettings``).
 
 # Default tiles (block_rows, block_cols, num_warps), and the backward's row blocks per program
 # aimed at about BACKWARD_PROGRAMS row groups: enough programs to fill the GPU several times
@@ -165,7 +154,7 @@ class GeluSettings:
 BLOCKS = (4, 512, 2)
 BACKWARD_PROGRAMS = 1024
 BACKWARD_STAGES = 2  # software pipelining of the backward's loop over row blocks
-COLS_FASTEST = True  # launch order (GeluSettings.cols_fastest)
+COLS_FASTEST = True  # launch order (TileSettings.cols_fastest)
 
 
 def blocks_for(rows: int, blocks: tuple | None = None, sum_blocks: int | None = None
@@ -182,18 +171,6 @@ def blocks_for(rows: int, blocks: tuple | None = None, sum_blocks: int | None = 
     return block_rows, block_cols, num_warps, sum_blocks
 
 
-def fit_tile(tuned, rows: int, width: int, given) -> tuple[int, int, int, int, int]:
-    """(block_rows, block_cols, num_warps, sum_blocks, num_stages) of a row-tiled kernel: each
-    of ``given``'s values where not None, else ``tuned``'s (a ``blocks_for`` result), with the
-    blocks fitted to powers of two dividing ``rows`` (and the row blocks) and ``width``
-    (here and in ``fused_xent.py``)."""
-    block_rows, block_cols, num_warps, sum_blocks, num_stages = (
-        int(g) if g is not None else t for g, t in zip(given, (*tuned, 1), strict=True))
-    block_rows = fit_block(block_rows, rows)
-    return (block_rows, fit_block(block_cols, width), num_warps,
-            fit_block(sum_blocks, rows // block_rows), num_stages)
-
-
 def supported(width: int) -> bool:
     """Widths the kernels handle: a multiple of 16 (the column tile is then >= 16)."""
     return width % 16 == 0
@@ -201,8 +178,8 @@ def supported(width: int) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # Kernels. One program per tile of [block_rows (x sum_blocks), block_cols] elements, over
-# (row blocks, column tiles) (launched column tiles first: _grid). Refs: y/out/g/dx [R, C],
-# b [C]; partial sums [1, C].
+# (row blocks, column tiles) (launched column tiles first: ``row_tiles.launch_grid``).
+# Refs: y/out/g/dx [R, C], b [C]; partial sums [1, C].
 
 def _pre_activation(y, b):
     """float32 ``x = y + b`` (``b`` [C] broadcast over the rows), rounded to the dtype of
@@ -220,27 +197,7 @@ def _forward_kernel(y_ref, b_ref, o_ref):
     o_ref[...] = _gelu(_pre_activation(y_ref[...], b_ref[...])).astype(o_ref.dtype)
 
 
-def column_sums_over_row_blocks(block, sums_ref, s):
-    """The backward kernels' loop (here and in ``fused_xent.py``): ``block(rows, acc)`` writes
-    one row block's gradient tile (rows: a slice of the program's ``s.sum_blocks`` blocks of
-    ``s.block_rows`` rows) and returns ``acc`` plus that float32 tile; the carried
-    [block_rows, block_cols] sums are reduced over their rows once at the end (one cross-warp
-    reduction per program, not per block) into ``sums_ref[0]``."""
-    from jax.experimental import pallas as pl
-
-    def step(j, acc):
-        rows = slice(None) if s.sum_blocks == 1 else pl.ds(j * s.block_rows, s.block_rows)
-        return block(rows, acc)
-
-    acc = jnp.zeros((s.block_rows, s.block_cols), jnp.float32)
-    if s.sum_blocks == 1:
-        acc = step(0, acc)
-    else:
-        acc = lax.fori_loop(0, s.sum_blocks, step, acc)
-    sums_ref[...] = jnp.sum(acc, axis=0)[None, :]
-
-
-def _backward_kernel(g_ref, y_ref, b_ref, dx_ref, sums_ref, *, s: GeluSettings):
+def _backward_kernel(g_ref, y_ref, b_ref, dx_ref, sums_ref, *, s: TileSettings):
     """One program: ``s.sum_blocks`` blocks of ``s.block_rows`` rows of one column chunk.
     Writes ``dx`` and ``sums_ref[0]``, the float32 column sums of ``dx`` over all its rows."""
     b = b_ref[...]
@@ -255,56 +212,32 @@ def _backward_kernel(g_ref, y_ref, b_ref, dx_ref, sums_ref, *, s: GeluSettings):
     column_sums_over_row_blocks(block, sums_ref, s)
 
 
-def compiler_params(s, num_stages: int = 1):
-    """Triton's settings for a kernel of settings ``s`` (``num_warps``; none in interpret
-    mode)."""
-    if s.interpret:
-        return {}
-    from jax.experimental.pallas import triton as plgpu
-
-    return {"compiler_params": plgpu.CompilerParams(num_warps=s.num_warps,
-                                                    num_stages=num_stages)}
-
-
-def _grid(rows: int, cols: int, s: GeluSettings):
-    """The launch grid over (row blocks, column tiles) and index maps in (row block, column
-    tile) order. With ``s.cols_fastest`` the column tiles come first, so that programs
-    launched one after another read consecutive memory (a row's tiles, then the next row's)."""
-    if s.cols_fastest:
-        return (cols, rows), lambda f: (lambda j, i: f(i, j))
-    return (rows, cols), lambda f: f
-
-
-def _forward_call(y, b, s: GeluSettings):
+def _forward_call(y, b, s: TileSettings):
     from jax.experimental import pallas as pl
 
     n, width = y.shape
-    grid, order = _grid(n // s.block_rows, width // s.block_cols, s)
-    tile = pl.BlockSpec((s.block_rows, s.block_cols), order(lambda i, j: (i, j)))
+    at = layout(n, width, s.block_rows, s)
     return pl.pallas_call(
         _forward_kernel,
-        grid=grid,
-        in_specs=[tile, pl.BlockSpec((s.block_cols,), order(lambda i, j: (j,)))],
-        out_specs=tile,
+        grid=at.grid,
+        in_specs=[at.tile, at.column],
+        out_specs=at.tile,
         out_shape=jax.ShapeDtypeStruct((n, width), y.dtype),
         interpret=s.interpret, name="bert_bias_gelu_forward", **compiler_params(s),
     )(y, b)
 
 
-def _backward_call(g, y, b, s: GeluSettings):
+def _backward_call(g, y, b, s: TileSettings):
     from jax.experimental import pallas as pl
 
     n, width = y.shape
-    rows = s.block_rows * s.sum_blocks
-    grid, order = _grid(n // rows, width // s.block_cols, s)
-    tile = pl.BlockSpec((rows, s.block_cols), order(lambda i, j: (i, j)))
+    at = layout(n, width, s.block_rows * s.sum_blocks, s)
     return pl.pallas_call(
         functools.partial(_backward_kernel, s=s),
-        grid=grid,
-        in_specs=[tile, tile, pl.BlockSpec((s.block_cols,), order(lambda i, j: (j,)))],
-        out_specs=[tile, pl.BlockSpec((1, s.block_cols), order(lambda i, j: (i, j)))],
-        out_shape=[jax.ShapeDtypeStruct((n, width), y.dtype),
-                   jax.ShapeDtypeStruct((n // rows, width), jnp.float32)],
+        grid=at.grid,
+        in_specs=[at.tile, at.tile, at.column],
+        out_specs=[at.tile, at.sums],
+        out_shape=[jax.ShapeDtypeStruct((n, width), y.dtype), at.sums_shape],
         interpret=s.interpret, name="bert_bias_gelu_backward",
         **compiler_params(s, s.num_stages),
     )(g, y, b)
@@ -327,14 +260,14 @@ def _row_spec():
         "fusions there) or 'off'")
 
 
-def _forward(y, b, s: GeluSettings):
+def _forward(y, b, s: TileSettings):
     def local(y, b):
         return (_forward_call(_flat(y), b, s).reshape(y.shape),)
 
     return per_shard(local, (y,), (b,), (y.ndim,), _row_spec)[0]
 
 
-def _backward(g, y, b, s: GeluSettings):
+def _backward(g, y, b, s: TileSettings):
     def local(g, y, b):
         dx, sums = _backward_call(_flat(g), _flat(y), b, s)
         return dx.reshape(y.shape), sums
@@ -343,7 +276,7 @@ def _backward(g, y, b, s: GeluSettings):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _bias_gelu(y, b, s: GeluSettings):
+def _bias_gelu(y, b, s: TileSettings):
     return _forward(y, b, s)
 
 
@@ -381,13 +314,12 @@ def bias_gelu(y, b, *, block_rows: int | None = None, block_cols: int | None = N
                          f"got b {b.shape}")
     if not supported(width):
         raise ValueError(f"bias_gelu needs a width divisible by 16; got y {y.shape}")
-    if interpret is None:
-        interpret = jax.default_backend() != "gpu"
+    interpret = interpret_default(interpret)
     rows = rows_per_shard(y, _row_spec)
     block_rows, block_cols, num_warps, sum_blocks, num_stages = fit_tile(
         blocks_for(rows, (block_rows, block_cols, num_warps), sum_blocks), rows, width,
         (None, None, None, None, BACKWARD_STAGES if num_stages is None else num_stages))
-    s = GeluSettings(block_rows, block_cols, num_warps, bool(interpret), sum_blocks,
+    s = TileSettings(block_rows, block_cols, num_warps, interpret, sum_blocks,
                      num_stages, COLS_FASTEST)
     return _bias_gelu(y, b, s)
 

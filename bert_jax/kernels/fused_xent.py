@@ -22,7 +22,8 @@ logit gradient never exists in float32:
 * backward: one kernel writes ``dz = g * (exp(z - lse) - one_hot(label))`` in the matmul's
   input dtype (bfloat16 in training) and one float32 partial column sum of ``dz`` per program
   (the bias gradient, summed by XLA; a program loops over ``sum_blocks`` row blocks, carrying
-  the sums in registers, as ``fused_gelu.py`` does); then XLA's two decoder matmuls.
+  the sums in registers, as ``fused_gelu.py`` does: ``row_tiles.py``); then XLA's two decoder
+  matmuls.
 
 Values equal the XLA path's (``optax.softmax_cross_entropy_with_integer_labels`` over the
 masked logits) up to float32 summation order; ``correct`` bit for bit (same float32 sums
@@ -46,7 +47,6 @@ On the CPU they run in Pallas interpret mode (tests).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -54,12 +54,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bert_jax.kernels.fused_gelu import (
-    _grid,
-    column_sums_over_row_blocks,
-    compiler_params,
-    fit_tile,
-)
 from bert_jax.kernels.fused_norm import (
     _flat,
     per_shard,
@@ -68,20 +62,16 @@ from bert_jax.kernels.fused_norm import (
     unsplit_row_spec,
 )
 from bert_jax.kernels.reference import decode, decode_grads, logits_cross_entropy
+from bert_jax.kernels.row_tiles import (
+    TileSettings,
+    column_sums_over_row_blocks,
+    compiler_params,
+    fit_tile,
+    interpret_default,
+    layout,
+)
 
 _LOG2E = 1.4426950408889634
-
-
-@dataclasses.dataclass(frozen=True)
-class XentSettings:
-    """Static kernel settings (hashable: a custom_vjp non-differentiable argument)."""
-    block_rows: int  # a power of two dividing the rows per shard
-    block_cols: int  # a power of two dividing the (padded) vocabulary
-    num_warps: int
-    interpret: bool
-    sum_blocks: int = 1  # backward: row blocks per program (one partial column sum each)
-    num_stages: int = 1  # backward: software pipelining of that loop
-    cols_fastest: bool = True  # launch order (``fused_gelu._grid``)
 
 
 # Default tile (block_rows, block_cols, num_warps) and the backward's row groups (programs
@@ -118,7 +108,7 @@ def _forward_kernel(x_ref, b_ref, m_ref, s_ref):
 
 
 def _backward_kernel(x_ref, b_ref, ids_ref, lse_ref, g_ref, dz_ref, sums_ref, *,
-                     s: XentSettings):
+                     s: TileSettings):
     """``dz = g * (softmax(z) - one_hot(label))`` over ``s.sum_blocks`` row blocks of one column
     tile, and the tile's float32 column sums of ``dz`` over all those rows."""
     from jax.experimental import pallas as pl
@@ -138,43 +128,37 @@ def _backward_kernel(x_ref, b_ref, ids_ref, lse_ref, g_ref, dz_ref, sums_ref, *,
     column_sums_over_row_blocks(block, sums_ref, s)
 
 
-def _forward_call(x, b, s: XentSettings):
+def _forward_call(x, b, s: TileSettings):
     """(row max, sum exp) partials, each [column tiles, rows] float32."""
     from jax.experimental import pallas as pl
 
     n, vocab = x.shape
     tiles = vocab // s.block_cols
-    grid, order = _grid(n // s.block_rows, tiles, s)
-    part = pl.BlockSpec((1, s.block_rows), order(lambda i, j: (j, i)))
+    at = layout(n, vocab, s.block_rows, s)
+    part = pl.BlockSpec((1, s.block_rows), at.order(lambda i, j: (j, i)))
     shape = jax.ShapeDtypeStruct((tiles, n), jnp.float32)
     return pl.pallas_call(
         _forward_kernel,
-        grid=grid,
-        in_specs=[pl.BlockSpec((s.block_rows, s.block_cols), order(lambda i, j: (i, j))),
-                  pl.BlockSpec((s.block_cols,), order(lambda i, j: (j,)))],
+        grid=at.grid,
+        in_specs=[at.tile, at.column],
         out_specs=[part, part],
         out_shape=[shape, shape],
         interpret=s.interpret, name="bert_mlm_xent_forward", **compiler_params(s),
     )(x, b)
 
 
-def _backward_call(x, b, ids, lse, g, dtype, s: XentSettings):
+def _backward_call(x, b, ids, lse, g, dtype, s: TileSettings):
     """(dz [rows, vocab] in ``dtype``, partial column sums [row groups, vocab] float32)."""
     from jax.experimental import pallas as pl
 
     n, vocab = x.shape
-    rows = s.block_rows * s.sum_blocks
-    grid, order = _grid(n // rows, vocab // s.block_cols, s)
-    tile = pl.BlockSpec((rows, s.block_cols), order(lambda i, j: (i, j)))
-    per_row = pl.BlockSpec((rows,), order(lambda i, j: (i,)))
+    at = layout(n, vocab, s.block_rows * s.sum_blocks, s)
     return pl.pallas_call(
         functools.partial(_backward_kernel, s=s),
-        grid=grid,
-        in_specs=[tile, pl.BlockSpec((s.block_cols,), order(lambda i, j: (j,))),
-                  per_row, per_row, per_row],
-        out_specs=[tile, pl.BlockSpec((1, s.block_cols), order(lambda i, j: (i, j)))],
-        out_shape=[jax.ShapeDtypeStruct((n, vocab), dtype),
-                   jax.ShapeDtypeStruct((n // rows, vocab), jnp.float32)],
+        grid=at.grid,
+        in_specs=[at.tile, at.column, at.row, at.row, at.row],
+        out_specs=[at.tile, at.sums],
+        out_shape=[jax.ShapeDtypeStruct((n, vocab), dtype), at.sums_shape],
         interpret=s.interpret, name="bert_mlm_xent_backward",
         **compiler_params(s, s.num_stages),
     )(x, b, ids, lse, g)
@@ -197,7 +181,7 @@ def _row_spec():
         "passes there) or 'off'")
 
 
-def _log_sum_exp(x, b, s: XentSettings):
+def _log_sum_exp(x, b, s: TileSettings):
     """(log-sum-exp, max) over the last axis of ``x + b``, each ``x.shape[:-1]``."""
     def local(x, b):
         m, total = _forward_call(_flat(x), b, s)
@@ -209,7 +193,7 @@ def _log_sum_exp(x, b, s: XentSettings):
     return per_shard(local, (x,), (b,), (ndim, ndim), _row_spec)
 
 
-def _logit_gradient(x, b, ids, lse, g, dtype, s: XentSettings):
+def _logit_gradient(x, b, ids, lse, g, dtype, s: TileSettings):
     def local(x, ids, lse, g, b):
         dz, sums = _backward_call(_flat(x), b, ids.reshape(-1), lse.reshape(-1),
                                   g.reshape(-1), dtype, s)
@@ -223,7 +207,7 @@ def _label_logits(x, b, ids):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _decode_xent(h, table, bias, ids, s: XentSettings):
+def _decode_xent(h, table, bias, ids, s: TileSettings):
     return _decode_xent_fwd(h, table, bias, ids, s)[0]
 
 
@@ -268,13 +252,12 @@ def decode_cross_entropy(h, table, bias, ids, *, block_rows: int | None = None,
                          f"leading shape {h.shape[:-1]}; got bias {bias.shape}, ids {ids.shape}")
     if not supported(vocab):
         raise ValueError(f"decode_cross_entropy needs a vocabulary divisible by 16; got {vocab}")
-    if interpret is None:
-        interpret = jax.default_backend() != "gpu"
+    interpret = interpret_default(interpret)
     rows = rows_per_shard(h, _row_spec)
     block_rows, block_cols, num_warps, sum_blocks, num_stages = fit_tile(
         blocks_for(rows), rows, vocab, (block_rows, block_cols, num_warps, sum_blocks,
                                         BACKWARD_STAGES if num_stages is None else num_stages))
-    s = XentSettings(block_rows, block_cols, num_warps, bool(interpret), sum_blocks, num_stages)
+    s = TileSettings(block_rows, block_cols, num_warps, interpret, sum_blocks, num_stages)
     return _decode_xent(h, table, bias.astype(jnp.float32), ids.astype(jnp.int32), s)
 
 

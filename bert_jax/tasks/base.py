@@ -112,6 +112,34 @@ def encode_inputs(encodings, tokenizer, max_seq_length: int) -> Features:
     return {"input_ids": ids, "input_mask": mask, "segment_ids": segs}
 
 
+def text_features(examples, tokenizer, max_seq_length: int, kind: str,
+                  labels: Sequence[str]) -> Features:
+    """Features of single texts or text pairs (``e.text_a``, ``e.text_b``; pairs truncated
+    longest-first to fit with [CLS]/[SEP]) plus ``example_index``, and the targets when every
+    example has a label: ``labels`` float32 scores for ``kind`` regression, else ``label_ids``
+    (the index of each label in ``labels``)."""
+    encodings = [tokenizer.encode(e.text_a, e.text_b, max_length=max_seq_length)
+                 for e in examples]
+    feats = encode_inputs(encodings, tokenizer, max_seq_length)
+    feats["example_index"] = np.arange(len(examples), dtype=np.int32)
+    if examples and all(e.label is not None for e in examples):
+        if kind == "regression":
+            feats["labels"] = np.array([e.label for e in examples], dtype=np.float32)
+        else:
+            index = {label: i for i, label in enumerate(labels)}
+            feats["label_ids"] = np.array([index[e.label] for e in examples], np.int32)
+    return feats
+
+
+def parse_score(raw: str) -> float | None:
+    """A regression label as a finite float, or None (not a number, NaN or infinite)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 def write_json(path: str, obj: Any) -> str:
     """Writes JSON (NaN/inf become null, as strict JSON readers require); returns the path."""
     def clean(x):

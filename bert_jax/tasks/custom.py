@@ -33,12 +33,13 @@ from bert_jax.tasks.base import (
     Features,
     RowProblems,
     Task,
-    encode_inputs,
+    parse_score,
     resolve_file,
+    text_features,
 )
 from bert_jax.tasks.conlleval import conlleval
 from bert_jax.tasks.ner import featurize_ner, words_from_token_labels
-from bert_jax.tasks.tsv import read_tsv_lines
+from bert_jax.tasks.tsv import column_count_problem, read_tsv_header
 from bert_jax.textio import open_text
 
 # task name -> kind
@@ -93,19 +94,15 @@ def read_rows(path: str, fmt: str) -> tuple[list[str] | None, Iterator[tuple[int
     if fmt == "jsonl":
         return None, _jsonl_rows(path)
     if fmt == "tsv":
-        lines = read_tsv_lines(path)
-        first = next(lines, None)
-        if first is None:
-            raise BertJaxError(f"{path}: empty file (expected a header row)")
-        header = first[1]
+        header, lines = read_tsv_header(path, "empty file (expected a header row)")
 
         def tsv_rows():
             for number, fields in lines:
                 if fields == [""]:
                     continue
-                if len(fields) != len(header):
-                    raise BertJaxError(f"{path}:{number}: expected {len(header)} tab-separated "
-                                       f"columns as in the header, found {len(fields)}")
+                problem = column_count_problem(header, fields)
+                if problem:
+                    raise BertJaxError(f"{path}:{number}: {problem}")
                 yield number, dict(zip(header, fields, strict=True))
 
         return header, tsv_rows()
@@ -291,11 +288,8 @@ class CustomTask(Task):
                 problems.report(where, f"empty label in column {self.label_column!r}")
                 return None
             if self.kind == "regression":
-                try:
-                    label = float(raw)
-                except ValueError:
-                    label = float("nan")
-                if not np.isfinite(label):
+                label = parse_score(raw)
+                if label is None:
                     problems.report(where, f"label {raw!r} in column {self.label_column!r} is "
                                     "not a number")
                     return None
@@ -317,17 +311,7 @@ class CustomTask(Task):
             raise BertJaxError(f"{self.name}: unknown featurize options {sorted(opts)}")
         if self.kind == "token_classification":
             return featurize_ner(examples, tokenizer, max_seq_length, self.labels)
-        encodings = [tokenizer.encode(e.text_a, e.text_b, max_length=max_seq_length)
-                     for e in examples]
-        feats = encode_inputs(encodings, tokenizer, max_seq_length)
-        feats["example_index"] = np.arange(len(examples), dtype=np.int32)
-        if examples and all(e.label is not None for e in examples):
-            if self.kind == "regression":
-                feats["labels"] = np.array([e.label for e in examples], dtype=np.float32)
-            else:
-                index = {label: i for i, label in enumerate(self.labels)}
-                feats["label_ids"] = np.array([index[e.label] for e in examples], np.int32)
-        return feats
+        return text_features(examples, tokenizer, max_seq_length, self.kind, self.labels)
 
     # ---- predictions -----------------------------------------------------------------------
     def postprocess(self, features, model_outputs, examples, **opts) -> list:
@@ -345,9 +329,8 @@ class CustomTask(Task):
         if any(g is None for g in golds):
             raise BertJaxError(f"{self.name}: examples without labels cannot be scored")
         if self.kind == "regression":
-            p, s = M.pearson(predictions, golds), M.spearman(predictions, golds)
             mse = float(np.mean((np.asarray(predictions) - np.asarray(golds)) ** 2))
-            return {"pearson": p, "spearman": s, "corr": (p + s) / 2, "mse": mse}
+            return {**M.correlations(predictions, golds), "mse": mse}
         if self.kind == "token_classification":
             flat_p = [t for sent in predictions for t in sent]
             flat_g = [t for sent in golds for t in sent]

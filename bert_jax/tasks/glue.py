@@ -24,10 +24,11 @@ from bert_jax.tasks.base import (
     Features,
     RowProblems,
     Task,
-    encode_inputs,
+    parse_score,
     resolve_file,
+    text_features,
 )
-from bert_jax.tasks.tsv import read_tsv_lines
+from bert_jax.tasks.tsv import column_count_problem, read_tsv_header
 
 NLI_LABELS = ("contradiction", "entailment", "neutral")
 BINARY_LABELS = ("0", "1")
@@ -137,18 +138,14 @@ class GlueTask(Task):
     def read(self, split, data_dir=None, files=None, on_error="raise") -> ExampleList:
         path = resolve_file(split, self.spec.split_files, data_dir, files, (self.spec.folder,))
         problems = RowProblems(on_error)
-        rows = read_tsv_lines(path)
-        first = next(rows, None)
-        if first is None:
-            raise BertJaxError(f"{path}: empty file")
+        header, rows = read_tsv_header(path)
         examples: list[PairExample] = []
-        if self.spec.headerless and self.spec.text_a not in first[1]:
-            for number, fields in itertools.chain([first], rows):
+        if self.spec.headerless and self.spec.text_a not in header:
+            for number, fields in itertools.chain([(1, header)], rows):
                 ex = self._headerless_row(split, path, number, fields, len(examples), problems)
                 if ex is not None:
                     examples.append(ex)
             return problems.finish(examples, path)
-        header = first[1]
         columns = {name: i for i, name in enumerate(header)}
         needed = [self.spec.text_a] + ([self.spec.text_b] if self.spec.text_b else [])
         missing = [c for c in needed if c not in columns]
@@ -160,9 +157,9 @@ class GlueTask(Task):
             raise BertJaxError(f"{path}:1: header {header} lacks the label column "
                                f"{self.spec.label_column!r} needed for split {split!r}")
         for number, fields in rows:
-            if len(fields) != len(header):
-                problems.report(f"{path}:{number}", f"expected {len(header)} tab-separated "
-                                f"columns as in the header, found {len(fields)}")
+            problem = column_count_problem(header, fields)
+            if problem:
+                problems.report(f"{path}:{number}", problem)
                 continue
             label = None
             if label_col is not None:
@@ -193,11 +190,8 @@ class GlueTask(Task):
 
     def _parse_label(self, raw: str, where: str, problems: RowProblems):
         if self.kind == "regression":
-            try:
-                value = float(raw)
-            except ValueError:
-                value = float("nan")
-            if not np.isfinite(value):
+            value = parse_score(raw)
+            if value is None:
                 problems.report(where, f"score {raw!r} is not a number")
                 return None
             low, high = self.spec.label_range or (-np.inf, np.inf)
@@ -241,17 +235,7 @@ class GlueTask(Task):
         """Pairs are truncated longest-first to fit ``max_seq_length`` with [CLS]/[SEP]."""
         if opts:
             raise BertJaxError(f"{self.name}: unknown featurize options {sorted(opts)}")
-        encodings = [tokenizer.encode(e.text_a, e.text_b, max_length=max_seq_length)
-                     for e in examples]
-        feats = encode_inputs(encodings, tokenizer, max_seq_length)
-        feats["example_index"] = np.arange(len(examples), dtype=np.int32)
-        if examples and all(e.label is not None for e in examples):
-            if self.kind == "regression":
-                feats["labels"] = np.array([e.label for e in examples], dtype=np.float32)
-            else:
-                feats["label_ids"] = np.array([self.labels.index(e.label) for e in examples],
-                                              dtype=np.int32)
-        return feats
+        return text_features(examples, tokenizer, max_seq_length, self.kind, self.labels)
 
     # ---- predictions -----------------------------------------------------------------------
     def postprocess(self, features, model_outputs, examples, **opts) -> list:
@@ -272,8 +256,7 @@ class GlueTask(Task):
             raise BertJaxError(f"{self.name}: {len(predictions)} predictions for {len(golds)} "
                                "examples")
         if self.kind == "regression":
-            p, s = M.pearson(predictions, golds), M.spearman(predictions, golds)
-            return {"pearson": p, "spearman": s, "corr": (p + s) / 2}
+            return M.correlations(predictions, golds)
         if self.name == "cola":
             return {"mcc": M.matthews_corrcoef(predictions, golds),
                     "accuracy": M.accuracy(predictions, golds)}

@@ -71,3 +71,10 @@ def rankdata(x) -> np.ndarray:
 def spearman(x, y) -> float:
     """Spearman's rho: Pearson's r of the average ranks (scipy.stats.spearmanr)."""
     return pearson(rankdata(x), rankdata(y))
+
+
+def correlations(preds, golds) -> dict[str, float]:
+    """A regression task's scores (GLUE's STS-B): Pearson's r, Spearman's rho and their mean
+    ``corr``."""
+    p, s = pearson(preds, golds), spearman(preds, golds)
+    return {"pearson": p, "spearman": s, "corr": (p + s) / 2}

@@ -1,12 +1,12 @@
 """Range checks of every number in a fine-tuning config, run when it is loaded (and again
 after ``evaluate``/``predict`` overrides), before any data is read or anything compiled.
 The error names the key and the allowed range, like the pretraining checks
-(``bert_jax.training.validate``) whose helpers it shares."""
+(``bert_jax.training.validate``), with the same helpers (``bert_jax.validation``)."""
 
 from __future__ import annotations
 
 from bert_jax.errors import BertJaxError
-from bert_jax.training.validate import Checker, check_mesh
+from bert_jax.validation import Checker, check_mesh, check_model, check_optimizer
 
 
 def validate_finetuning(config) -> None:
@@ -24,28 +24,8 @@ def validate_finetuning(config) -> None:
     c.integer("length_bucket_min_sequences", 0)
     c.integer("seed", 0)
     c.integer("log_every", 0)  # 0: no loss lines during an epoch
-    c.choice("optimizer.name", ("adamw", "lamb"))
-    c.number("optimizer.learning_rate", 0.0, low_open=True)
-    c.integer("optimizer.warmup_steps", 0, allow=(-1,))
-    c.probability("optimizer.warmup_proportion")
-    c.choice("optimizer.decay", ("linear", "polynomial", "cosine", "constant"))
-    c.integer("optimizer.decay_steps", 1, allow=(-1,))
-    c.number("optimizer.end_learning_rate", 0.0)
-    c.number("optimizer.power", 0.0, low_open=True)
-    c.number("optimizer.b1", 0.0, 1.0, high_open=True)
-    c.number("optimizer.b2", 0.0, 1.0, high_open=True)
-    c.number("optimizer.eps", 0.0, low_open=True)
-    c.number("optimizer.weight_decay", 0.0)
-    c.number("optimizer.clip_norm", 0.0)
+    check_optimizer(c, warmup_steps_allow=(-1,), warmup_proportion=True)
     check_mesh(c, "parallel.mesh", config)
-    for key, value in config.model.items():
-        if key == "preset" or value is None or isinstance(value, bool):
-            continue
-        if isinstance(value, float) and key.endswith("_prob"):
-            c.probability(f"model.{key}")
-        elif key in ("initializer_range", "layer_norm_eps"):
-            c.number(f"model.{key}", 0.0, low_open=True)
-        elif isinstance(value, int) and key != "pad_token_id":
-            c.integer(f"model.{key}", 1)
+    check_model(c, config)
     if not config.task:
         raise BertJaxError("task='': set --config.task (e.g. mrpc, squad_v1, conll2003)")
