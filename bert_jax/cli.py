@@ -21,7 +21,8 @@ and convert checkpoints from and to Hugging Face and Google TF.
 
 A first run, on the packaged demo corpus (a few minutes on a laptop CPU):
   bert-jax train-tokenizer --input corpus/ --output tok/ --vocab-size 2000
-  bert-jax create-pretraining-data --input corpus/ --tokenizer tok/ --output-dir data/
+  bert-jax create-pretraining-data --input corpus/ --tokenizer tok/ --output-dir data/ \\
+      --max-seq-length 32
   bert-jax pretrain --config experiments/pretrain.py:demo --workdir run/ \\
       --config.data.directory=data/ --config.data.tokenizer=tok/
   bert-jax fill-mask run/ --text "It was a [MASK] day."

@@ -3,9 +3,9 @@
 Variants
   tiny                 2-layer 128-wide model at seq 128 on the CPU (a few hundred steps); give
                        it data with --config.data.directory (or --config.data.source=synthetic).
-  demo                 `make demo`: the tiny model at seq 64, tuned to learn visibly within
+  demo                 `make demo`: the tiny model at seq 32, tuned to learn visibly within
                        minutes on a 2-core CPU from the packaged demo corpus (no dropout, a high
-                       learning rate, 800 steps of 32 sequences).
+                       learning rate, 800 steps of 64 sequences of 32 tokens).
   bert_base_phase1     BERT paper recipe, seq 128, batch 256, 900k steps (90% of 1M), Adam 1e-4,
                        10k warmup, linear decay, weight decay 0.01.
   bert_base_phase2     seq 512, 100k steps (the last 10%); init_checkpoint = phase 1 workdir.
@@ -96,20 +96,23 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
         c.eval_every = 100
         c.eval_steps = 4
     if variant == "demo":
-        # A 0.2 MB corpus and a few CPU minutes: short sequences (more steps per second), no
-        # dropout (nothing to regularize yet), and a learning rate that leaves the unigram
-        # plateau early. Data: `bert-jax create-pretraining-data --max-seq-length 64`.
+        # A 0.2 MB corpus and a few CPU minutes: short sequences (more of them per second, and
+        # fewer positions to attend over), no dropout (nothing to regularize yet), and a
+        # learning rate that leaves the unigram plateau early. Data: `bert-jax
+        # create-pretraining-data --max-seq-length 32`; 64 positions, so that fine-tuning
+        # can use longer sentences.
         c.model.max_position_embeddings = 64
         c.model.hidden_dropout_prob = 0.0
         c.model.attention_probs_dropout_prob = 0.0
-        c.data.max_seq_length = 64
-        c.data.max_predictions_per_seq = 10
+        c.data.max_seq_length = 32
+        c.data.max_predictions_per_seq = 5
+        c.global_batch_size = 64
         c.num_train_steps = 800
         c.optimizer.learning_rate = 3e-3
         c.optimizer.warmup_steps = 50
-        c.checkpoint.every_steps = 200
+        c.checkpoint.every_steps = 400
         c.log_every = 50
-        c.eval_every = 100
+        c.eval_every = 200
         c.eval_steps = 8
     elif variant.startswith("bert_base"):
         c.model.preset = "base"

@@ -21,9 +21,9 @@ SECONDS=0
 echo "== 1/4 train a SentencePiece tokenizer (vocab $vocab) on ${corpus[*]}"
 bert-jax train-tokenizer --input "${corpus[@]}" --output "$out/tokenizer" --vocab-size "$vocab"
 
-echo "== 2/4 create pretraining data (NSP pairs, seq 64, 5% of documents held out)"
+echo "== 2/4 create pretraining data (NSP pairs, seq 32, 5% of documents held out)"
 bert-jax create-pretraining-data --input "${corpus[@]}" --tokenizer "$out/tokenizer" \
-  --output-dir "$out/data" --max-seq-length 64 --dupe-factor 5 --num-shards 2 \
+  --output-dir "$out/data" --max-seq-length 32 --dupe-factor 5 --num-shards 2 \
   --holdout-fraction 0.05 --no-progress
 
 echo "== 3/4 pretrain the tiny model on the CPU (experiments/pretrain.py:demo)"
