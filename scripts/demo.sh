@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo: raw text -> SentencePiece tokenizer -> pretraining data -> pretrain a tiny BERT on
-# the CPU (about 3 minutes on 2 cores), then show that it learned: held-out masked-LM accuracy
-# and loss against the unigram baseline, a PNG of the curves, and fill-mask predictions.
+# the CPU (about 3 minutes of CPU time on 2 cores), then show what it learned: what it was
+# trained on, held-out masked-LM accuracy and loss against the unigram baseline (also at the
+# [MASK] positions alone), a PNG of the curves, and fill-mask predictions.
 #
 #   scripts/demo.sh [CORPUS ...]      text files or directories (default: bert_jax/demo_data)
 #
