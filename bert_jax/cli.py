@@ -21,7 +21,8 @@ and convert checkpoints from and to Hugging Face and Google TF.
 
 A first run, on the packaged demo corpus (a few minutes on a laptop CPU):
   bert-jax train-tokenizer --input corpus/ --output tok/ --vocab-size 2000
-  bert-jax create-pretraining-data --input corpus/ --tokenizer tok/ --output-dir data/
+  bert-jax create-pretraining-data --input corpus/ --tokenizer tok/ --output-dir data/ \\
+      --max-seq-length 32
   bert-jax pretrain --config experiments/pretrain.py:demo --workdir run/ \\
       --config.data.directory=data/ --config.data.tokenizer=tok/
   bert-jax fill-mask run/ --text "It was a [MASK] day."
@@ -67,9 +68,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fill-mask": ("bert_jax.inference:fill_mask_command", "top-k fillers for each [MASK]"),
     "embed": ("bert_jax.inference:embed_command",
               "per-token or pooled vectors from any layer to .npy"),
-    "analyze-attention": ("bert_jax.analysis.attention:command",
+    "analyze-attention": ("bert_jax.analysis.commands:attention_command",
                           "per-layer, per-head attention statistics and figures"),
-    "probe": ("bert_jax.analysis.probe:command",
+    "probe": ("bert_jax.analysis.commands:probe_command",
               "linear / MLP probes per layer of a frozen checkpoint (which layer knows what)"),
     "plot-metrics": ("bert_jax.training.plot:command",
                      "draw a run's loss and accuracy curves (metrics.jsonl) to a PNG"),

@@ -3,9 +3,9 @@
 Variants
   tiny                 2-layer 128-wide model at seq 128 on the CPU (a few hundred steps); give
                        it data with --config.data.directory (or --config.data.source=synthetic).
-  demo                 `make demo`: the tiny model at seq 64, tuned to learn visibly within
+  demo                 `make demo`: the tiny model at seq 32, tuned to learn visibly within
                        minutes on a 2-core CPU from the packaged demo corpus (no dropout, a high
-                       learning rate, 800 steps of 32 sequences).
+                       learning rate, 800 steps of 64 sequences of 32 tokens).
   bert_base_phase1     BERT paper recipe, seq 128, batch 256, 900k steps (90% of 1M), Adam 1e-4,
                        10k warmup, linear decay, weight decay 0.01.
   bert_base_phase2     seq 512, 100k steps (the last 10%); init_checkpoint = phase 1 workdir.
@@ -116,16 +116,19 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
         _schedule(c, steps=300, lr=1e-3, warmup=30, batch=32)
         _cadence(c, checkpoint=100, log=20, eval_steps=4)
     elif variant == "demo":
-        # A 0.2 MB corpus and a few CPU minutes: short sequences (more steps per second), no
-        # dropout (nothing to regularize yet), and a learning rate that leaves the unigram
-        # plateau early. Data: `bert-jax create-pretraining-data --max-seq-length 64`.
+        # A 0.2 MB corpus and a few CPU minutes: short sequences (more of them per second, and
+        # fewer positions to attend over), no dropout (nothing to regularize yet), and a
+        # learning rate that leaves the unigram plateau early. Data: `bert-jax
+        # create-pretraining-data --max-seq-length 32`; 64 positions, so that fine-tuning
+        # can use longer sentences.
         c.model.preset = "tiny"
         c.model.max_position_embeddings = 64
         c.model.hidden_dropout_prob = 0.0
         c.model.attention_probs_dropout_prob = 0.0
-        _sequences(c, 64, 10)
-        _schedule(c, steps=800, lr=3e-3, warmup=50, batch=32)
-        _cadence(c, checkpoint=200, log=50, eval_steps=8)
+        _sequences(c, 32, 5)
+        _schedule(c, steps=800, lr=3e-3, warmup=50, batch=64)
+        _cadence(c, checkpoint=400, log=50, eval_steps=8)
+        c.eval_every = 200
     elif variant.startswith(("bert_base", "bert_large")):
         c.model.preset = variant.split("_")[1]
         if c.model.preset == "large":

@@ -1,6 +1,7 @@
-"""The end of `make demo`'s pretraining: did the model learn? Prints the held-out curve beside
-the unigram baseline (a model that ignores the context), writes the curves as a PNG, and
-fills a few masked sentences.
+"""The end of `make demo`'s pretraining: did the model learn? Says what the model was trained
+on, prints the held-out curve beside the unigram baseline (a model that ignores the context),
+the held-out accuracy at the [MASK] positions alone, writes the curves as a PNG, and fills a
+few masked sentences.
 
     python scripts/demo_report.py WORKDIR [--text "... [MASK] ..."]
 """
@@ -10,27 +11,130 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 
 import ml_collections
+import numpy as np
 
+from bert_jax.cli import QUIET_ENVIRONMENT
 from bert_jax.tokenization import load_tokenizer
+from bert_jax.tpu.topologies import quiet_libtpu_without_tpus
 from bert_jax.training.baseline import unigram_baseline
 from bert_jax.training.plot import plot_metrics, read_records
 
-# Answers the corpus teaches (Sir Walter Elliot, Captain Wentworth, "do not know").
-TEXTS = ("Sir [MASK] Elliot was a proud man.", "Captain [MASK] came to the house.",
-         "I do not [MASK] what you mean.")
+# Prompts for the packaged corpus (bert_jax/demo_data), each with the phrase of the training
+# text that answers it: names and phrases that recur there. The report counts each phrase in
+# the training files, so what the model could have learned it from is on the screen.
+PROMPTS = (("Sir [MASK] Elliot was a proud man.", "Sir Walter"),
+           ("She went to see Lady [MASK] .", "Lady Russell"),
+           ("Captain [MASK] came to the house.", "Captain Wentworth"),
+           ("They talked a great [MASK] of the family.", "a great deal"),
+           ("\"I do not know,\" said [MASK] .", "said Syme"))
+
+
+def _training_files(metadata: dict) -> list[str]:
+    files = []
+    for path in metadata.get("input", {}).get("paths", []):
+        if os.path.isdir(path):
+            files += [os.path.join(d, f) for d, _, names in os.walk(path) for f in sorted(names)
+                      if f.endswith(".txt")]
+        elif os.path.isfile(path):
+            files.append(path)
+    return sorted(files)
+
+
+def describe_training(workdir: str, experiment: ml_collections.ConfigDict) -> tuple[str, str]:
+    """One paragraph on what the model saw, and the training text (for counting phrases)."""
+    meta_path = os.path.join(experiment.data.directory or "", "metadata.json")
+    if not os.path.isfile(meta_path):
+        return f"trained on {experiment.data.directory}", ""
+    with open(meta_path, encoding="utf-8") as f:
+        metadata = json.load(f)
+    files = _training_files(metadata)
+    titles = []
+    text = ""
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            body = f.read()
+        text += body + "\n"
+        first = body.lstrip().splitlines()[0] if body.strip() else ""
+        title = first.strip("[] ") if first.startswith("[") else os.path.basename(path)
+        titles.append(f"{title} ({len(body.encode('utf-8')) / 1e3:.0f} KB)")
+    info = metadata.get("input", {})
+    model = experiment.model
+    lines = [
+        f"trained on: {'; '.join(titles) or info.get('paths')}",
+        f"  {info.get('tokens', '?'):,} tokens in {info.get('documents', '?')} documents "
+        f"(chapters), {info.get('eval_documents', '?')} of them held out for evaluation; "
+        f"a {metadata.get('tokenizer', {}).get('vocab_size', '?')}-piece tokenizer trained on "
+        "the same text",
+        f"  model: {experiment.model.preset} preset ({_layers(model)}), from random weights; "
+        f"{experiment.num_train_steps} steps of {experiment.global_batch_size} sequences of "
+        f"{experiment.data.max_seq_length} tokens, {experiment.data.masked_lm_prob:.0%} of "
+        "the tokens masked afresh in every batch",
+    ]
+    return "\n".join(lines), text
+
+
+def _layers(model: ml_collections.ConfigDict) -> str:
+    from bert_jax.config import get_preset
+
+    config = get_preset(model.preset)
+    return (f"{config.num_hidden_layers} layers, hidden size {config.hidden_size}, "
+            f"{config.num_attention_heads} heads")
+
+
+def mask_position_accuracy(workdir: str, experiment: ml_collections.ConfigDict,
+                           tokenizer, most_frequent_id: int) -> dict[str, float]:
+    """Held-out accuracy where the input shows [MASK] (80% of the masked positions; the rest
+    are left unchanged or replaced at random, and an unchanged token can simply be copied):
+    the model's, and the unigram baseline's on the same positions."""
+    import jax
+
+    from bert_jax.checkpoint import store
+    from bert_jax.modeling import BertForPreTraining
+    from bert_jax.training.inputs import make_batches
+
+    params, config, _, _ = store.load_model(workdir)
+    model = BertForPreTraining(config, pair_head="nsp" in params,
+                               add_pooler="pooler" in params["bert"])
+    # [batch, predictions, vocab]: the logits at the masked positions only
+    apply = jax.jit(lambda p, ids, mask, seg, positions: model.apply(
+        {"params": p}, ids, mask, seg, positions)["mlm_logits"])
+    right = baseline_right = total = 0
+    for _, batch in zip(range(experiment.eval_steps),
+                        make_batches(experiment, "eval", batch_size=experiment.global_batch_size,
+                                     vocab_size=config.vocab_size, process_index=0,
+                                     process_count=1, tokenizer=tokenizer), strict=False):
+        positions = batch["masked_lm_positions"]
+        logits = np.asarray(apply(params, batch["input_ids"], batch["input_mask"],
+                                  batch["segment_ids"], positions))
+        shown = np.take_along_axis(np.asarray(batch["input_ids"]), positions, axis=1)
+        keep = (batch["masked_lm_weights"] > 0) & (shown == tokenizer.mask_id)
+        predicted = logits[..., :config.vocab_size].argmax(-1)
+        targets = batch["masked_lm_ids"]
+        right += int(((predicted == targets) & keep).sum())
+        baseline_right += int(((targets == most_frequent_id) & keep).sum())
+        total += int(keep.sum())
+    return {"model": right / max(total, 1), "baseline": baseline_right / max(total, 1),
+            "tokens": total}
 
 
 def main() -> int:
+    for key, value in QUIET_ENVIRONMENT.items():  # as the bert-jax command does
+        os.environ.setdefault(key, value)
+    quiet_libtpu_without_tpus()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workdir")
     parser.add_argument("--text", action="append", help="sentence with [MASK] (repeatable)")
+    parser.add_argument("--top-k", type=int, default=3, help="fillers shown per [MASK]")
     args = parser.parse_args()
     with open(os.path.join(args.workdir, "config.json"), encoding="utf-8") as f:
         experiment = ml_collections.ConfigDict(json.load(f)["experiment"])
     tokenizer = load_tokenizer(os.path.join(args.workdir, "tokenizer"))
     baseline = unigram_baseline(experiment, tokenizer.vocab_size, tokenizer=tokenizer)
+    description, corpus = describe_training(args.workdir, experiment)
+    print(f"\n{description}")
 
     records = read_records(args.workdir)
     train = [r for r in records if r["split"] == "train"]
@@ -48,6 +152,10 @@ def main() -> int:
               f"{baseline['mlm_accuracy']:.3f}")
         print(f"held-out masked-LM loss:     {first['mlm_loss']:.3f} -> {last['mlm_loss']:.3f};"
               f" unigram baseline {baseline['mlm_loss']:.3f}")
+        at_mask = mask_position_accuracy(args.workdir, experiment, tokenizer,
+                                         baseline["most_frequent_id"])
+        print(f"held-out accuracy at the [MASK] positions alone: {at_mask['model']:.3f}; "
+              f"unigram baseline {at_mask['baseline']:.3f} ({at_mask['tokens']} tokens)")
         print(f"(unigram baseline: always the most frequent training token, "
               f"{tokenizer.id_to_token(baseline['most_frequent_id'])!r}, and each token's "
               f"training frequency as its probability; {baseline['tokens']} held-out "
@@ -58,14 +166,30 @@ def main() -> int:
 
     from bert_jax.inference import fill_mask
 
-    texts = args.text or list(TEXTS)
-    print("\nfill-mask (top 3):")
-    for text, masks in zip(texts, fill_mask(args.workdir, texts, top_k=3), strict=True):
+    if args.text:
+        prompts = [(text, None) for text in args.text]
+    else:
+        prompts = [(text, phrase) for text, phrase in PROMPTS
+                   if corpus and _count(corpus, phrase)]
+    if not prompts:
+        return 0
+    print(f"\nfill-mask (top {args.top_k}; the prompts use phrases that recur in the "
+          "training text, counted in brackets):")
+    texts = [text for text, _ in prompts]
+    for (text, phrase), masks in zip(prompts, fill_mask(args.workdir, texts, top_k=args.top_k),
+                                     strict=True):
         fillers = " | ".join(", ".join(f"{c['text'] or c['token']!r} "
                                        f"{c['probability']:.2f}" for c in mask)
                              for mask in masks)
-        print(f"  {text}  ->  {fillers}")
+        seen = f"  [{phrase!r} {_count(corpus, phrase)}x]" if phrase else ""
+        print(f"  {text}  ->  {fillers}{seen}")
     return 0
+
+
+def _count(text: str, phrase: str) -> int:
+    """Occurrences of ``phrase`` as whole words (any whitespace between them)."""
+    words = r"\s+".join(re.escape(w) for w in phrase.split())
+    return len(re.findall(rf"(?<!\w){words}(?!\w)", text))
 
 
 if __name__ == "__main__":

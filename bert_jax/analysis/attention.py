@@ -267,62 +267,42 @@ def plot_sentence(runner: AttentionRunner, text: tuple[str, str | None], layer: 
     return path
 
 
-class command:  # noqa: N801 (CLI command object)
-    @staticmethod
-    def add_arguments(p):
-        p.add_argument("checkpoint", help="bert-jax model dir / workdir or Hugging Face dir")
-        p.add_argument("--input", required=True,
-                       help="text file (one text per line) or a TSV with --text-column")
-        p.add_argument("--output", required=True, help="output directory")
-        p.add_argument("--text-column", help="TSV column of the text (header name or 0-based "
-                                             "index for files without a header)")
-        p.add_argument("--text-pair-column", help="TSV column of a second segment")
-        p.add_argument("--max-examples", type=int, default=0, help="0 = every text")
-        p.add_argument("--max-length", type=int, default=128,
-                       help="tokens per text, [CLS] and [SEP] included")
-        p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
-        p.add_argument("--sentence-index", type=int, default=0,
-                       help="the text (0-based) drawn as an attention map")
-        p.add_argument("--layer", type=int, default=1, help="its layer (1-based)")
-        p.add_argument("--head", type=int, default=1, help="its head (1-based)")
-        p.add_argument("--no-plots", action="store_true", help="only attention_stats.json")
-
-    @staticmethod
-    def run(args):
-        texts = read_texts(args.input, args.text_column, args.text_pair_column,
-                           args.max_examples)
-        if not 0 <= args.sentence_index < len(texts):
-            raise BertJaxError(f"--sentence-index {args.sentence_index}: the input has "
-                               f"{len(texts)} texts")
-        if args.batch_size <= 0 or args.max_length < 2:
-            raise BertJaxError("--batch-size must be > 0 and --max-length >= 2")
-        runner = AttentionRunner(args.checkpoint)
-        cfg = runner.config
-        if not args.no_plots:
-            pyplot()  # fail before the long pass when matplotlib is missing
-            if not 1 <= args.layer <= cfg.num_hidden_layers:
-                raise BertJaxError(f"--layer {args.layer}: the model has layers "
-                                   f"1..{cfg.num_hidden_layers}")
-            if not 1 <= args.head <= cfg.num_attention_heads:
-                raise BertJaxError(f"--head {args.head}: the model has heads "
-                                   f"1..{cfg.num_attention_heads}")
-        stats = analyze(args.checkpoint, texts, args.max_length, args.batch_size, runner)
-        os.makedirs(args.output, exist_ok=True)
-        written = [os.path.join(args.output, STATS_FILE)]
-        with open(written[0], "w", encoding="utf-8") as f:
-            json.dump(stats, f, indent=1)
-            f.write("\n")
-        if not args.no_plots:
-            out = args.output
-            written += [plot_special_tokens(stats, os.path.join(out, "special_tokens.png")),
-                        plot_head_maps(stats, os.path.join(out, "heads.png")),
-                        plot_entropy(stats, os.path.join(out, "entropy.png")),
-                        plot_sentence(runner, texts[args.sentence_index], args.layer,
-                                      args.head, min(args.max_length,
-                                                     runner.config.max_position_embeddings),
-                                      os.path.join(out, f"sentence{args.sentence_index}_"
-                                                        f"layer{args.layer}_head{args.head}"
-                                                        ".png"))]
-        print(json.dumps({"written": written, "texts": stats["texts"],
-                          "queries": stats["queries"]}), file=sys.stdout)
-        return 0
+def run_command(args) -> int:
+    """`bert-jax analyze-attention` (arguments: `bert_jax.analysis.commands`) -> files."""
+    texts = read_texts(args.input, args.text_column, args.text_pair_column,
+                       args.max_examples)
+    if not 0 <= args.sentence_index < len(texts):
+        raise BertJaxError(f"--sentence-index {args.sentence_index}: the input has "
+                           f"{len(texts)} texts")
+    if args.batch_size <= 0 or args.max_length < 2:
+        raise BertJaxError("--batch-size must be > 0 and --max-length >= 2")
+    runner = AttentionRunner(args.checkpoint)
+    cfg = runner.config
+    if not args.no_plots:
+        pyplot()  # fail before the long pass when matplotlib is missing
+        if not 1 <= args.layer <= cfg.num_hidden_layers:
+            raise BertJaxError(f"--layer {args.layer}: the model has layers "
+                               f"1..{cfg.num_hidden_layers}")
+        if not 1 <= args.head <= cfg.num_attention_heads:
+            raise BertJaxError(f"--head {args.head}: the model has heads "
+                               f"1..{cfg.num_attention_heads}")
+    stats = analyze(args.checkpoint, texts, args.max_length, args.batch_size, runner)
+    os.makedirs(args.output, exist_ok=True)
+    written = [os.path.join(args.output, STATS_FILE)]
+    with open(written[0], "w", encoding="utf-8") as f:
+        json.dump(stats, f, indent=1)
+        f.write("\n")
+    if not args.no_plots:
+        out = args.output
+        written += [plot_special_tokens(stats, os.path.join(out, "special_tokens.png")),
+                    plot_head_maps(stats, os.path.join(out, "heads.png")),
+                    plot_entropy(stats, os.path.join(out, "entropy.png")),
+                    plot_sentence(runner, texts[args.sentence_index], args.layer,
+                                  args.head, min(args.max_length,
+                                                 runner.config.max_position_embeddings),
+                                  os.path.join(out, f"sentence{args.sentence_index}_"
+                                                    f"layer{args.layer}_head{args.head}"
+                                                    ".png"))]
+    print(json.dumps({"written": written, "texts": stats["texts"],
+                      "queries": stats["queries"]}), file=sys.stdout)
+    return 0

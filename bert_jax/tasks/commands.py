@@ -1,14 +1,14 @@
-"""``bert-jax finetune | evaluate | predict``: argument parsing and output for the CLI."""
+"""``bert-jax finetune | evaluate | predict``: argument parsing and output for the CLI.
+
+Parsing imports nothing heavy (``--help`` runs without JAX); each ``run`` imports the work."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-import jax
-
-from bert_jax.tasks.base import write_json
-from bert_jax.tasks.config import DATA_ENV, load_config
+from bert_jax.tasks.data_root import DATA_ENV
+from bert_jax.training.arguments import add_run_arguments, print_result
 
 
 class finetune_command:  # noqa: N801 - the CLI registry names this attribute
@@ -16,30 +16,27 @@ class finetune_command:  # noqa: N801 - the CLI registry names this attribute
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--config", required=True,
-                            help="experiment file and variant, e.g. experiments/glue.py:mrpc")
-        parser.add_argument("--workdir", required=True,
-                            help="output: best model (config.json, params/, tokenizer/), "
-                                 "metrics.json")
-        parser.add_argument("--overwrite", action="store_true",
-                            help="write into a workdir that holds another kind of run (a "
-                                 "pretraining run or a model directory)")
-        parser.epilog = ("Override any config field with --config.<key>=<value>, e.g. "
-                         "--config.init_checkpoint=PATH --config.data_dir=glue_data/MRPC "
-                         "--config.optimizer.learning_rate=3e-5. The data root defaults to "
-                         f"${DATA_ENV} (GLUE tasks under ${DATA_ENV}/glue/<TASK>/).")
+        add_run_arguments(
+            parser, config_example="experiments/glue.py:mrpc",
+            workdir_help="output: best model (config.json, params/, tokenizer/), metrics.json",
+            overwrite_help="write into a workdir that holds another kind of run (a pretraining "
+                           "run or a model directory)",
+            override_examples="--config.init_checkpoint=PATH --config.data_dir=glue_data/MRPC "
+                              "--config.optimizer.learning_rate=3e-5",
+            epilog_note=f"The data root defaults to ${DATA_ENV} (GLUE tasks under "
+                        f"${DATA_ENV}/glue/<TASK>/).")
 
     @staticmethod
     def run(args) -> int:
         from bert_jax import compilation_cache
+        from bert_jax.tasks.config import load_config
         from bert_jax.tasks.finetune import finetune
 
         config = load_config(args.config, args.overrides)
         if config.compilation_cache:
             compilation_cache.enable()
         result = finetune(config, args.workdir, overwrite=args.overwrite)
-        if jax.process_index() == 0:
-            print(json.dumps({"workdir": args.workdir, "best": result["best"]}))
+        print_result({"workdir": args.workdir, "best": result["best"]})
         return 0
 
 
@@ -61,8 +58,11 @@ class evaluate_command:  # noqa: N801
 
     @staticmethod
     def run(args) -> int:
+        import jax
+
         from bert_jax import compilation_cache
         from bert_jax.fileio import check_output_path
+        from bert_jax.tasks.base import write_json
         from bert_jax.tasks.evaluate import evaluate
 
         if args.output:
@@ -96,6 +96,5 @@ class predict_command:  # noqa: N801
         check_output_path(args.output, directory=True)
         compilation_cache.enable()
         paths = predict(args.workdir, args.split, args.output, args.overrides, args.ax_file)
-        if jax.process_index() == 0:
-            print(json.dumps({"written": paths}, indent=2))
+        print_result({"written": paths}, indent=2)
         return 0

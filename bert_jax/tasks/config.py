@@ -14,7 +14,6 @@ still loads (:func:`config_from_dict` maps them).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,11 +24,6 @@ from bert_jax import parallel
 from bert_jax.errors import BertJaxError
 from bert_jax.tasks.validate import validate_finetuning
 from bert_jax.training import config as config_lib
-
-# The environment variable naming the data root: GLUE tasks at $BERT_JAX_DATA/glue/<TASK>/,
-# CoNLL-2003 at $BERT_JAX_DATA/conll2003/, SQuAD at $BERT_JAX_DATA/squad/, SWAG at
-# $BERT_JAX_DATA/swag/. Experiment files read it; --config.data_dir overrides it.
-DATA_ENV = "BERT_JAX_DATA"
 
 # Keys of the earlier flat fine-tuning schema -> their names now (those of pretraining).
 RENAMED_KEYS = {
@@ -176,19 +170,6 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
     config_lib.apply_overrides(config, overrides)
     validate_finetuning(config)
     return config
-
-
-def data_dir(subdir: str) -> str | None:
-    """``$BERT_JAX_DATA/<subdir>`` when the variable is set, else None (the run then needs
-    --config.data_dir or train_file)."""
-    root = os.environ.get(DATA_ENV)
-    return os.path.join(root, subdir) if root else None
-
-
-def missing_data_message(task: str) -> str:
-    return (f"{task}: no data location; pass --config.data_dir=DIR (the task's folder) or set "
-            f"the environment variable {DATA_ENV}=ROOT (GLUE tasks under ROOT/glue/<TASK>/, "
-            "CoNLL-2003 under ROOT/conll2003/, SQuAD under ROOT/squad/, SWAG under ROOT/swag/)")
 
 
 # ---- stored runs ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import numpy as np
 from bert_jax.errors import BertJaxError
 from bert_jax.tasks import read_tfds
 from bert_jax.tasks.base import ExampleList, Task, resolve_file
-from bert_jax.tasks.config import missing_data_message
+from bert_jax.tasks.data_root import missing_data_message
 from bert_jax.tasks.splits import split_examples, squad_articles
 
 

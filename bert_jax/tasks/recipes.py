@@ -7,7 +7,8 @@ from __future__ import annotations
 import ml_collections
 
 from bert_jax.errors import BertJaxError
-from bert_jax.tasks.config import base_config, data_dir
+from bert_jax.tasks.config import base_config
+from bert_jax.tasks.data_root import data_dir
 
 
 def task_config(task: str, data_subdir: str | None, *, learning_rate: float = 2e-5,

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import argparse
-import json
+
+from bert_jax.training.arguments import add_run_arguments, print_result
 
 
 class command:  # noqa: N801 - the CLI registry names this attribute
@@ -12,16 +13,13 @@ class command:  # noqa: N801 - the CLI registry names this attribute
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--config", required=True,
-                            help="experiment file and variant, e.g. experiments/pretrain.py:tiny")
-        parser.add_argument("--workdir", required=True,
-                            help="run directory: checkpoints, metrics, config, tokenizer; "
-                                 "rerunning the same command resumes from it")
-        parser.add_argument("--overwrite", action="store_true",
-                            help="run in a workdir that holds another kind of run (a model or "
-                                 "a fine-tuning run); its checkpoints are never deleted")
-        parser.epilog = ("Override any config field with --config.<key>=<value>, e.g. "
-                         "--config.data.directory=DATA --config.num_train_steps=1000")
+        add_run_arguments(
+            parser, config_example="experiments/pretrain.py:tiny",
+            workdir_help="run directory: checkpoints, metrics, config, tokenizer; rerunning "
+                         "the same command resumes from it",
+            overwrite_help="run in a workdir that holds another kind of run (a model or a "
+                           "fine-tuning run); its checkpoints are never deleted",
+            override_examples="--config.data.directory=DATA --config.num_train_steps=1000")
 
     @staticmethod
     def run(args) -> int:
@@ -30,8 +28,5 @@ class command:  # noqa: N801 - the CLI registry names this attribute
 
         config = load_config(args.config, args.overrides)
         result = train_and_evaluate(config, args.workdir, overwrite=args.overwrite)
-        import jax
-
-        if jax.process_index() == 0:
-            print(json.dumps({"workdir": args.workdir, **result}, sort_keys=True))
+        print_result({"workdir": args.workdir, **result}, sort_keys=True)
         return 0

@@ -12,12 +12,12 @@ from bert_jax.cli import main
 from bert_jax.errors import BertJaxError
 from bert_jax.tasks import get_task
 from bert_jax.tasks.config import (
-    DATA_ENV,
     RENAMED_KEYS,
     base_config,
     config_from_dict,
     load_config,
 )
+from bert_jax.tasks.data_root import DATA_ENV
 from bert_jax.tasks.inputs import train_and_dev
 from bert_jax.training import config as pretrain_config
 

@@ -28,7 +28,12 @@ def test_demo_script_runs_end_to_end(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "held-out masked-LM accuracy" in done.stdout and "Next:" in done.stdout
-    assert "unigram baseline" in done.stdout and "fill-mask (top 3)" in done.stdout
+    assert "unigram baseline" in done.stdout and "fill-mask (top 3;" in done.stdout
+    # It says what the model saw, scores the [MASK] positions alone, and counts each prompt's
+    # answer phrase in the training text.
+    assert "trained on: Persuasion by Jane Austen 1818" in done.stdout
+    assert "held-out accuracy at the [MASK] positions alone" in done.stdout
+    assert "['Sir Walter' 73x]" in done.stdout
     assert (tmp_path / "pretrain" / "curves.png").read_bytes()[:4] == b"\x89PNG"
     # The packaged corpus directory's README is not trained on, and the output says so.
     assert "1 README/LICENSE-like skipped" in done.stdout

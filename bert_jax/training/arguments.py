@@ -1,0 +1,37 @@
+"""What the run commands share (``bert-jax pretrain`` and ``bert-jax finetune``, and the
+``evaluate`` / ``predict`` commands that read a finished run): the experiment file, the workdir,
+``--overwrite`` and the ``--config.key=value`` overrides their epilog explains, and printing the
+result once per job.
+
+Importing this module imports nothing heavy, so every command's ``--help`` stays fast and free
+of JAX; ``print_result`` imports JAX only when called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, config_example: str,
+                      workdir_help: str, overwrite_help: str, override_examples: str,
+                      epilog_note: str = "") -> None:
+    """``--config FILE:VARIANT``, ``--workdir``, ``--overwrite`` and an epilog on overrides.
+
+    ``override_examples``: a few ``--config.<key>=<value>`` examples for the epilog;
+    ``epilog_note``: sentences the epilog adds after them."""
+    parser.add_argument("--config", required=True,
+                        help=f"experiment file and variant, e.g. {config_example}")
+    parser.add_argument("--workdir", required=True, help=workdir_help)
+    parser.add_argument("--overwrite", action="store_true", help=overwrite_help)
+    parser.epilog = ("Override any config field with --config.<key>=<value>, e.g. "
+                     f"{override_examples}" + (f". {epilog_note}" if epilog_note else ""))
+
+
+def print_result(result: Any, **dumps_options: Any) -> None:
+    """Prints ``result`` as JSON on the first process only (one line per job, not per host)."""
+    import jax
+
+    if jax.process_index() == 0:
+        print(json.dumps(result, **dumps_options))
