@@ -130,12 +130,15 @@ def markdown(records: list[dict]) -> str:
                        f"{error[:100]} |")
             continue
         mesh = "x".join(f"{k}{v}" for k, v in r["mesh"].items() if v > 1) or "1"
+        # a row compiled once with scanned layers has no trustworthy byte count: fit only
+        timed = r.get("layer_costs", "extrapolate") != "scanned"
+        speed = (f"{r['sequences_per_second']:,.0f} | {r['mfu']:.0%} | "
+                 f"{r['schedule_hours']:,.1f}, {r['chip_hours']:,.0f}") if timed else \
+            "(fit only) | | "
         out.append(
             f"| {r['label']} | {name}{slices} | {mesh} | {r['batch_per_chip']:g} | "
             f"{r['total_bytes'] / 2**30:.1f} / {r['hbm_bytes'] / 2**30:.0f} | "
-            f"{'yes' if r['fits'] else 'no'} | {r['max_batch_per_chip']:.0f} | "
-            f"{r['sequences_per_second']:,.0f} | {r['mfu']:.0%} | "
-            f"{r['schedule_hours']:,.1f}, {r['chip_hours']:,.0f} |")
+            f"{'yes' if r['fits'] else 'no'} | {r['max_batch_per_chip']:.0f} | {speed} |")
     return "\n".join(out)
 
 
