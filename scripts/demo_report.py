@@ -62,6 +62,9 @@ def describe_training(workdir: str, experiment: ml_collections.ConfigDict) -> tu
         titles.append(f"{title} ({len(body.encode('utf-8')) / 1e3:.0f} KB)")
     info = metadata.get("input", {})
     model = experiment.model
+    shown = experiment.data.get("mask_token_fraction", 0.8)
+    random_ = experiment.data.get("random_token_fraction", 0.1)
+    kept = max(0.0, 1.0 - shown - random_)
     lines = [
         f"trained on: {'; '.join(titles) or info.get('paths')}",
         f"  {info.get('tokens', '?'):,} tokens in {info.get('documents', '?')} documents "
@@ -71,7 +74,9 @@ def describe_training(workdir: str, experiment: ml_collections.ConfigDict) -> tu
         f"  model: {experiment.model.preset} preset ({_layers(model)}), from random weights; "
         f"{experiment.num_train_steps} steps of {experiment.global_batch_size} sequences of "
         f"{experiment.data.max_seq_length} tokens, {experiment.data.masked_lm_prob:.0%} of "
-        "the tokens masked afresh in every batch",
+        "the tokens masked afresh in every batch "
+        f"({shown:.0%} of them shown as [MASK], {random_:.0%} as a random token, "
+        f"{kept:.0%} unchanged)",
     ]
     return "\n".join(lines), text
 
@@ -86,9 +91,9 @@ def _layers(model: ml_collections.ConfigDict) -> str:
 
 def mask_position_accuracy(workdir: str, experiment: ml_collections.ConfigDict,
                            tokenizer, most_frequent_id: int) -> dict[str, float]:
-    """Held-out accuracy where the input shows [MASK] (80% of the masked positions; the rest
-    are left unchanged or replaced at random, and an unchanged token can simply be copied):
-    the model's, and the unigram baseline's on the same positions."""
+    """Held-out accuracy where the input shows [MASK] (``data.mask_token_fraction`` of the
+    masked positions; the rest are left unchanged or replaced at random, and an unchanged token
+    can simply be copied): the model's, and the unigram baseline's on the same positions."""
     import jax
 
     from bert_jax.checkpoint import store

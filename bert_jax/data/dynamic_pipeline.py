@@ -239,7 +239,8 @@ class DocumentPretrainingIterator(Iterator[dict[str, np.ndarray]]):
                  seed: int = 0, process_index: int = 0, process_count: int = 1,
                  start_step: int = 0, repeat: bool = True, state: dict | None = None,
                  shuffle_buffer: int | None = None, masking: str | None = None,
-                 span_p: float = 0.2, max_span: int = 10, basic_fraction: float = 0.0):
+                 span_p: float = 0.2, max_span: int = 10, basic_fraction: float = 0.0,
+                 mask_token_fraction: float = 0.8, random_token_fraction: float = 0.1):
         del shuffle_buffer  # every epoch is a full permutation
         self._identity_fields = {"seed": seed, "process_index": process_index,
                                  "process_count": process_count,
@@ -270,7 +271,9 @@ class DocumentPretrainingIterator(Iterator[dict[str, np.ndarray]]):
                                 special_ids=tuple(int(i) for i in special_ids), mask_id=mask_id,
                                 max_predictions=max_predictions_per_seq, mask_rate=mask_rate,
                                 word_start_mask=word_start_mask, span_p=span_p,
-                                max_span=max_span, basic_fraction=basic_fraction, **flags)
+                                max_span=max_span, basic_fraction=basic_fraction,
+                                mask_token_fraction=mask_token_fraction,
+                                random_token_fraction=random_token_fraction, **flags)
         self.step = start_step
         self._dataset = make_document_dataset(self.stream, masking, seed=seed,
                                               process_index=process_index,

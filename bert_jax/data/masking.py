@@ -7,8 +7,9 @@ SpanBERT). Units are drawn in a random order and taken while the running token c
 within ``round(n * mask_rate)`` (at least 1, at most ``max_predictions``), so whole words and
 spans are never cut. Google's loop skips a word that does not fit and tries the next; a
 vectorised draw stops at the first that does not fit, so whole-word and span masking may pick a
-few tokens fewer than the budget. Each chosen token becomes [MASK] with probability 0.8, a
-random non-special token with 0.1, and stays unchanged with 0.1; with ``per_unit_actions``
+few tokens fewer than the budget. Each chosen token becomes [MASK] with probability
+``mask_token_fraction`` (BERT's 0.8), a random non-special token with ``random_token_fraction``
+(0.1), and stays unchanged otherwise (0.1); with ``per_unit_actions``
 (span and knowledge masking) the draw is made once per unit, so a whole span is masked,
 replaced or kept together (SpanBERT, Joshi et al. 2020, section 3.1).
 
@@ -69,6 +70,8 @@ class MaskingConfig:
     knowledge: bool = False  # units from the examples' unit_ids (phrases and entities)
     basic_fraction: float = 0.0  # knowledge: share of sequences masked token by token
     per_unit_actions: bool = False  # one 80/10/10 draw per unit instead of per token
+    mask_token_fraction: float = 0.8  # chosen tokens shown as [MASK]
+    random_token_fraction: float = 0.1  # chosen tokens replaced by a random token
 
     def validate(self) -> None:
         if not 0.0 < self.mask_rate < 1.0:
@@ -84,6 +87,13 @@ class MaskingConfig:
         if self.span_masking and not (0.0 < self.span_p <= 1.0 and self.max_span >= 1):
             raise BertJaxError(f"span masking needs 0 < span_p <= 1 and max_span >= 1, got "
                                f"{self.span_p}, {self.max_span}")
+        for name in ("mask_token_fraction", "random_token_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise BertJaxError(f"{name} {getattr(self, name)}: must be in [0, 1]")
+        if self.mask_token_fraction + self.random_token_fraction > 1.0:
+            raise BertJaxError(f"mask_token_fraction {self.mask_token_fraction} + "
+                               f"random_token_fraction {self.random_token_fraction}: must be "
+                               "at most 1 (the rest stay unchanged)")
         if not 0.0 <= self.basic_fraction <= 1.0:
             raise BertJaxError(f"basic_fraction {self.basic_fraction}: must be in [0, 1]")
         bad = [i for i in (*self.special_ids, self.mask_id) if not 0 <= i < self.vocab_size]
@@ -203,8 +213,11 @@ def mask_batch(input_ids, seed, config: MaskingConfig, tables, unit_ids=None):
         tf.shape(input_ids), seeds[3], minval=0, maxval=tf.shape(tables["replacements"])[0],
         dtype=tf.int32, alg="philox")
     random_tokens = tf.gather(tables["replacements"], replacement_index)
-    masked = tf.where(selected & (action < 0.8), config.mask_id, input_ids)
-    masked = tf.where(selected & (action >= 0.8) & (action < 0.9), random_tokens, masked)
+    to_mask = config.mask_token_fraction
+    to_random = to_mask + config.random_token_fraction
+    masked = tf.where(selected & (action < to_mask), config.mask_id, input_ids)
+    masked = tf.where(selected & (action >= to_mask) & (action < to_random), random_tokens,
+                      masked)
     return masked, lm_positions, lm_ids, weights
 
 

@@ -44,6 +44,7 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
                         pairing: str | None = None, short_seq_prob: float = 0.1,
                         masking: str | None = None, mask_rate: float = 0.15,
                         span_p: float = 0.2, max_span: int = 10, basic_fraction: float = 0.0,
+                        mask_token_fraction: float = 0.8, random_token_fraction: float = 0.1,
                         progress: bool = True) -> dict[str, Any]:
     """Runs the pipeline for ``steps`` global batches of ``split`` (train, or eval: the
     held-out shards) and writes them; returns the manifest. Document shards are paired with
@@ -51,7 +52,10 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
 
     ``masking`` is a training run's ``data.masking`` (token, whole_word, span, knowledge; with
     ``mask_rate``, ``span_p``, ``max_span`` and ``basic_fraction`` as ``data.masked_lm_prob``,
-    ``data.span_p``, ``data.max_span`` and ``data.basic_masking_fraction``): the batches are
+    ``data.span_p``, ``data.max_span`` and ``data.basic_masking_fraction``; the masked tokens
+    shown as [MASK] / replaced at random in the shares ``mask_token_fraction`` /
+    ``random_token_fraction``, ``data.mask_token_fraction`` / ``data.random_token_fraction``,
+    whatever the masking): the batches are
     masked exactly as that run's pipeline masks them. Unset, ``whole_word`` / ``span_masking``
     select the masking flags directly (the pipeline's older switches)."""
     from tqdm import tqdm
@@ -78,6 +82,7 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
     iterator = PretrainingIterator.from_data_dir(
         data_dir, per_host_batch_size=batch_size, max_predictions_per_seq=max_predictions,
         seq_len=seq_len, tokenizer=tokenizer, seed=seed, mask_rate=mask_rate,
+        mask_token_fraction=mask_token_fraction, random_token_fraction=random_token_fraction,
         shuffle_buffer=shuffle_buffer, split=split, pairing=pairing,
         short_seq_prob=short_seq_prob, **options)
     seq = seq_len or meta.max_seq_length
@@ -106,6 +111,8 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
         "steps": steps, "batch_size": batch_size, "seq_len": seq,
         "max_predictions": max_predictions, "seed": seed, "whole_word": whole_word,
         "span_masking": span_masking, "masking": masking, "mask_rate": mask_rate,
+        "mask_token_fraction": mask_token_fraction,
+        "random_token_fraction": random_token_fraction,
         **({"span_p": span_p, "max_span": max_span} if masking == "span" else {}),
         **({"basic_fraction": basic_fraction} if masking == "knowledge" else {}),
         "shuffle_buffer": shuffle_buffer, "split": split, "mode": meta.mode,
@@ -202,6 +209,12 @@ class command:  # noqa: N801 - the CLI registry names this attribute
                                  "--knowledge-units); default token")
         parser.add_argument("--mask-rate", type=float, default=0.15,
                             help="share of tokens masked (data.masked_lm_prob)")
+        parser.add_argument("--mask-token-fraction", type=float, default=0.8,
+                            help="share of the masked tokens shown as [MASK] "
+                                 "(data.mask_token_fraction)")
+        parser.add_argument("--random-token-fraction", type=float, default=0.1,
+                            help="share of the masked tokens replaced by a random token "
+                                 "(data.random_token_fraction); the rest stay unchanged")
         parser.add_argument("--span-p", type=float, default=0.2,
                             help="--masking span: geometric parameter of span lengths in words")
         parser.add_argument("--max-span", type=int, default=10,
@@ -234,7 +247,9 @@ class command:  # noqa: N801 - the CLI registry names this attribute
             max_predictions=args.max_predictions, seed=args.seed, whole_word=args.whole_word,
             span_masking=args.span_masking, seq_len=args.seq_len, tokenizer=tokenizer,
             split=args.split, pairing=args.pairing, short_seq_prob=args.short_seq_prob,
-            masking=args.masking, mask_rate=args.mask_rate, span_p=args.span_p,
+            masking=args.masking, mask_rate=args.mask_rate,
+            mask_token_fraction=args.mask_token_fraction,
+            random_token_fraction=args.random_token_fraction, span_p=args.span_p,
             max_span=args.max_span, basic_fraction=args.basic_masking_fraction,
             shuffle_buffer=args.shuffle_buffer, progress=not args.no_progress)
         print(f"wrote {manifest['steps']} batches of {manifest['batch_size']} to {args.output}")

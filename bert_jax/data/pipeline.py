@@ -121,7 +121,8 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                              repeat: bool = True, cycle_length: int = 8,
                              pad_id: int | None = None, masking: str | None = None,
                              span_p: float = 0.2, max_span: int = 10,
-                             basic_fraction: float = 0.0):
+                             basic_fraction: float = 0.0, mask_token_fraction: float = 0.8,
+                             random_token_fraction: float = 0.1):
     """A ``tf.data.Dataset`` of masked pretraining batches for this host (see module doc).
 
     Each element is a dict of BATCH_KEYS: int32 [B, seq_len] ids/mask/segments, int32 [B, P]
@@ -145,7 +146,8 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                             mask_id=mask_id, max_predictions=max_predictions_per_seq,
                             mask_rate=mask_rate, word_start_mask=word_start_mask,
                             span_p=span_p, max_span=max_span, basic_fraction=basic_fraction,
-                            **flags)
+                            mask_token_fraction=mask_token_fraction,
+                            random_token_fraction=random_token_fraction, **flags)
     tables = make_tables(masking)
     host = split_for_host(files, counts, process_index, process_count)
     if host.num_examples == 0:

@@ -77,6 +77,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.max_seq_length = 128
     c.data.max_predictions_per_seq = 20
     c.data.masked_lm_prob = 0.15  # every batch is masked afresh (dynamic masking)
+    # Of the masked tokens, the share shown as [MASK] and the share replaced by a random
+    # token; the rest stay unchanged (BERT's 80/10/10).
+    c.data.mask_token_fraction = 0.8
+    c.data.random_token_fraction = 0.1
     c.data.whole_word_masking = False  # same as masking="whole_word"
     # static: the pairs stored in the shards (create-pretraining-data --format pairs);
     # nsp | sop | full_sentences | doc_sentences: document shards (--format documents) paired

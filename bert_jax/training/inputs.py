@@ -203,6 +203,8 @@ def make_batches(config, split: str, *, batch_size: int, vocab_size: int, proces
             masking=_masking_mode(data), span_p=data.get("span_p", 0.2),
             max_span=data.get("max_span", 10),
             basic_fraction=data.get("basic_masking_fraction", 0.0),
+            mask_token_fraction=data.get("mask_token_fraction", 0.8),
+            random_token_fraction=data.get("random_token_fraction", 0.1),
             seed=data.seed + (0 if split == "train" else 1),
             process_index=process_index, process_count=process_count,
             shuffle_buffer=data.shuffle_buffer, pairing=data.pairing,

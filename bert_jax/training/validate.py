@@ -25,6 +25,11 @@ def validate_pretraining(config) -> None:
     c.integer("data.max_seq_length", 8)
     c.integer("data.max_predictions_per_seq", 1)
     c.probability("data.masked_lm_prob", zero=False)
+    shown = c.probability("data.mask_token_fraction")
+    random = c.probability("data.random_token_fraction")
+    if shown + random > 1.0:
+        raise BertJaxError(f"data.mask_token_fraction={shown} + data.random_token_fraction="
+                           f"{random}: expected a sum <= 1 (the rest stay unchanged)")
     c.integer("data.shuffle_buffer", 1)
     c.integer("data.seed", 0)
     c.number("data.wait_timeout_s", 0.0)

@@ -120,3 +120,31 @@ def test_whole_word_needs_word_starts():
     with pytest.raises(BertJaxError, match="word_start_mask"):
         MaskingConfig(vocab_size=VOCAB, special_ids=SPECIAL, mask_id=MASK, max_predictions=P,
                       whole_word=True).validate()
+
+
+@pytest.mark.parametrize("shown, random_", [(1.0, 0.0), (0.5, 0.3)])
+def test_mask_and_random_fractions_are_honoured(shown, random_):
+    ids = make_ids()
+    masked, positions, _, weights = run(ids, mask_token_fraction=shown,
+                                        random_token_fraction=random_)
+    sel = selected_mask(ids, positions, weights)
+    np.testing.assert_array_equal(masked[~sel], ids[~sel])
+    total = sel.sum()
+    as_mask = (masked[sel] == MASK).sum() / total
+    # a random replacement may draw the original token (1 in 195 here)
+    unchanged = (masked[sel] == ids[sel]).sum() / total
+    assert total > 4000
+    assert abs(as_mask - shown) < 0.03
+    assert abs(unchanged - (1 - shown - random_)) < 0.02
+    assert abs(1 - as_mask - unchanged - random_) < 0.02
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"mask_token_fraction": 1.2}, "mask_token_fraction 1.2"),
+    ({"random_token_fraction": -0.1}, "random_token_fraction -0.1"),
+    ({"mask_token_fraction": 0.9, "random_token_fraction": 0.2}, "at most 1"),
+])
+def test_bad_fractions_are_named(fields, message):
+    with pytest.raises(BertJaxError, match=message):
+        MaskingConfig(vocab_size=VOCAB, special_ids=SPECIAL, mask_id=MASK, max_predictions=P,
+                      **fields).validate()

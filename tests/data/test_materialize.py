@@ -126,3 +126,27 @@ def test_masking_option_errors(tmp_path):
     with pytest.raises(BertJaxError, match="'spans'"):
         materialize_batches(str(tmp_path / "data"), str(tmp_path / "m"), masking="spans",
                             **common)
+
+
+def test_mask_token_fraction_reaches_the_batches(tmp_path):
+    from bert_jax.data.materialize import materialize_batches
+    from bert_jax.data.metadata import load_metadata
+
+    write_shards(str(tmp_path / "data"), num_examples=40, num_shards=1)
+    rc = main(["materialize-batches", "--data-dir", str(tmp_path / "data"), "--output",
+               str(tmp_path / "mat"), "--steps", "3", "--batch-size", "8",
+               "--max-predictions", "5", "--mask-token-fraction", "1.0",
+               "--random-token-fraction", "0.0", "--no-progress"])
+    assert rc == 0
+    mask_id = load_metadata(str(tmp_path / "data")).special_ids["mask"]
+    shown = []
+    for batch in MaterializedBatches(str(tmp_path / "mat")):
+        at = np.take_along_axis(batch["input_ids"], batch["masked_lm_positions"], axis=1)
+        shown.append(at[batch["masked_lm_weights"] > 0])
+    shown = np.concatenate(shown)
+    assert shown.size > 20 and (shown == mask_id).all()
+    manifest = json.loads((tmp_path / "mat" / "manifest.json").read_text())
+    assert manifest["mask_token_fraction"] == 1.0 and manifest["random_token_fraction"] == 0.0
+    with pytest.raises(BertJaxError, match="random_token_fraction 0.5"):
+        materialize_batches(str(tmp_path / "data"), str(tmp_path / "m2"), steps=1, batch_size=4,
+                            max_predictions=3, random_token_fraction=0.5, progress=False)

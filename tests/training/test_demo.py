@@ -33,6 +33,8 @@ def test_demo_script_runs_end_to_end(tmp_path):
     # answer phrase in the training text.
     assert "trained on: Persuasion by Jane Austen 1818" in done.stdout
     assert "held-out accuracy at the [MASK] positions alone" in done.stdout
+    assert ("15% of the tokens masked afresh in every batch (80% of them shown as [MASK], "
+            "10% as a random token, 10% unchanged)") in done.stdout
     assert "['Sir Walter' 73x]" in done.stdout
     assert (tmp_path / "pretrain" / "curves.png").read_bytes()[:4] == b"\x89PNG"
     # The packaged corpus directory's README is not trained on, and the output says so.
