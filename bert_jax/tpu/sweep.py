@@ -50,10 +50,8 @@ def _batch(n: int) -> str:
 # instead of 12 or 24, the same step); rows about memory compile once (``layer_costs``).
 ROWS: tuple[Row, ...] = (
     Row("Base/128 DP", "bert_base_phase1", "v4-32", overrides=SCAN),
-    Row("Base/128 DP, 256/chip", "bert_base_phase1", "v4-32", overrides=(*SCAN, _batch(4096))),
     Row("Base/512 DP", "bert_base_phase2", "v4-32", overrides=SCAN),
     Row("Large/128 DP", "bert_large_phase1", "v5p-128"),
-    Row("Large/128 DP, 128/chip", "bert_large_phase1", "v5p-128", overrides=(_batch(8192),)),
     Row("Large/512 DP", "bert_large_phase2", "v5p-128"),
     Row("Large/128 DP", "bert_large_phase1", "v6e-64"),
     Row("Large/128 DP, 2 slices", "bert_large_phase1", "v5e-128", num_slices=2),
