@@ -198,11 +198,8 @@ def compile_pretraining(config, tpu: Slice, devices: list | None = None,
                              global_batch=config.global_batch_size, seq_len=seq,
                              num_train_steps=config.num_train_steps,
                              model_flops_per_sequence=flops)
-    if layer_costs == "extrapolate" and model_cfg.scan_layers \
-            and model_cfg.num_hidden_layers > 2:
-        _unrolled_costs(estimate, model_cfg.num_hidden_layers,
-                        lambda layers: compile_pretraining(
-                            _with_layers(config, layers), tpu, devices))
+    _unrolled_costs(estimate, model_cfg, layer_costs, lambda layers: compile_pretraining(
+        _with_layers(config, layers), tpu, devices))
     return estimate
 
 
@@ -215,11 +212,15 @@ def _with_layers(config, layers: int):
     return probe
 
 
-def _unrolled_costs(estimate: Estimate, layers: int, compile_with) -> None:
-    """Replaces a scanned step's FLOPs and HBM bytes (XLA counts a loop body once) with the
-    unrolled step's, extrapolated from two small compiles of the same step with 1 and 2
-    unrolled layers: cost(L) = cost(1) + (L - 1) * (cost(2) - cost(1)), exact for a stack of
-    identical layers. Memory stays the scanned program's own."""
+def _unrolled_costs(estimate: Estimate, model_cfg, layer_costs: str, compile_with) -> None:
+    """With ``layer_costs="extrapolate"`` and scanned layers (more than two), replaces the
+    step's FLOPs and HBM bytes (XLA counts a loop body once) with the unrolled step's,
+    extrapolated from two small compiles of the same step with 1 and 2 unrolled layers:
+    cost(L) = cost(1) + (L - 1) * (cost(2) - cost(1)), exact for a stack of identical layers.
+    Memory stays the scanned program's own."""
+    layers = model_cfg.num_hidden_layers
+    if layer_costs != "extrapolate" or not model_cfg.scan_layers or layers <= 2:
+        return
     one, two = compile_with(1), compile_with(2)
     estimate.compiled_flops = one.compiled_flops + (layers - 1) * (
         two.compiled_flops - one.compiled_flops)
@@ -413,11 +414,8 @@ def compile_finetuning(config, tpu: Slice, devices: list | None = None,
                              abstract_state, global_batch=config.global_batch_size,
                              seq_len=seq, num_train_steps=steps,
                              model_flops_per_sequence=flops)
-    if layer_costs == "extrapolate" and model_cfg.scan_layers \
-            and model_cfg.num_hidden_layers > 2:
-        _unrolled_costs(estimate, model_cfg.num_hidden_layers,
-                        lambda layers: compile_finetuning(
-                            _with_layers(config, layers), tpu, devices))
+    _unrolled_costs(estimate, model_cfg, layer_costs, lambda layers: compile_finetuning(
+        _with_layers(config, layers), tpu, devices))
     estimate.notes.append(f"fine-tuning {task.name} ({task.kind}); the schedule line is per "
                           f"{steps:,} steps (a run's steps depend on its data)")
     return estimate
