@@ -5,7 +5,9 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from xla_env import cpu_flags
+
+os.environ.setdefault("XLA_FLAGS", cpu_flags(8))
 # libtpu (test extra) is only a compile target here: the CPU runs everything, and the TPU
 # topology API works without taking libtpu's machine-wide lock (bert_jax/tpu/topologies.py).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -20,6 +20,8 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 
+from xla_env import cpu_flags
+
 from bert_jax.training.metrics import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -62,7 +64,7 @@ def process_env(port: int, num_processes: int, process_id: int, devices_per_proc
                 **extra: str) -> dict[str, str]:
     return dict(os.environ, BERT_JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                 BERT_JAX_NUM_PROCESSES=str(num_processes), BERT_JAX_PROCESS_ID=str(process_id),
-                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
+                XLA_FLAGS=cpu_flags(devices_per_process),
                 JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", **extra)
 
 

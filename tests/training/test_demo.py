@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from xla_env import cpu_flags
 
 from bert_jax.checkpoint import store
 
@@ -19,7 +20,7 @@ pytest.importorskip("tensorflow")
 def test_demo_script_runs_end_to_end(tmp_path):
     env = dict(os.environ, DEMO_DIR=str(tmp_path), DEMO_STEPS="12", DEMO_VOCAB="600",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-               XLA_FLAGS="--xla_force_host_platform_device_count=1",
+               XLA_FLAGS=cpu_flags(1),
                DEMO_EXTRA="--config.global_batch_size=8 --config.log_every=4 "
                           "--config.eval_every=6 --config.eval_steps=1 "
                           "--config.checkpoint.every_steps=6 --config.optimizer.warmup_steps=2 "

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from xla_env import cpu_flags
 
 from .helpers import EXPERIMENT, SMALL
 from .test_checkpointing import train_losses
@@ -27,7 +28,7 @@ def _run_two_processes(workdir, steps):
     for pid in range(2):
         env = dict(os.environ, BERT_JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                    BERT_JAX_NUM_PROCESSES="2", BERT_JAX_PROCESS_ID=str(pid),
-                   XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+                   XLA_FLAGS=cpu_flags(2), JAX_PLATFORMS="cpu")
         cmd = [sys.executable, "-m", "bert_jax", "pretrain", "--config", f"{EXPERIMENT}:tiny",
                "--workdir", str(workdir), *SMALL, "--config.log_every=1",
                "--config.checkpoint.every_steps=2", "--config.eval_steps=2",

@@ -9,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+from xla_env import cpu_flags
 
 from .helpers import EXPERIMENT, SMALL
 from .test_checkpointing import train_losses
@@ -20,7 +21,7 @@ RUN = [*SMALL, "--config.log_every=1", "--config.checkpoint.every_steps=4",
 
 
 # Two simulated devices: compiles faster than eight and still runs a sharded (data=2) step.
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+ENV = dict(os.environ, XLA_FLAGS=cpu_flags(2))
 
 
 def _command(workdir, steps):
