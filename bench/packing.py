@@ -20,6 +20,7 @@ second, ``padding_fraction`` over the whole example set.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
 
@@ -59,12 +60,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "64 per head)")
     ap.add_argument("--seq-lens", default="128,512", help="sequence lengths (default 128,512)")
     ap.add_argument("--batch-size", type=int, default=32, help="rows per step (default 32)")
-    ap.add_argument("--max-examples-per-row", type=int, default=8,
-                    help="examples a packed row may hold (default 8)")
+    ap.add_argument("--max-examples-per-row", type=int, default=0,
+                    help="examples a packed row may hold (default 0: sequence length / 8, "
+                         "16 at 128 and 64 at 512)")
     ap.add_argument("--short-seq-prob", type=float, default=0.1,
                     help="BERT's chance of a shorter NSP target length (default 0.1)")
     ap.add_argument("--max-examples", type=int, default=20000,
                     help="examples kept per example set (default 20000)")
+    ap.add_argument("--devices", type=int, default=0,
+                    help="data-parallel devices (default 0: all)")
     ap.add_argument("--batches", type=int, default=8, help="distinct batches timed (default 8)")
     ap.add_argument("--steps", type=int, default=20, help="steps per timed run (default 20)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs (median, default 3)")
@@ -86,7 +90,13 @@ def load_tokenizer(args):
 
     if args.tokenizer:
         return load(args.tokenizer)
-    return train_wordpiece(list_input_files([args.corpus]), args.vocab_size)[0]
+    files, size = [], 0
+    for path in list_input_files([args.corpus]):  # the files the examples come from
+        if size >= args.corpus_mb * 1e6:
+            break
+        files.append(path)
+        size += os.path.getsize(path)
+    return train_wordpiece(files, args.vocab_size)[0]
 
 
 def corpus_documents(args, tokenizer) -> list[list[list[int]]]:
@@ -278,12 +288,15 @@ def main(argv=None) -> list[dict]:
     documents = corpus_documents(args, tokenizer)
     print(f"tokenizer ({tokenizer.vocab_size} ids) and {len(documents)} documents in "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
-    mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+    import jax
+
+    devices = jax.devices()[:args.devices] if args.devices else jax.devices()
+    mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1}, devices=devices)
     rules = parallel.DEFAULT_RULES
     env = environment()
-    k = args.max_examples_per_row
     records = []
     for seq_len in [int(s) for s in args.seq_lens.split(",")]:
+        k = args.max_examples_per_row or max(1, seq_len // 8)
         cfg = model_config(args, tokenizer.vocab_size)
         base = {**env, "suite": "packing", "model": args.model, "seq_len": seq_len,
                 "batch_size": args.batch_size, "max_examples_per_row": k,
