@@ -33,6 +33,8 @@ SUITES: dict[str, tuple[str, str | dict[str, tuple[str, str]]]] = {
         "e2e": ("tables and plots of the end-to-end run (docs/results.md)",
                 "bench.e2e_report"),
     }),
+    "packing": ("effective tokens/s of the pretraining and fine-tuning steps, packed rows "
+                "against one example a row", "bench.packing"),
     "data": ("pretraining-data creation and masking pipeline rates", "bench.data"),
     "tokenizer": ("WordPiece tokenizer throughput", "bench.tokenizer"),
     "summary": ("markdown tables from the JSON lines of the other suites", "bench.summarize"),

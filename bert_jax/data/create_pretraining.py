@@ -12,8 +12,13 @@ Each record is a ``tf.train.Example`` with ``input_ids`` and ``segment_ids`` pad
 and 0 to ``max_seq_length`` (fixed length, so the pipeline parses them with one dense
 ``parse_example`` per batch) and ``next_sentence_label`` (0 = true continuation / original
 order, 1 = random next / swapped; always 0 in full_sentences mode). Masking happens later, in the
-pipeline. ``metadata.json`` lists every shard with its example count, the settings, the
-tokenizer's fingerprint, vocab size and special ids, and the counts of repaired and skipped input.
+pipeline. With ``--pack`` each record is a packed row of up to ``--max-examples-per-row``
+examples (``bert_jax/data/packing.py``): ``input_ids``/``segment_ids`` left-aligned, plus
+``example_ids`` and ``position_ids`` per token and ``cls_positions``, ``next_sentence_label``
+and ``example_slots`` per example slot (``examples`` counts rows then).
+
+``metadata.json`` lists every shard with its example count, the settings, the tokenizer's
+fingerprint, vocab size and special ids, and the counts of repaired and skipped input.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ class CreationConfig:
     # lexicon's entries plus the built-in fallback (``bert_jax.data.knowledge_masking``).
     knowledge_units: bool = False
     knowledge_lexicon: tuple[str, ...] = ()
+    # Packed rows: several examples per record (``bert_jax/data/packing.py``).
+    pack: bool = False
+    max_examples_per_row: int = 8
 
     def validate(self) -> None:
         if self.output_format not in document_shards.FORMATS:
@@ -65,6 +73,12 @@ class CreationConfig:
         if self.knowledge_units and self.output_format != "pairs":
             raise BertJaxError("--knowledge-units annotates finished examples: use --format "
                                "pairs")
+        if self.pack and (self.output_format != "pairs" or self.knowledge_units):
+            raise BertJaxError("--pack packs finished examples: use --format pairs, without "
+                               "--knowledge-units")
+        if self.max_examples_per_row < 1:
+            raise BertJaxError(f"--max-examples-per-row {self.max_examples_per_row}: must be "
+                               ">= 1")
         if self.max_record_tokens < 0:
             raise BertJaxError(f"--max-record-tokens {self.max_record_tokens}: must be >= 0")
         if self.mode not in instances.MODES:
@@ -117,6 +131,35 @@ def _serialize(examples: list[instances.Example], max_seq_length: int, pad_id: i
         if matcher is not None:
             features["unit_ids"] = matcher.annotate(ids) + [0] * pad
         out.append(encoder.encode(features))
+    return out
+
+
+def _serialize_packed(examples: list[instances.Example], config: CreationConfig, pad_id: int,
+                      encoder: ExampleEncoder, seed: int) -> list[bytes]:
+    """Packed rows of ``examples`` (best-fit decreasing, placement seeded by ``seed``), in an
+    order drawn from ``seed`` (best-fit makes them longest example first)."""
+    from bert_jax.data import packing
+
+    k, length = config.max_examples_per_row, config.max_seq_length
+    rows = packing.pack_lengths([len(e[0]) for e in examples], length, k, seed=seed)
+    random.Random(seed).shuffle(rows)
+    out = []
+    for row in rows:
+        ids, segs, example_ids, positions = [], [], [], []
+        cls_positions, labels = [0] * k, [0] * k
+        for slot, i in enumerate(row.tolist()):
+            example_ids_i, segs_i, label = examples[i]
+            cls_positions[slot], labels[slot] = len(ids), label
+            ids += example_ids_i
+            segs += segs_i
+            example_ids += [slot + 1] * len(example_ids_i)
+            positions += range(len(example_ids_i))
+        pad = length - len(ids)
+        out.append(encoder.encode({
+            "input_ids": ids + [pad_id] * pad, "segment_ids": segs + [0] * pad,
+            "example_ids": example_ids + [0] * pad, "position_ids": positions + [0] * pad,
+            "cls_positions": cls_positions, "next_sentence_label": labels,
+            "example_slots": [1] * len(row) + [0] * (k - len(row))}))
     return out
 
 
@@ -190,6 +233,12 @@ def process_unit(unit_index: int, paths: list[str]) -> dict[str, Any]:
         examples = instances.create_examples(
             [doc for _, doc in pool], config.mode, config.max_seq_length, config.short_seq_prob,
             config.dupe_factor, rng, tokenizer.cls_id, tokenizer.sep_id, stats)
+        if config.pack:
+            stats[f"{split}_packed_examples"] += len(examples)
+            records[split] = _serialize_packed(examples, config, tokenizer.pad_id,
+                                               _WORKER["encoder"],
+                                               config.seed * 1_000_003 + unit_index)
+            continue
         records[split] = _serialize(examples, config.max_seq_length, tokenizer.pad_id,
                                     _WORKER["encoder"], matcher)
     return {"unit": unit_index, "records": records, "stats": stats}
@@ -309,6 +358,10 @@ def _create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir
         "input_format": config.input_format,
         "holdout_fraction": config.holdout_fraction,
         "knowledge_units": config.knowledge_units,
+        "packed": config.pack,
+        **({"max_examples_per_row": config.max_examples_per_row,
+            "packed_examples": {split: stats.get(f"{split}_packed_examples", 0)
+                                for split in ("train", "eval")}} if config.pack else {}),
         "features": {
             "input_ids": f"int64[{config.max_seq_length}], padded with [PAD]",
             "segment_ids": f"int64[{config.max_seq_length}], padded with 0",
@@ -316,6 +369,7 @@ def _create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir
                                    "full_sentences",
             **({"unit_ids": f"int64[{config.max_seq_length}]: 0 outside phrases/entities, "
                             "1, 2, ... per unit"} if config.knowledge_units else {}),
+            **(_packed_features(config) if config.pack else {}),
         },
         "tokenizer": {
             "kind": tokenizer.kind,
@@ -337,6 +391,20 @@ def _create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir
         metadata.update(documents_metadata(config, metadata))
     write_metadata(output_dir, metadata)
     return metadata
+
+
+def _packed_features(config: CreationConfig) -> dict[str, str]:
+    """metadata.json's description of the features of packed rows."""
+    n, k = config.max_seq_length, config.max_examples_per_row
+    return {
+        "input_ids": f"int64[{n}]: up to {k} examples one after another, then [PAD]",
+        "segment_ids": f"int64[{n}]: each example's own segments, padded with 0",
+        "example_ids": f"int64[{n}]: 0 at padding, 1..{k} = the example slot of the token",
+        "position_ids": f"int64[{n}]: positions restarting at 0 for each example",
+        "cls_positions": f"int64[{k}]: each slot's first token (0 for an empty slot)",
+        "next_sentence_label": f"int64[{k}]: per slot, as unpacked (0 for an empty slot)",
+        "example_slots": f"int64[{k}]: 1 where the slot holds an example",
+    }
 
 
 def documents_metadata(config: CreationConfig, metadata: dict[str, Any]) -> dict[str, Any]:
@@ -372,6 +440,9 @@ def _summary(metadata: dict[str, Any]) -> str:
         f"{s.get('documents', 0)} documents, {s.get('sentences', 0)} sentences, "
         f"{s.get('tokens', 0)} tokens ({metadata['mb_per_second']} MB/s)",
     ]
+    if metadata.get("packed"):
+        lines.insert(1, f"packed {s.get('train_packed_examples', 0)} train examples, at most "
+                        f"{metadata['max_examples_per_row']} a row")
     problems = {k: s[k] for k in PROBLEM_COUNTS if s.get(k)}
     if problems:
         lines.append("repaired/skipped: " + ", ".join(f"{k}={v}" for k, v in problems.items()))
@@ -432,6 +503,13 @@ class command:  # noqa: N801 - the CLI registry names this attribute
                                  "n-grams, plus --knowledge-lexicon entries")
         parser.add_argument("--knowledge-lexicon", metavar="FILE",
                             help="entities/phrases, one per line (implies --knowledge-units)")
+        parser.add_argument("--pack", action="store_true",
+                            help="write packed rows: several examples per record (their "
+                                 "natural lengths, best-fit), attention kept within each "
+                                 "example, so short examples stop paying for padding "
+                                 "(docs/data.md, \"Sequence packing\")")
+        parser.add_argument("--max-examples-per-row", type=int, default=8,
+                            help="--pack: examples a row may hold (default 8)")
         parser.add_argument("--no-progress", action="store_true",
                             help="no progress bar (for logs)")
 
@@ -452,7 +530,8 @@ class command:  # noqa: N801 - the CLI registry names this attribute
             max_seq_length=args.max_seq_length, short_seq_prob=args.short_seq_prob,
             mode=args.mode, dupe_factor=args.dupe_factor, seed=args.seed,
             input_format=args.input_format, holdout_fraction=args.holdout_fraction,
-            output_format=args.output_format, max_record_tokens=args.max_record_tokens)
+            output_format=args.output_format, max_record_tokens=args.max_record_tokens,
+            pack=args.pack, max_examples_per_row=args.max_examples_per_row)
         metadata = create_pretraining_data(
             args.input, tokenizer, args.output_dir, config, num_shards=args.num_shards,
             num_workers=args.num_workers, progress=not args.no_progress)

@@ -34,6 +34,9 @@ from bert_jax.errors import BertJaxError
 
 BATCH_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
               "masked_lm_weights", "next_sentence_labels")
+# Packed rows (``create-pretraining-data --pack``) add these; next_sentence_labels is then
+# [B, k] and next_sentence_weights marks the filled example slots.
+PACKED_BATCH_KEYS = ("example_ids", "position_ids", "cls_positions", "next_sentence_weights")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +125,7 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                              pad_id: int | None = None, masking: str | None = None,
                              span_p: float = 0.2, max_span: int = 10,
                              basic_fraction: float = 0.0, mask_token_fraction: float = 0.8,
-                             random_token_fraction: float = 0.1):
+                             random_token_fraction: float = 0.1, examples_per_row: int = 0):
     """A ``tf.data.Dataset`` of masked pretraining batches for this host (see module doc).
 
     Each element is a dict of BATCH_KEYS: int32 [B, seq_len] ids/mask/segments, int32 [B, P]
@@ -130,7 +133,9 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
     the stream is one epoch and the last batch may be smaller. ``pad_id`` defaults to
     ``special_ids[0]`` ([PAD] comes first in BERT's special-token order). ``masking`` (one of
     ``masking.MASKING_MODES``) overrides ``whole_word``/``span_masking``; ``knowledge`` reads
-    the examples' ``unit_ids`` feature.
+    the examples' ``unit_ids`` feature. ``examples_per_row`` > 0 reads packed rows of that
+    many example slots and adds ``PACKED_BATCH_KEYS`` (the masking is per token, so every
+    masked position lies inside an example).
     """
     import tensorflow as tf
 
@@ -188,6 +193,12 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                 "next_sentence_label": tf.io.FixedLenFeature([1], tf.int64)}
     if masking.knowledge:
         features["unit_ids"] = tf.io.FixedLenFeature([stored_len], tf.int64)
+    k = examples_per_row
+    if k:
+        features.update({name: tf.io.FixedLenFeature([stored_len], tf.int64)
+                         for name in ("example_ids", "position_ids")})
+        features.update({name: tf.io.FixedLenFeature([k], tf.int64)
+                         for name in ("cls_positions", "next_sentence_label", "example_slots")})
     if pad_id is None:
         pad_id = masking.special_ids[0] if masking.special_ids else 0
 
@@ -208,13 +219,23 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
         batch_seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
         masked, positions, ids, weights = mask_batch(input_ids, batch_seed, masking, tables,
                                                      unit_ids)
-        return {"input_ids": masked,
-                "input_mask": tf.cast(input_ids != pad_id, tf.int32),
-                "segment_ids": segment_ids,
-                "masked_lm_positions": positions,
-                "masked_lm_ids": ids,
-                "masked_lm_weights": weights,
-                "next_sentence_labels": tf.cast(parsed["next_sentence_label"][:, 0], tf.int32)}
+        batch = {"input_ids": masked,
+                 "input_mask": tf.cast(input_ids != pad_id, tf.int32),
+                 "segment_ids": segment_ids,
+                 "masked_lm_positions": positions,
+                 "masked_lm_ids": ids,
+                 "masked_lm_weights": weights,
+                 "next_sentence_labels": tf.cast(parsed["next_sentence_label"][:, 0], tf.int32)}
+        if k:
+            for name in ("example_ids", "position_ids"):
+                value = tf.cast(parsed[name], tf.int32)
+                if seq_len > stored_len:
+                    value = tf.pad(value, extra)
+                batch[name] = value
+            batch["cls_positions"] = tf.cast(parsed["cls_positions"], tf.int32)
+            batch["next_sentence_labels"] = tf.cast(parsed["next_sentence_label"], tf.int32)
+            batch["next_sentence_weights"] = tf.cast(parsed["example_slots"], tf.float32)
+        return batch
 
     ds = ds.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.prefetch(tf.data.AUTOTUNE)
@@ -312,6 +333,8 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
                 meta, files, state=state, per_host_batch_size=per_host_batch_size,
                 max_predictions_per_seq=max_predictions_per_seq, seq_len=seq_len,
                 pairing=pairing, short_seq_prob=short_seq_prob, **kwargs)
+        if meta.raw.get("packed"):
+            kwargs["examples_per_row"] = int(meta.raw["max_examples_per_row"])
         return cls(files, state=state, per_host_batch_size=per_host_batch_size,
                    seq_len=seq_len or meta.max_seq_length,
                    max_predictions_per_seq=max_predictions_per_seq,

@@ -5,6 +5,11 @@ every bert-jax pipeline produces) so that cuDNN's fused kernel can skip it; a ge
 mask is used only where lengths cannot describe it. The explicit (einsum) path is used when
 attention probabilities are requested or attention dropout is active, since fused kernels
 return neither.
+
+Packed rows (several examples per row, ``data/packing.py``) add ``example_ids`` [batch, seq]
+int32 (0 = padding, 1..k = the example of the row a token belongs to): a token attends only
+to the tokens of its own example. The einsum and XLA paths build that as a boolean mask, the
+Pallas kernels take it as ``segment_ids``. Without ``example_ids`` no op is added.
 """
 
 from __future__ import annotations
@@ -31,16 +36,30 @@ def lengths_to_mask(kv_lengths: jax.Array, seq_len: int) -> jax.Array:
     return (jnp.arange(seq_len)[None, :] < kv_lengths[:, None])[:, None, None, :]
 
 
+def example_mask(example_ids: jax.Array) -> jax.Array:
+    """[batch, seq] example ids -> bool[batch, 1, q_seq, kv_seq]: query and key belong to the
+    same example (padding, id 0, matches only padding; the key lengths mask it)."""
+    return (example_ids[:, :, None] == example_ids[:, None, :])[:, None]
+
+
+def _segment_kwargs(example_ids) -> dict:
+    """The kernels' ``segment_ids`` keyword, only for packed rows (unpacked calls unchanged)."""
+    return {} if example_ids is None else {"segment_ids": example_ids}
+
+
 def explicit_attention(query, key, value, kv_lengths, *, dropout_rng=None, dropout_rate=0.0,
-                       deterministic=True):
+                       deterministic=True, example_ids=None):
     """Attention with materialized probabilities. Returns (context, probs).
 
-    query/key/value: [batch, seq, heads, head_dim]; probs: [batch, heads, q_seq, kv_seq].
+    query/key/value: [batch, seq, heads, head_dim]; probs: [batch, heads, q_seq, kv_seq];
+    ``example_ids`` [batch, seq] confines attention to each packed example.
     """
     depth = query.shape[-1]
     scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
                         preferred_element_type=jnp.float32) / jnp.sqrt(depth).astype(jnp.float32)
     mask = lengths_to_mask(kv_lengths, key.shape[1])
+    if example_ids is not None:
+        mask = mask & example_mask(example_ids)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
     attn = probs
@@ -51,17 +70,23 @@ def explicit_attention(query, key, value, kv_lengths, *, dropout_rng=None, dropo
     return context, probs
 
 
-def fused_attention(query, key, value, kv_lengths, implementation: str):
-    """``jax.nn.dot_product_attention`` (XLA or cuDNN) with padding given as key lengths."""
+def fused_attention(query, key, value, kv_lengths, implementation: str, example_ids=None):
+    """``jax.nn.dot_product_attention`` (XLA or cuDNN) with padding given as key lengths.
+
+    Packed rows (``example_ids``): splash takes them as segment ids; the XLA path gets the
+    boolean same-example mask; cuDNN, whose fused kernel takes no general mask here, falls
+    back to XLA."""
     impl = resolve_implementation(implementation)
     if impl == "splash":
         from bert_jax.kernels.splash import splash_attention
 
-        return splash_attention(query, key, value, kv_lengths)
-    if impl == "cudnn" and query.dtype not in (jnp.bfloat16, jnp.float16):
-        impl = "xla"  # cuDNN fused attention needs half precision inputs
+        return splash_attention(query, key, value, kv_lengths, **_segment_kwargs(example_ids))
+    if impl == "cudnn" and (query.dtype not in (jnp.bfloat16, jnp.float16)
+                            or example_ids is not None):
+        impl = "xla"  # cuDNN fused attention needs half precision inputs and no mask
+    mask = None if example_ids is None else example_mask(example_ids)
     return jax.nn.dot_product_attention(
-        query, key, value, key_value_seq_lengths=kv_lengths.astype(jnp.int32),
+        query, key, value, mask=mask, key_value_seq_lengths=kv_lengths.astype(jnp.int32),
         implementation=impl)
 
 
@@ -82,13 +107,15 @@ def resolve_dropout_implementation(name: str, query, key) -> str:
 
 
 def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rate: float,
-                      implementation: str = "auto", mask_hash: str = "rowcol", qkv_bias=None):
+                      implementation: str = "auto", mask_hash: str = "rowcol", qkv_bias=None,
+                      example_ids=None):
     """Training-time attention with dropout on the probabilities. Returns the context.
 
     ``flash`` runs the Pallas kernel of ``bert_jax.kernels.flash`` (dropout in the kernel,
     probabilities never in memory, mask from the counter hash ``mask_hash``), split over the
     active mesh with ``shard_map`` because a Pallas call is not partitioned by XLA;
-    ``explicit`` is the einsum path (a threefry Bernoulli mask).
+    ``explicit`` is the einsum path (a threefry Bernoulli mask). ``example_ids`` (packed rows)
+    go to the kernels as ``segment_ids``, to the einsum path as a mask.
     """
     impl = resolve_dropout_implementation(implementation, query, key)
     if qkv_bias is not None and impl != "flash":  # only the kernel takes them unadded
@@ -97,32 +124,36 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
         qkv_bias = None
     if impl == "explicit":
         return explicit_attention(query, key, value, kv_lengths, dropout_rng=dropout_rng,
-                                  dropout_rate=dropout_rate, deterministic=False)[0]
+                                  dropout_rate=dropout_rate, deterministic=False,
+                                  example_ids=example_ids)[0]
     if impl == "flash_tpu":  # the TPU kernel: the same salts and masks as the GPU kernel
         from bert_jax.kernels import flash, flash_tpu
 
-        def local_tpu(q, k, v, lengths, s, _):
+        def local_tpu(q, k, v, lengths, s, _, ids):
             return flash_tpu.flash_attention(q, k, v, lengths, salt=s,
-                                             dropout_rate=dropout_rate, mask_hash=mask_hash)
+                                             dropout_rate=dropout_rate, mask_hash=mask_hash,
+                                             **_segment_kwargs(ids))
 
         salt = flash.salt_from_rng(dropout_rng, query.shape[0], query.shape[2])
-        return _over_mesh(local_tpu, query, key, value, kv_lengths, salt)
+        return _over_mesh(local_tpu, query, key, value, kv_lengths, salt,
+                          example_ids=example_ids)
     if impl != "flash":
         raise ValueError(f"unknown dropout attention implementation {impl!r}")
     from bert_jax.kernels import flash
 
     salt = _flash_salt(dropout_rng, query.shape[0], query.shape[2])
 
-    def local(q, k, v, lengths, s, biases):
+    def local(q, k, v, lengths, s, biases, ids):
         return flash.flash_attention(q, k, v, lengths, salt=s, dropout_rate=dropout_rate,
-                                     mask_hash=mask_hash, qkv_bias=biases)
+                                     mask_hash=mask_hash, qkv_bias=biases,
+                                     **_segment_kwargs(ids))
 
-    return _over_mesh(local, query, key, value, kv_lengths, salt, qkv_bias)
+    return _over_mesh(local, query, key, value, kv_lengths, salt, qkv_bias, example_ids)
 
 
 def dropout_attention_packed(qkv, kv_lengths, *, dropout_rng, dropout_rate: float,
                              implementation: str = "auto", mask_hash: str = "rowcol",
-                             qkv_bias=None):
+                             qkv_bias=None, example_ids=None):
     """``dropout_attention`` over query, key and value packed as one [batch, seq, 3, heads,
     head_dim] array (one projection matmul's output) with an optional [3, heads, head_dim]
     bias. The flash kernel reads the slots in place and returns the gradient packed
@@ -133,16 +164,17 @@ def dropout_attention_packed(qkv, kv_lengths, *, dropout_rng, dropout_rate: floa
         biases = None if qkv_bias is None else tuple(qkv_bias)
         return dropout_attention(query, key, qkv[:, :, 2], kv_lengths, dropout_rng=dropout_rng,
                                  dropout_rate=dropout_rate, implementation=impl,
-                                 mask_hash=mask_hash, qkv_bias=biases)
+                                 mask_hash=mask_hash, qkv_bias=biases, example_ids=example_ids)
     from bert_jax.kernels import flash
 
     salt = _flash_salt(dropout_rng, qkv.shape[0], qkv.shape[3])
 
-    def local(packed, lengths, s, bias):
+    def local(packed, lengths, s, bias, ids):
         return flash.flash_attention_packed(packed, lengths, salt=s, dropout_rate=dropout_rate,
-                                            mask_hash=mask_hash, qkv_bias=bias)
+                                            mask_hash=mask_hash, qkv_bias=bias,
+                                            **_segment_kwargs(ids))
 
-    return _over_mesh_packed(local, qkv, kv_lengths, salt, qkv_bias)
+    return _over_mesh_packed(local, qkv, kv_lengths, salt, qkv_bias, example_ids)
 
 
 def _flash_salt(dropout_rng, batch: int, heads: int):
@@ -174,38 +206,43 @@ def _mesh_axes(batch: int, heads: int):
     return mesh, batch_axes, head_axes
 
 
-def _over_mesh(fn, query, key, value, kv_lengths, salt, qkv_bias=None):
+def _over_mesh(fn, query, key, value, kv_lengths, salt, qkv_bias=None, example_ids=None):
     """Runs ``fn`` per shard: batch and heads split as the logical-axis rules say, sequence
     and head_dim whole (attention needs every key of an example); the [heads, head_dim]
-    biases split on heads (shard_map sums their per-shard gradients over the batch axes)."""
+    biases split on heads (shard_map sums their per-shard gradients over the batch axes);
+    the [batch, seq] example ids split on batch."""
     from bert_jax import parallel
 
     axes = _mesh_axes(query.shape[0], query.shape[2])
     if axes is None:
-        return fn(query, key, value, kv_lengths, salt, qkv_bias)
+        return fn(query, key, value, kv_lengths, salt, qkv_bias, example_ids)
     from jax.sharding import PartitionSpec as P
 
     mesh, batch_axes, head_axes = axes
     qkv = P(batch_axes, None, head_axes, None)
     bias_specs = None if qkv_bias is None else (P(head_axes, None),) * 3
+    ids_spec = None if example_ids is None else P(batch_axes, None)
     return parallel.shard_map_unchecked(
-        fn, mesh, in_specs=(qkv, qkv, qkv, P(batch_axes), P(batch_axes, head_axes), bias_specs),
-        out_specs=qkv)(query, key, value, kv_lengths, salt, qkv_bias)
+        fn, mesh, in_specs=(qkv, qkv, qkv, P(batch_axes), P(batch_axes, head_axes), bias_specs,
+                            ids_spec),
+        out_specs=qkv)(query, key, value, kv_lengths, salt, qkv_bias, example_ids)
 
 
-def _over_mesh_packed(fn, qkv, kv_lengths, salt, qkv_bias):
+def _over_mesh_packed(fn, qkv, kv_lengths, salt, qkv_bias, example_ids=None):
     """``_over_mesh`` for the packed [batch, seq, 3, heads, head_dim] array and its
     [3, heads, head_dim] bias."""
     from bert_jax import parallel
 
     axes = _mesh_axes(qkv.shape[0], qkv.shape[3])
     if axes is None:
-        return fn(qkv, kv_lengths, salt, qkv_bias)
+        return fn(qkv, kv_lengths, salt, qkv_bias, example_ids)
     from jax.sharding import PartitionSpec as P
 
     mesh, batch_axes, head_axes = axes
     bias_spec = None if qkv_bias is None else P(None, head_axes, None)
+    ids_spec = None if example_ids is None else P(batch_axes, None)
     return parallel.shard_map_unchecked(
         fn, mesh, in_specs=(P(batch_axes, None, None, head_axes, None), P(batch_axes),
-                            P(batch_axes, head_axes), bias_spec),
-        out_specs=P(batch_axes, None, head_axes, None))(qkv, kv_lengths, salt, qkv_bias)
+                            P(batch_axes, head_axes), bias_spec, ids_spec),
+        out_specs=P(batch_axes, None, head_axes, None))(qkv, kv_lengths, salt, qkv_bias,
+                                                        example_ids)

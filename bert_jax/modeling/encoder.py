@@ -3,6 +3,11 @@
 Parameters carry logical axis names (``vocab``, ``embed``, ``heads``, ``kv``, ``mlp``,
 ``layers``); the mesh rules that map them onto devices live in the training config. Compute
 runs in ``config.dtype`` (e.g. bfloat16) with parameters kept in ``config.param_dtype``.
+
+Packed rows (several examples per row, ``bert_jax/data/packing.py``) pass ``example_ids``
+(attention stays within each example), ``position_ids`` (positions restart at each example)
+and ``cls_positions`` (the pooler reads each example's first token); without them the graph
+is the unpacked one.
 """
 
 from __future__ import annotations
@@ -44,6 +49,13 @@ REMAT_POLICIES = {
     "offload_dots": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device",
                                                                           "pinned_host"),
 }
+
+
+def gather_positions(sequence, positions):
+    """[batch, seq, hidden], [batch, P] -> [batch, P, hidden], as a one-hot product: its
+    backward is a matmul, not a scatter-add (padded predictions all point at position 0)."""
+    one_hot = jax.nn.one_hot(positions, sequence.shape[1], dtype=sequence.dtype)  # [b, P, seq]
+    return jnp.einsum("bps,bsh->bph", one_hot, sequence)
 
 
 def initializer(config: BertConfig, axes: tuple[str | None, ...]):
@@ -266,13 +278,15 @@ class BertEmbeddings(nn.Module):
             self.projection = dense(cfg, cfg.hidden_size, ("embed", "mlp"),
                                     "embedding_projection")
 
-    def __call__(self, input_ids, segment_ids, deterministic: bool = True):
+    def __call__(self, input_ids, segment_ids, deterministic: bool = True, position_ids=None):
         seq_len = input_ids.shape[-1]
         words = self.word_embeddings(input_ids)  # [batch, seq, embedding_dim]
         # Positions are a slice and segments a one-hot product: neither needs a scatter in
         # the backward pass (every token of a batch hits the same few rows).
         offset = self.config.position_offset  # RoBERTa: positions start at pad_token_id + 1
         positions = self.position_embeddings.embedding[None, offset:offset + seq_len]
+        if position_ids is not None:  # packed rows: [batch, seq] positions within the example
+            positions = jax.nn.one_hot(position_ids, seq_len, dtype=words.dtype) @ positions[0]
         x = words + positions
         if self.config.use_token_types:
             table = self.token_type_embeddings.embedding
@@ -301,7 +315,7 @@ class BertSelfAttention(nn.Module):
     return_bias: bool = False
 
     @nn.compact
-    def __call__(self, x, kv_lengths):
+    def __call__(self, x, kv_lengths, example_ids=None):
         cfg = self.config
         n, d = cfg.num_attention_heads, cfg.head_dim
         # [batch, seq, 3, heads, head_dim]
@@ -327,7 +341,7 @@ class BertSelfAttention(nn.Module):
             context = dropout_attention_packed(
                 constrain(packed, PACKED_AXES), kv_lengths, dropout_rng=self.make_rng("dropout"),
                 dropout_rate=cfg.attention_probs_dropout_prob, implementation="flash",
-                mask_hash=cfg.dropout_hash, qkv_bias=bias)
+                mask_hash=cfg.dropout_hash, qkv_bias=bias, example_ids=example_ids)
             return self._output(context, None)
         if cfg.qkv_projection in ("split", "packed"):
             # Three matmuls on slices of the [embed, 3, heads, head_dim] kernel: query, key
@@ -347,16 +361,17 @@ class BertSelfAttention(nn.Module):
             rng = self.make_rng("dropout") if dropout_active else None
             context, probs = explicit_attention(
                 query, key, value, kv_lengths, dropout_rng=rng,
-                dropout_rate=cfg.attention_probs_dropout_prob, deterministic=self.deterministic)
+                dropout_rate=cfg.attention_probs_dropout_prob, deterministic=self.deterministic,
+                example_ids=example_ids)
         elif dropout_active:
             context, probs = dropout_attention(
                 query, key, value, kv_lengths, dropout_rng=self.make_rng("dropout"),
                 dropout_rate=cfg.attention_probs_dropout_prob,
                 implementation=cfg.dropout_attention_impl, mask_hash=cfg.dropout_hash,
-                qkv_bias=qkv_bias), None
+                qkv_bias=qkv_bias, example_ids=example_ids), None
         else:
             context, probs = fused_attention(query, key, value, kv_lengths,
-                                             cfg.attention_impl), None
+                                             cfg.attention_impl, example_ids), None
         return self._output(context, probs)
 
     def _flash_runs(self, x) -> bool:
@@ -395,13 +410,14 @@ class BertLayer(nn.Module):
     split_output: bool = False
 
     @nn.compact
-    def __call__(self, x, kv_lengths):
+    def __call__(self, x, kv_lengths, example_ids=None):
         cfg = self.config
         fused = use_fused_norm(cfg)  # bias + dropout + residual + LayerNorm in one kernel
         drop = None if fused else hidden_dropout(cfg)
         x, residual = _handles(x)
         attn, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
-                                        return_bias=fused, name="attention")(x, kv_lengths)
+                                        return_bias=fused, name="attention")(
+            x, kv_lengths, example_ids)
         if fused:
             x, residual = _handles(FusedResidualNorm(cfg, split_output=True,
                                                      name="attention_norm")(
@@ -431,8 +447,8 @@ class _ScanLayer(BertLayer):
     """BertLayer with the (carry, broadcast) -> (carry, per-layer outputs) scan signature."""
 
     @nn.compact
-    def __call__(self, x, kv_lengths):
-        x, probs = super().__call__(x, kv_lengths)
+    def __call__(self, x, kv_lengths, example_ids=None):
+        x, probs = super().__call__(x, kv_lengths, example_ids)
         return x, (x, probs)
 
 
@@ -446,7 +462,7 @@ class BertEncoder(nn.Module):
     output_attentions: bool = False
 
     @nn.compact
-    def __call__(self, x, kv_lengths):
+    def __call__(self, x, kv_lengths, example_ids=None):
         cfg = self.config
         hidden_states, attentions = [x], []
         layer_cls = BertLayer
@@ -466,7 +482,7 @@ class BertEncoder(nn.Module):
                 split_rngs={"params": not cfg.share_layers, "dropout": True},
                 in_axes=nn.broadcast, length=cfg.num_hidden_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"})
-            x, (per_layer, probs) = scanned(**kwargs, name="layers")(x, kv_lengths)
+            x, (per_layer, probs) = scanned(**kwargs, name="layers")(x, kv_lengths, example_ids)
             # per_layer: [layers, batch, seq, hidden] -> list
             hidden_states += [per_layer[i] for i in range(cfg.num_hidden_layers)]
             if probs is not None:
@@ -479,7 +495,7 @@ class BertEncoder(nn.Module):
                 # fused LayerNorm's gradient sum, split_norm_grads); one shared module can't.
                 layer = shared if shared is not None else layer_cls(
                     **kwargs, split_output=i < last, name=f"layer_{i}")
-                x, probs = layer(x, kv_lengths)
+                x, probs = layer(x, kv_lengths, example_ids)
                 hidden_states.append(_handles(x)[0])
                 attentions.append(probs)
         return {
@@ -495,6 +511,11 @@ class BertModel(nn.Module):
     Returns a dict: ``sequence_output`` [batch, seq, hidden], ``pooled_output``
     [batch, hidden], and when requested ``hidden_states`` (embeddings + every layer) and
     ``attentions`` (per layer [batch, heads, seq, seq]).
+
+    Packed rows (left-aligned examples, padding at the end): ``example_ids`` [batch, seq]
+    (0 = padding, 1..k), ``position_ids`` [batch, seq] (restarting at 0 per example) and
+    ``cls_positions`` [batch, k] (each example's first token; empty slots any in-row index):
+    ``pooled_output`` is then [batch, k, hidden], one per example slot.
     """
 
     config: BertConfig
@@ -503,7 +524,8 @@ class BertModel(nn.Module):
     @nn.compact
     def __call__(self, input_ids, input_mask=None, segment_ids=None, *,
                  deterministic: bool = True, output_hidden_states: bool = False,
-                 output_attentions: bool = False) -> dict[str, Any]:
+                 output_attentions: bool = False, example_ids=None, position_ids=None,
+                 cls_positions=None) -> dict[str, Any]:
         cfg = self.config
         if input_ids.shape[-1] > cfg.max_sequence_length:
             raise BertJaxError(f"sequence length {input_ids.shape[-1]} exceeds the position "
@@ -515,13 +537,18 @@ class BertModel(nn.Module):
             segment_ids = jnp.zeros_like(input_ids)
         kv_lengths = jnp.sum(input_mask, axis=-1).astype(jnp.int32)  # [batch]
         x = BertEmbeddings(cfg, name="embeddings")(input_ids, segment_ids,
-                                                   deterministic=deterministic)
+                                                   deterministic=deterministic,
+                                                   position_ids=position_ids)
         x = constrain(x, ACTIVATION_AXES)
         out = BertEncoder(cfg, deterministic, output_hidden_states, output_attentions,
-                          name="encoder")(x, kv_lengths)
+                          name="encoder")(x, kv_lengths, example_ids)
         if self.add_pooler:
             pooler = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "pooler")
-            first = pooler(out["sequence_output"][:, 0])
+            sequence = out["sequence_output"]
+            if cls_positions is None:
+                first = pooler(sequence[:, 0])
+            else:  # [batch, k, hidden]: each packed example's first token
+                first = pooler(gather_positions(sequence, cls_positions))
             out["pooled_output"] = activation_fn(cfg.pooler_activation)(first)
         return out
 

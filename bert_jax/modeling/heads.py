@@ -8,6 +8,10 @@ computed). NSP/SOP classify the pooled output. Fine-tuning:
 sequence classification/regression, token classification, span QA and multiple choice.
 Parameter trees: ``{"bert": encoder, <head name>: head}`` so a pretrained encoder merges
 into freshly initialised heads.
+
+Packed rows: ``BertForPreTraining`` and ``BertForSequenceClassification`` take the packing
+inputs (``PACKING_KEYS``) and return per-example logits [batch, k, ...] gathered at
+``cls_positions``; the MLM and token heads are per token already.
 """
 
 from __future__ import annotations
@@ -22,14 +26,22 @@ from bert_jax.config import BertConfig
 from bert_jax.kernels import fused_xent
 from bert_jax.kernels.platform import target_platform
 from bert_jax.kernels.reference import NEG_INF, decode, logits_cross_entropy
-from bert_jax.modeling.encoder import BertModel, dense, hidden_dropout, layer_norm, zeros
+from bert_jax.modeling.encoder import (
+    BertModel,
+    dense,
+    gather_positions,
+    hidden_dropout,
+    layer_norm,
+    zeros,
+)
+
+# The optional inputs of packed rows (``data/packing.py``), passed through to ``BertModel``.
+PACKING_KEYS = ("example_ids", "position_ids", "cls_positions")
 
 
-def gather_positions(sequence, positions):
-    """[batch, seq, hidden], [batch, P] -> [batch, P, hidden], as a one-hot product: its
-    backward is a matmul, not a scatter-add (padded predictions all point at position 0)."""
-    one_hot = jax.nn.one_hot(positions, sequence.shape[1], dtype=sequence.dtype)  # [b, P, seq]
-    return jnp.einsum("bps,bsh->bph", one_hot, sequence)
+def packing_inputs(batch) -> dict[str, Any]:
+    """The packing inputs a batch carries (none for unpacked batches)."""
+    return {k: batch[k] for k in PACKING_KEYS if k in batch}
 
 
 def mask_padded_vocab(logits, vocab_size: int):
@@ -131,11 +143,13 @@ class BertForPreTraining(nn.Module):
     @nn.compact
     def __call__(self, input_ids, input_mask=None, segment_ids=None, masked_lm_positions=None,
                  *, deterministic: bool = True, output_hidden_states: bool = False,
-                 output_attentions: bool = False) -> dict[str, Any]:
+                 output_attentions: bool = False, example_ids=None, position_ids=None,
+                 cls_positions=None) -> dict[str, Any]:
         bert = BertModel(self.config, add_pooler=self.add_pooler or self.pair_head, name="bert")
         out = bert(input_ids, input_mask, segment_ids, deterministic=deterministic,
                         output_hidden_states=output_hidden_states,
-                        output_attentions=output_attentions)
+                        output_attentions=output_attentions, example_ids=example_ids,
+                        position_ids=position_ids, cls_positions=cls_positions)
         seq = out["sequence_output"]
         if masked_lm_positions is not None:
             seq = gather_positions(seq, masked_lm_positions)  # [batch, P, hidden]
@@ -151,11 +165,12 @@ class BertForPreTraining(nn.Module):
 
 
 def _encode(module: nn.Module, pooled: bool, input_ids, input_mask, segment_ids,
-            deterministic: bool):
+            deterministic: bool, **packing):
     """Runs the encoder as ``module``'s "bert" child; returns (outputs, features) where the
-    features (pooled or per-token) are cut from the gradient when the encoder is frozen."""
+    features (pooled or per-token) are cut from the gradient when the encoder is frozen.
+    ``packing``: the packing inputs of packed rows (``PACKING_KEYS``)."""
     out = BertModel(module.config, add_pooler=pooled, name="bert")(
-        input_ids, input_mask, segment_ids, deterministic=deterministic)
+        input_ids, input_mask, segment_ids, deterministic=deterministic, **packing)
     features = out["pooled_output" if pooled else "sequence_output"]
     return out, _maybe_freeze(features, module.freeze_encoder)
 
@@ -171,7 +186,8 @@ def _classify(module: nn.Module, features, num_outputs: int, deterministic: bool
 
 
 class BertForSequenceClassification(nn.Module):
-    """Pooled output -> dropout -> dense. ``num_labels=1`` is regression (STS-B)."""
+    """Pooled output -> dropout -> dense. ``num_labels=1`` is regression (STS-B). Packed rows
+    (``cls_positions`` [batch, k] and the other packing inputs): logits [batch, k, labels]."""
 
     config: BertConfig
     num_labels: int
@@ -179,8 +195,11 @@ class BertForSequenceClassification(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids, input_mask=None, segment_ids=None, *,
-                 deterministic: bool = True) -> dict[str, Any]:
-        out, pooled = _encode(self, True, input_ids, input_mask, segment_ids, deterministic)
+                 deterministic: bool = True, example_ids=None, position_ids=None,
+                 cls_positions=None) -> dict[str, Any]:
+        out, pooled = _encode(self, True, input_ids, input_mask, segment_ids, deterministic,
+                              example_ids=example_ids, position_ids=position_ids,
+                              cls_positions=cls_positions)
         out["logits"] = _classify(self, pooled, self.num_labels, deterministic)
         return out
 

@@ -62,6 +62,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.max_train_examples = 0  # > 0: a seeded subsample of train (after the holdout)
     c.max_seq_length = 128
     c.featurize = ml_collections.ConfigDict()  # task.featurize options (SQuAD: doc_stride...)
+    # Sequence packing (docs/finetuning.md, "Sequence packing"): training rows of several
+    # examples each (at most max_examples_per_row, attention confined to each example), so
+    # short examples stop paying for padding. Classification and regression tasks (GLUE)
+    # only; evaluation and prediction stay one row per example.
+    c.packing = False
+    c.max_examples_per_row = 8
     c.postprocess = ml_collections.ConfigDict()  # task.postprocess options (SQuAD: n-best...)
 
     # Model: init_checkpoint restores the encoder (bert-jax model dir or workdir, or a

@@ -69,6 +69,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, *, overwrite: bool
     if not task.label_keys:
         raise BertJaxError(f"task {task.name} has no training data (predict it with a model "
                            "of its parent task, e.g. AX with MNLI)")
+    if config.packing:  # before any data is read
+        from bert_jax.tasks.packing import check_supported
+
+        check_supported(task, config)
     workdir = os.path.abspath(workdir)
     if config.init_checkpoint and os.path.abspath(config.init_checkpoint) == workdir:
         raise BertJaxError(f"{workdir}: is the init_checkpoint; fine-tuning would replace the "
@@ -100,6 +104,8 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task,
         train_feats = distill.add_teacher_logits(config, task, train_feats)
         _log(f"distilling from {config.distill_from} (T={config.distill_temperature}, "
              f"alpha={config.distill_alpha})")
+    if config.packing:
+        train_feats = _pack(task, config, train_feats)
     dev_feats = {s: featurize(task, d, tokenizer, config) for s, d in devs.items()}
     steps_per_epoch = -(-num_rows(train_feats) // config.global_batch_size)
     total_steps = steps_per_epoch * config.epochs
@@ -151,6 +157,21 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task,
     if jax.process_index() == 0:
         write_json(os.path.join(workdir, METRICS_FILE), result)
     return result
+
+
+def _pack(task, config, train_feats):
+    """Packed training rows (``tasks/packing.py``), with the padding saved logged."""
+    from bert_jax.data.packing import padding_fraction
+    from bert_jax.tasks import packing
+    from bert_jax.tasks.trainer import TEACHER_KEY
+
+    lengths = train_feats["input_mask"].sum(axis=1)
+    packed = packing.pack_train_features(train_feats, task.label_keys, config, (TEACHER_KEY,))
+    _log(f"packing: {len(lengths)} train examples in {num_rows(packed)} rows of "
+         f"{config.max_seq_length} (at most {config.max_examples_per_row} a row); padding "
+         f"{padding_fraction(lengths, len(lengths), config.max_seq_length):.1%} -> "
+         f"{padding_fraction(lengths, num_rows(packed), config.max_seq_length):.1%}")
+    return packed
 
 
 def _progress_bar(config, total_steps: int):

@@ -6,7 +6,9 @@ Nothing here reads task files or checkpoints (``inputs.py`` and ``model_init.py`
 from a run config (``tasks/config.py``). Every batch has one of a few fixed shapes: its length is
 one of the run's length buckets (``bucketing.py``), and the last batch of an epoch and of an
 evaluation is padded with copies of a row whose ``example_weight`` is 0, so they carry no loss
-and their predictions are dropped — no example is skipped.
+and their predictions are dropped — no example is skipped. Packed training rows
+(``tasks/packing.py``) carry several examples each: their ``example_weight`` is
+[batch, max_examples_per_row] (the filled slots of real rows) and the losses are per example.
 """
 
 from __future__ import annotations
@@ -34,14 +36,17 @@ from bert_jax.modeling.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+    packing_inputs,
 )
 from bert_jax.tasks import bucketing
+from bert_jax.tasks import packing as task_packing
 from bert_jax.tasks.base import IGNORE_INDEX, INPUT_KEYS, Task
 from bert_jax.training.optimizers import make_optimizer
 from bert_jax.training.state import TrainState
 
 Batch = dict[str, jax.Array]
-WEIGHT_KEY = "example_weight"  # [batch] float32: 1 for real rows, 0 for padding rows
+# [batch] float32: 1 for real rows, 0 for padding rows; packed rows: [batch, examples per row]
+WEIGHT_KEY = "example_weight"
 TEACHER_KEY = "teacher_logits"  # [batch, labels] float32: task distillation's soft labels
 HEAD_NAMES = ("classifier", "qa_outputs", "feature_mix", "bilstm")
 
@@ -95,11 +100,12 @@ def task_loss(kind: str, outputs: Mapping[str, jax.Array], batch: Batch
 
     classification / multiple choice: cross-entropy over classes / choices; regression: MSE
     of the single output; token classification: cross-entropy over tokens whose label is not
-    ``IGNORE_INDEX``; span: (CE of the start + CE of the end position) / 2.
+    ``IGNORE_INDEX``; span: (CE of the start + CE of the end position) / 2. Packed rows
+    (classification, regression): logits, labels and weights per example slot, [batch, k].
     """
-    weights = batch[WEIGHT_KEY].astype(jnp.float32)  # [batch]
+    weights = batch[WEIGHT_KEY].astype(jnp.float32)  # [batch] ([batch, k] packed)
     if kind in ("classification", "multiple_choice"):
-        logits = outputs["logits"].astype(jnp.float32)  # [batch, classes | choices]
+        logits = outputs["logits"].astype(jnp.float32)  # [batch, (k,) classes | choices]
         per_row = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"])
         loss, count = _weighted_mean(per_row, weights)
     elif kind == "regression":
@@ -143,7 +149,8 @@ def distill_loss(kind: str, logits, labels, teacher, temperature: float, alpha: 
 def _apply(model: nn.Module, params, batch: Batch, rng=None):
     return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
                        batch["segment_ids"], deterministic=rng is None,
-                       rngs={"dropout": rng} if rng is not None else None)
+                       rngs={"dropout": rng} if rng is not None else None,
+                       **packing_inputs(batch))
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation, kind: str,
@@ -311,8 +318,9 @@ class Finetuner:
 
     def plan(self, features: Mapping[str, np.ndarray], order: np.ndarray, batch_size: int
              ) -> list[bucketing.PlannedBatch]:
-        """Batches of the rows in ``order`` grouped into the length buckets."""
-        if len(self.buckets) == 1:
+        """Batches of the rows in ``order`` grouped into the length buckets (packed rows:
+        max_seq_length only, they are full)."""
+        if len(self.buckets) == 1 or task_packing.is_packed(features):
             return [bucketing.PlannedBatch(order[s:s + batch_size], self.max_seq_length)
                     for s in range(0, len(order), batch_size)]
         return bucketing.plan_batches(bucketing.row_lengths(features["input_mask"]),
@@ -322,11 +330,16 @@ class Finetuner:
                 plan: list[bucketing.PlannedBatch], batch_size: int
                 ) -> Iterator[tuple[dict, int]]:
         """(batch with ``example_weight``, real rows) for each planned batch."""
+        packed = task_packing.is_packed(features)
+        if packed:
+            keys = (*keys, *task_packing.INPUT_KEYS, task_packing.SLOTS_KEY)
         for planned in plan:
             batch, real = bucketing.gather(features, keys, planned, batch_size,
                                            self.max_seq_length)
             weight = np.zeros(batch_size, np.float32)
             weight[:real] = 1.0
+            if packed:  # [batch, k]: the filled slots of the real rows
+                weight = batch.pop(task_packing.SLOTS_KEY) * weight[:, None]
             batch[WEIGHT_KEY] = weight
             yield batch, real
 

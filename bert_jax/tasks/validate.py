@@ -17,6 +17,7 @@ def validate_finetuning(config) -> None:
     c.integer("holdout_seed", 0)
     c.integer("max_train_examples", 0)
     c.integer("max_seq_length", 8)
+    c.integer("max_examples_per_row", 1)
     c.integer("global_batch_size", 1)
     c.integer("eval_batch_size", 1)
     c.integer("epochs", 1)

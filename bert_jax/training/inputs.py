@@ -137,6 +137,24 @@ def describe_source(data) -> str:
     return f"data: {kind} from {os.path.abspath(data.directory)}"
 
 
+def examples_per_row(config) -> int:
+    """Example slots per row of packed training data (``create-pretraining-data --pack``),
+    0 for unpacked data. Packed rows need the TFRecord source (``data.source``)."""
+    from bert_jax.data.metadata import METADATA_JSON, load_metadata
+
+    data = config.data
+    if data.source in ("synthetic", "materialized") or not data.directory \
+            or not os.path.exists(os.path.join(data.directory, METADATA_JSON)):
+        return 0
+    raw = load_metadata(data.directory).raw
+    if not raw.get("packed"):
+        return 0
+    if data.source not in ("auto", "tfrecord"):
+        raise BertJaxError(f"{data.directory}: packed rows are read from TFRecord shards "
+                           f"(data.source=tfrecord), not data.source={data.source!r}")
+    return int(raw["max_examples_per_row"])
+
+
 def check_vocab(config, model_vocab_size: int, tokenizer) -> None:
     """The model's vocabulary must be the tokenizer's: a mismatch trains rows no id reaches
     (or ids with no row) and surfaces much later, at fill-mask or fine-tuning."""

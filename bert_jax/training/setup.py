@@ -17,8 +17,10 @@ from jax.sharding import Mesh, NamedSharding
 
 from bert_jax import parallel
 from bert_jax.config import BertConfig
+from bert_jax.errors import BertJaxError
 from bert_jax.modeling.heads import BertForPreTraining
 from bert_jax.training import config as config_lib
+from bert_jax.training.inputs import examples_per_row
 from bert_jax.training.optimizers import make_optimizer
 from bert_jax.training.state import TrainState
 from bert_jax.training.steps import make_eval_step, make_train_step
@@ -26,6 +28,9 @@ from bert_jax.training.steps import make_eval_step, make_train_step
 BATCH_FIELDS = (("input_ids", 2), ("input_mask", 2), ("segment_ids", 2),
                 ("masked_lm_positions", 2), ("masked_lm_ids", 2), ("masked_lm_weights", 2),
                 ("next_sentence_labels", 1))
+# Packed rows (``create-pretraining-data --pack``): next_sentence_labels becomes [batch, k].
+PACKED_BATCH_FIELDS = (("example_ids", 2), ("position_ids", 2), ("cls_positions", 2),
+                       ("next_sentence_labels", 2), ("next_sentence_weights", 2))
 
 
 @dataclasses.dataclass
@@ -84,8 +89,14 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
     abstract_state, state_shardings = parallel.abstract_and_shardings(
         init_fn, mesh, rules, jax.random.PRNGKey(0))
     replicated = parallel.replicated(mesh)
+    fields = dict(BATCH_FIELDS)
+    if examples_per_row(config):
+        if config.objective in ("sbo", "electra", "distill"):
+            raise BertJaxError(f"{config.data.directory}: packed rows train the MLM + NSP/SOP "
+                               f"objective; objective={config.objective!r} takes unpacked data")
+        fields.update(PACKED_BATCH_FIELDS)
     batch_shardings = {name: parallel.batch_sharding(mesh, rules, ndim)
-                       for name, ndim in BATCH_FIELDS}
+                       for name, ndim in fields.items()}
     param_cast = parallel.param_gather_cast(state_shardings.params, model_cfg.dtype,
                                             config.parallel.get("param_gather", "param_dtype"))
     step_fn = make_train_step(

@@ -3,7 +3,10 @@ non-finite skipping) and the eval step. No I/O here; the loop jits these with sh
 
 Batch (global arrays): input_ids / input_mask / segment_ids [batch, seq] int32,
 masked_lm_positions / masked_lm_ids [batch, P] int32, masked_lm_weights [batch, P] float32,
-next_sentence_labels [batch] int32.
+next_sentence_labels [batch] int32. Packed rows (``bert_jax/data/packing.py``) add
+example_ids / position_ids [batch, seq], cls_positions [batch, k] and next_sentence_weights
+[batch, k] (1 for a filled example slot); next_sentence_labels is then [batch, k] and the
+NSP/SOP loss is per example, weighted by next_sentence_weights.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from bert_jax.modeling import heads
 from bert_jax.training.state import TrainState
 
 Batch = dict[str, jax.Array]
+NSP_WEIGHTS_KEY = "next_sentence_weights"  # packed rows: [batch, k], 1 per filled slot
 
 # Sums over a (micro)batch; the step divides them by batch-wide denominators so that k
 # microbatches give exactly the full-batch loss and gradient.
@@ -47,7 +51,16 @@ def loss_sums(outputs: dict[str, Any], batch: Batch, pair_head: bool, config: Be
     sums = {"mlm_loss_sum": jnp.sum(nll * weights), "mlm_correct": jnp.sum(correct * weights),
             "mlm_weight": jnp.sum(weights)}
     zero = jnp.zeros((), jnp.float32)
-    if pair_head:
+    if pair_head and NSP_WEIGHTS_KEY in batch:  # packed rows: per example slot [batch, k]
+        nsp_logits = outputs["nsp_logits"].astype(jnp.float32)  # [batch, k, 2]
+        labels = batch["next_sentence_labels"]
+        slots = batch[NSP_WEIGHTS_KEY].astype(jnp.float32)
+        sums["nsp_loss_sum"] = jnp.sum(
+            optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels) * slots)
+        sums["nsp_correct"] = jnp.sum(
+            (jnp.argmax(nsp_logits, -1) == labels).astype(jnp.float32) * slots)
+        sums["nsp_count"] = jnp.sum(slots)
+    elif pair_head:
         nsp_logits = outputs["nsp_logits"].astype(jnp.float32)  # [batch, 2]
         labels = batch["next_sentence_labels"]
         sums["nsp_loss_sum"] = jnp.sum(
@@ -84,7 +97,15 @@ def _apply(model: nn.Module, params, batch: Batch, *, rng=None) -> dict[str, Any
     return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
                        batch["segment_ids"], batch["masked_lm_positions"],
                        deterministic=rng is None,
-                       rngs={"dropout": rng} if rng is not None else None)
+                       rngs={"dropout": rng} if rng is not None else None,
+                       **heads.packing_inputs(batch))
+
+
+def nsp_denominator(batch: Batch) -> jax.Array:
+    """The NSP/SOP loss's denominator: rows, or the filled example slots of packed rows."""
+    if NSP_WEIGHTS_KEY in batch:
+        return jnp.maximum(jnp.sum(batch[NSP_WEIGHTS_KEY].astype(jnp.float32)), 1.0)
+    return jnp.float32(batch["input_ids"].shape[0])
 
 
 def _split_microbatches(batch: Batch, k: int, sharding: Callable[[int], Any] | None) -> Batch:
@@ -150,7 +171,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
         step_rng = jax.random.fold_in(rng, state.step)
         dens = {"mlm_weight": jnp.maximum(
                     jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1.0),
-                "nsp_count": jnp.float32(batch["input_ids"].shape[0]),
+                "nsp_count": nsp_denominator(batch),
                 "token_count": jnp.maximum(
                     jnp.sum(batch["input_mask"].astype(jnp.float32)), 1.0)}
         if microbatches == 1:
