@@ -49,6 +49,7 @@ FUSED_BACKWARD_MAX_KV = 128  # ``backward="auto"``: one-pass backward up to this
 SPLIT_DQ_KERNEL = (128, 64, 4, 3)
 BACKWARDS = ("auto", "fused", "split")
 MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 gives 0)
+EMPTY_ROW_LSE = 1e30  # log-sum-exp of a query that sees no key: exp2(score - it) is 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,7 @@ class FlashSettings:
     # The split backward's dQ kernel: (block_q, block_k, num_warps, num_stages); () = the
     # dK/dV kernel's (block_q_bwd, block_k_bwd, num_warps, num_stages).
     dq_kernel: tuple = ()
+    segments: bool = False  # the kernels take segment ids [batch, seq] after the salt
 
     def for_dq(self) -> FlashSettings:
         """The settings the split backward's dQ kernel runs with."""
@@ -137,22 +139,24 @@ def _iota(n: int, offset):
     return offset + lax.broadcasted_iota(jnp.int32, (n,), 0)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, o_ref, lse_ref, *,
-                    s: FlashSettings):
+def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, *refs, s: FlashSettings):
     from jax.experimental import pallas as pl
 
+    seg_ref, (o_ref, lse_ref) = _segment_ref(refs, s)
     block_q, block_k = q_ref.shape[0], s.block_k
     kv_len = k_ref.shape[0]
     q = q_ref[...]
     salt = salt_ref[...]
-    rows = _mask_rows(_iota(block_q, pl.program_id(2) * block_q), salt, s.mask_hash)
+    start_q = pl.program_id(2) * block_q
+    rows = _mask_rows(_iota(block_q, start_q), salt, s.mask_hash)
+    q_seg = None if seg_ref is None else seg_ref[pl.ds(start_q, block_q)]
     qk_scale = s.scale * LOG2E
 
     def body(j, carry):
         m, denom, acc = carry
         keys = pl.ds(j * block_k, block_k)
         k, v = k_ref[keys, :], v_ref[keys, :]
-        scores = _scores(q, k, bias_ref[keys], qk_scale)
+        scores = _scores(q, k, bias_ref[keys], qk_scale, _segments(q_seg, seg_ref, keys))
         m_new = jnp.maximum(m, jnp.max(scores, axis=1))
         p = jnp.exp2(scores - m_new[:, None])
         alpha = jnp.exp2(m - m_new)
@@ -167,16 +171,38 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, o_ref, lse_ref, *,
             jnp.zeros(q.shape, jnp.float32))
     m, denom, acc = lax.fori_loop(0, kv_len // block_k, body, init)
     inv = 1.0 / (denom * (1.0 - s.dropout_rate))
+    lse = m + jnp.log2(denom)
+    if q_seg is not None:  # padding queries see no key: output 0, no probability backward
+        inv = jnp.where(q_seg != 0, inv, 0.0)
+        lse = jnp.where(q_seg != 0, lse, EMPTY_ROW_LSE)
     o_ref[...] = (acc * inv[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = m + jnp.log2(denom)
+    lse_ref[...] = lse
 
 
-def _probabilities(q, k, bias, lse, qk_scale):
-    return jnp.exp2(_scores(q, k, bias, qk_scale) - lse[:, None])
+def _segment_ref(refs, s: FlashSettings):
+    """(segment ids ref or None, the remaining refs): with ``s.segments`` the kernels' first
+    ref after the salt holds the example's [seq] segment ids."""
+    return (refs[0], refs[1:]) if s.segments else (None, refs)
 
 
-def _scores(q, k, bias, qk_scale):
-    return _dot(q, k, trans_b=True) * qk_scale + bias[None, :]
+def _segments(q_seg, seg_ref, keys):
+    """(query ids [block_q], key ids [block_k]) of a block, or None without segment ids."""
+    return None if seg_ref is None else (q_seg, seg_ref[keys])
+
+
+def _probabilities(q, k, bias, lse, qk_scale, segs=None):
+    return jnp.exp2(_scores(q, k, bias, qk_scale, segs) - lse[:, None])
+
+
+def _scores(q, k, bias, qk_scale, segs=None):
+    """Scaled scores plus the padding bias; with ``segs`` = (query ids, key ids), pairs of
+    different ids and keys with id 0 get MASK_VALUE."""
+    scores = _dot(q, k, trans_b=True) * qk_scale + bias[None, :]
+    if segs is None:
+        return scores
+    q_seg, k_seg = segs
+    same = (q_seg[:, None] == k_seg[None, :]) & (k_seg[None, :] != 0)
+    return jnp.where(same, scores, MASK_VALUE)
 
 
 def _dropped(p, dp, rows, cols, salt, kv_len, s: FlashSettings):
@@ -203,8 +229,7 @@ def _store(ref, s: FlashSettings, slot: int, local, start: int | jax.Array, size
         ref[local, :] = value.astype(ref.dtype)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref,
-                 *out_refs, s: FlashSettings):
+def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, *refs, s: FlashSettings):
     """dK and dV of one block of keys, looping over blocks of queries. With three output refs
     (dq, dk, dv) the block holds every key (the fused backward for short sequences) and each
     query block's dQ is complete after its step, so it is written there: probabilities and
@@ -214,6 +239,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
     from O instead of XLA's pass measured the same: docs/performance.md.)"""
     from jax.experimental import pallas as pl
 
+    seg_ref, (do_ref, lse_ref, delta_ref, *out_refs) = _segment_ref(refs, s)
     fused = s.backward == "fused"
     dq_ref = out_refs[0] if fused else None
     if s.packed:  # one whole-array output holds dQ (fused), dK and dV
@@ -231,13 +257,15 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
     bias = bias_ref[pl.ds(start_k, block_k)]
     salt = salt_ref[...]
     cols = _mask_cols(_iota(block_k, start_k), s.mask_hash)
+    k_seg = None if seg_ref is None else seg_ref[pl.ds(start_k, block_k)]
     qk_scale = s.scale * LOG2E
 
     def body(i, carry):
         dk, dv, sq = carry
         queries = pl.ds(i * block_q, block_q)
         q, do = q_ref[queries, :], do_ref[queries, :]
-        p = _probabilities(q, k, bias, lse_ref[queries], qk_scale)
+        segs = None if seg_ref is None else (seg_ref[queries], k_seg)
+        p = _probabilities(q, k, bias, lse_ref[queries], qk_scale, segs)
         dp = _dot(do, v, trans_b=True)
         rows = _mask_rows(_iota(block_q, i * block_q), salt, s.mask_hash)
         p_kept, dp = _dropped(p, dp, rows, cols, salt, kv_len, s)
@@ -263,25 +291,27 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta
             ref[...] = total
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_ref, *refs,
-               s: FlashSettings):
+def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, *refs, s: FlashSettings):
     """dQ of one block of queries, looping over blocks of keys. Packed, the first of ``refs``
     is the dK/dV kernel's whole-array output, aliased to this kernel's output (slot 0 is
     written here)."""
     from jax.experimental import pallas as pl
 
+    seg_ref, (do_ref, lse_ref, delta_ref, *refs) = _segment_ref(refs, s)
     block_q, block_k = q_ref.shape[0], s.block_k_bwd
     kv_len = k_ref.shape[0]
     q, do = q_ref[...], do_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
     salt = salt_ref[...]
-    rows = _mask_rows(_iota(block_q, pl.program_id(2) * block_q), salt, s.mask_hash)
+    start_q = pl.program_id(2) * block_q
+    rows = _mask_rows(_iota(block_q, start_q), salt, s.mask_hash)
+    q_seg = None if seg_ref is None else seg_ref[pl.ds(start_q, block_q)]
     qk_scale = s.scale * LOG2E
 
     def body(j, dq):
         keys = pl.ds(j * block_k, block_k)
         k, v = k_ref[keys, :], v_ref[keys, :]
-        p = _probabilities(q, k, bias_ref[keys], lse, qk_scale)
+        p = _probabilities(q, k, bias_ref[keys], lse, qk_scale, _segments(q_seg, seg_ref, keys))
         dp = _dot(do, v, trans_b=True)
         cols = _mask_cols(_iota(block_k, j * block_k), s.mask_hash)
         _, dp = _dropped(p, dp, rows, cols, salt, kv_len, s)
@@ -290,7 +320,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, salt_ref, do_ref, lse_ref, delta_r
 
     dq = lax.fori_loop(0, kv_len // block_k, body, jnp.zeros(q.shape, jnp.float32)) * s.scale
     dq_ref, *sum_ref = refs[int(s.packed):]
-    _store(dq_ref, s, 0, slice(None), pl.program_id(2) * block_q, block_q, dq,
+    _store(dq_ref, s, 0, slice(None), start_q, block_q, dq,
            (pl.program_id(0), pl.program_id(1)))
     if s.bias_grads:
         sum_ref[0][...] = jnp.sum(dq, axis=0)
@@ -365,7 +395,7 @@ def _shape(srcs, s: FlashSettings):
     return batch, q_len, srcs[1].shape[1], heads, head_dim
 
 
-def _forward(srcs, bias, salt, s: FlashSettings):
+def _forward(srcs, bias, salt, segs, s: FlashSettings):
     """(context [b, s, h, d], log-sum-exp [b, h, s]) from the (query, key, value) sources."""
     from jax.experimental import pallas as pl
 
@@ -376,15 +406,20 @@ def _forward(srcs, bias, salt, s: FlashSettings):
     return pl.pallas_call(
         functools.partial(_forward_kernel, s=s),
         grid=(batch, heads, q_len // s.block_q),
-        in_specs=[*sources, bias_spec, salt_spec],
+        in_specs=[*sources, bias_spec, salt_spec] + [bias_spec] * s.segments,
         out_specs=[q_spec, row_spec],
         out_shape=[jax.ShapeDtypeStruct((batch, q_len, heads, head_dim), dtype),
                    jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)],
         interpret=s.interpret, name="bert_flash_forward", **_compiler_params(s),
-    )(*_sources(srcs, s), bias, salt)
+    )(*_sources(srcs, s), bias, salt, *_segment_args(segs))
 
 
-def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
+def _segment_args(segs):
+    """The kernels' segment ids operand: [segs] ([batch, seq] int32), or none."""
+    return () if segs is None else (segs,)
+
+
+def _backward(srcs, bias, salt, segs, out, lse, do, s: FlashSettings):
     """((dQ, dK, dV), bias-gradient partial sums); packed: ((dQKV,), sums)."""
     from jax.experimental import pallas as pl
 
@@ -406,12 +441,13 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
         out = pl.pallas_call(
             functools.partial(_dkdv_kernel, s=s),
             grid=(batch, heads, 1),
-            in_specs=[*sources, bias_spec, salt_spec, q_full, row_full, row_full],
+            in_specs=[*sources, bias_spec, salt_spec] + [bias_spec] * s.segments
+            + [q_full, row_full, row_full],
             out_specs=([_whole_spec()] if s.packed else [q_full, k_full, k_full])
             + [spec] * 3 * n_sums,
             out_shape=grads + [shape] * 3 * n_sums,
             interpret=s.interpret, name="bert_flash_backward", **_compiler_params(s),
-        )(*_sources(srcs, s), bias, salt, do, lse, delta)
+        )(*_sources(srcs, s), bias, salt, *_segment_args(segs), do, lse, delta)
         return out[:len(grads)], out[len(grads):]
 
     sources, q_spec, k_tile, bias_spec, salt_spec, row_full = _specs(
@@ -421,11 +457,12 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
     dkdv = pl.pallas_call(
         functools.partial(_dkdv_kernel, s=s),
         grid=(batch, heads, kv_len // block_k),
-        in_specs=[*sources, bias_spec, salt_spec, q_spec, row_full, row_full],
+        in_specs=[*sources, bias_spec, salt_spec] + [bias_spec] * s.segments
+        + [q_spec, row_full, row_full],
         out_specs=([_whole_spec()] if s.packed else [k_tile, k_tile]) + [spec] * 2 * n_sums,
         out_shape=grads[-1:] * n_kv + [shape] * 2 * n_sums,
         interpret=s.interpret, name="bert_flash_dkdv", **_compiler_params(s),
-    )(*_sources(srcs, s), bias, salt, do, lse, delta)
+    )(*_sources(srcs, s), bias, salt, *_segment_args(segs), do, lse, delta)
     kv_grads, kv_sums = dkdv[:n_kv], dkdv[n_kv:]
 
     s_dq = s.for_dq()  # its own blocks, warps and stages
@@ -433,7 +470,7 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
     sources, q_tile, _, bias_spec, salt_spec, row_tile = _specs(
         q_len, kv_len, head_dim, block_q, None, s.packed)
     spec, shape = sums(q_len // block_q)
-    args = [*_sources(srcs, s), bias, salt, do, lse, delta]
+    args = [*_sources(srcs, s), bias, salt, *_segment_args(segs), do, lse, delta]
     extra = {}
     if s.packed:  # dQ goes into slot 0 of the dK/dV kernel's output, in place
         args.append(kv_grads[0])
@@ -441,8 +478,8 @@ def _backward(srcs, bias, salt, out, lse, do, s: FlashSettings):
     dq, *q_sums = pl.pallas_call(
         functools.partial(_dq_kernel, s=s_dq),
         grid=(batch, heads, q_len // block_q),
-        in_specs=[*sources, bias_spec, salt_spec, q_tile, row_tile, row_tile]
-        + [_whole_spec()] * int(s.packed),
+        in_specs=[*sources, bias_spec, salt_spec] + [bias_spec] * s.segments
+        + [q_tile, row_tile, row_tile] + [_whole_spec()] * int(s.packed),
         out_specs=[_whole_spec() if s.packed else q_tile] + [spec] * n_sums,
         out_shape=grads[:1] + [shape] * n_sums,
         interpret=s.interpret, name="bert_flash_dq", **extra, **_compiler_params(s_dq),
@@ -464,20 +501,21 @@ def _with_biases(srcs, qkv_bias, packed: bool):
     return tuple(x + b.astype(x.dtype) for x, b in zip(srcs, qkv_bias, strict=True))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(srcs, bias, salt, qkv_bias, settings):
-    return _forward(_with_biases(srcs, qkv_bias, settings.packed), bias, salt, settings)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _flash(srcs, bias, salt, segs, qkv_bias, settings):
+    return _forward(_with_biases(srcs, qkv_bias, settings.packed), bias, salt, segs,
+                    settings)[0]
 
 
-def _flash_fwd(srcs, bias, salt, qkv_bias, settings):
+def _flash_fwd(srcs, bias, salt, segs, qkv_bias, settings):
     srcs = _with_biases(srcs, qkv_bias, settings.packed)
-    out, lse = _forward(srcs, bias, salt, settings)
-    return out, (srcs, bias, salt, qkv_bias, out, lse)
+    out, lse = _forward(srcs, bias, salt, segs, settings)
+    return out, (srcs, bias, salt, segs, qkv_bias, out, lse)
 
 
 def _flash_bwd(settings, residuals, do):
-    srcs, bias, salt, qkv_bias, out, lse = residuals
-    grads, sums = _backward(srcs, bias, salt, out, lse, do, settings)
+    srcs, bias, salt, segs, qkv_bias, out, lse = residuals
+    grads, sums = _backward(srcs, bias, salt, segs, out, lse, do, settings)
     dbias = None
     if qkv_bias is not None:  # the kernels' partial sums over (example, tile), q/k/v order
         totals = [jnp.sum(p, axis=(0, 2)) for p in sums]
@@ -485,8 +523,9 @@ def _flash_bwd(settings, residuals, do):
             dbias = jnp.stack(totals).astype(qkv_bias.dtype)
         else:
             dbias = tuple(t.astype(b.dtype) for t, b in zip(totals, qkv_bias, strict=True))
+    dsegs = None if segs is None else np.zeros(segs.shape, jax.dtypes.float0)
     return (tuple(grads), jnp.zeros_like(bias), np.zeros(salt.shape, jax.dtypes.float0),
-            dbias)
+            dsegs, dbias)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -497,7 +536,8 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
                     block_q_bwd: int | None = None, block_k_bwd: int = 64,
                     num_warps: int = 4, num_stages: int = 3,
                     backward: str = "auto", interpret: bool | None = None,
-                    mask_hash: str = "rowcol", qkv_bias=None, dq_kernel=None):
+                    mask_hash: str = "rowcol", qkv_bias=None, dq_kernel=None,
+                    segment_ids=None):
     """Attention over [batch, seq, heads, head_dim] with right padding given as key lengths
     and, when ``dropout_rate > 0``, dropout on the probabilities driven by ``salt``
     (int32 [batch, heads], e.g. ``salt_from_rng``) through the counter hash ``mask_hash``
@@ -517,6 +557,13 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
     split backward's dK/dV kernel 64 keys per program stepping over 64 queries, its dQ kernel
     ``SPLIT_DQ_KERNEL``; 4 warps and 3 pipeline stages throughout. ``dq_kernel``: (block_q,
     block_k, num_warps, num_stages) of the split backward's dQ kernel, overriding that.
+
+    ``segment_ids``: optional int32 [batch, seq] for packed sequences (several examples per
+    row; self-attention, so query and key lengths must be equal): 0 = padding, 1..n = the
+    example a token belongs to. A query attends only to keys of its own nonzero id (and
+    within ``kv_lengths``); padding queries (id 0) get output 0 and pass no gradient. The
+    dropout mask stays the same function of (salt, row, column). ``None``: padding from
+    ``kv_lengths`` alone, as without the argument.
     """
     batch, q_len, heads, head_dim = query.shape
     if qkv_bias is not None:
@@ -528,8 +575,10 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
         batch, q_len, key.shape[1], heads, head_dim, kv_lengths, salt, dropout_rate,
         blocks=(block_q, block_k, block_q_bwd, block_k_bwd), num_warps=num_warps,
         num_stages=num_stages, backward=backward, interpret=interpret, mask_hash=mask_hash,
-        bias_grads=qkv_bias is not None, packed=False, dq_kernel=dq_kernel)
-    return _flash((query, key, value), bias, salt, qkv_bias, settings)
+        bias_grads=qkv_bias is not None, packed=False, dq_kernel=dq_kernel,
+        segment_ids=segment_ids)
+    return _flash((query, key, value), bias, salt, _segment_ids(segment_ids), qkv_bias,
+                  settings)
 
 
 def flash_attention_packed(qkv, kv_lengths, *, salt=None, dropout_rate: float = 0.0,
@@ -537,14 +586,16 @@ def flash_attention_packed(qkv, kv_lengths, *, salt=None, dropout_rate: float = 
                            block_q_bwd: int | None = None, block_k_bwd: int = 64,
                            num_warps: int = 4, num_stages: int = 3, backward: str = "auto",
                            interpret: bool | None = None, mask_hash: str = "rowcol",
-                           qkv_bias=None, dq_kernel=None):
+                           qkv_bias=None, dq_kernel=None, segment_ids=None):
     """``flash_attention`` over query, key and value packed as one [batch, seq, 3, heads,
     head_dim] array (slots 0, 1, 2), as one matmul with the [embed, 3, heads, head_dim] kernel
     makes them: the kernels read the slots in place (no slice copies) and the gradient comes
     back as one packed array, so that autodiff needs a single input-gradient matmul and a
     single weight-gradient matmul (no sum of three input gradients, no concatenation).
     ``qkv_bias``: optional [3, heads, head_dim] bias, added here (its gradient summed by the
-    backward kernels). Same values and gradients as ``flash_attention`` on the slots."""
+    backward kernels). ``segment_ids``: optional int32 [batch, seq] example ids of packed
+    sequences, as ``flash_attention``'s. Same values and gradients as ``flash_attention`` on
+    the slots."""
     if qkv.ndim != 5 or qkv.shape[2] != 3:
         raise ValueError(f"packed qkv must be [batch, seq, 3, heads, head_dim], got "
                          f"{qkv.shape}")
@@ -558,19 +609,27 @@ def flash_attention_packed(qkv, kv_lengths, *, salt=None, dropout_rate: float = 
         batch, q_len, q_len, heads, head_dim, kv_lengths, salt, dropout_rate,
         blocks=(block_q, block_k, block_q_bwd, block_k_bwd), num_warps=num_warps,
         num_stages=num_stages, backward=backward, interpret=interpret, mask_hash=mask_hash,
-        bias_grads=qkv_bias is not None, packed=True, dq_kernel=dq_kernel)
-    return _flash((qkv,), bias, salt, qkv_bias, settings)
+        bias_grads=qkv_bias is not None, packed=True, dq_kernel=dq_kernel,
+        segment_ids=segment_ids)
+    return _flash((qkv,), bias, salt, _segment_ids(segment_ids), qkv_bias, settings)
+
+
+def _segment_ids(segment_ids):
+    return None if segment_ids is None else jnp.asarray(segment_ids).astype(jnp.int32)
 
 
 def _prepare(batch, q_len, kv_len, heads, head_dim, kv_lengths, salt, dropout_rate, *, blocks,
              num_warps, num_stages, backward, interpret, mask_hash, bias_grads, packed,
-             dq_kernel=None):
+             dq_kernel=None, segment_ids=None):
     """Checks the arguments; returns (FlashSettings, padding bias [batch, kv_len], salt)."""
     if not supported(q_len, kv_len, head_dim):
         raise ValueError(f"flash attention needs lengths divisible by 16 and a power-of-two "
                          f"head_dim >= 16; got q {q_len}, kv {kv_len}, head_dim {head_dim}")
     if dropout_rate > 0.0 and salt is None:
         raise ValueError("flash attention with dropout needs a salt (salt_from_rng)")
+    if segment_ids is not None and (q_len != kv_len or segment_ids.shape != (batch, q_len)):
+        raise ValueError(f"segment_ids must be [batch, seq] = [{batch}, {q_len}] with as many "
+                         f"keys as queries (kv {kv_len}), got {segment_ids.shape}")
     if salt is None:
         salt = jnp.zeros((batch, heads), jnp.int32)
     if interpret is None:
@@ -603,7 +662,7 @@ def _prepare(batch, q_len, kv_len, heads, head_dim, kv_lengths, salt, dropout_ra
                      int(dq_kernel[2]), int(dq_kernel[3]))
     settings = FlashSettings(1.0 / math.sqrt(head_dim), float(dropout_rate), *fitted,
                              num_warps, num_stages, bool(interpret), backward, mask_hash,
-                             bias_grads, packed, tuple(dq_kernel))
+                             bias_grads, packed, tuple(dq_kernel), segment_ids is not None)
     return settings, bias, salt.astype(jnp.int32)
 
 
@@ -617,14 +676,22 @@ def fit_block(block: int, length: int) -> int:
 
 
 def reference_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate=0.0,
-                        mask_hash: str = "rowcol"):
-    """The same computation with jax.numpy (materialized probabilities; tests)."""
+                        mask_hash: str = "rowcol", segment_ids=None):
+    """The same computation with jax.numpy (materialized probabilities; tests), the ground
+    truth of the kernels' ``segment_ids``: keys within ``kv_lengths`` with the query's own
+    nonzero id; queries of id 0 get probabilities 0 (output 0, no gradient)."""
     depth = query.shape[-1]
     scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
                         preferred_element_type=jnp.float32) / jnp.float32(math.sqrt(depth))
     valid = jnp.arange(key.shape[1])[None, :] < kv_lengths[:, None]
-    scores = jnp.where(valid[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+    valid = valid[:, None, None, :]  # [b, 1, 1, k]
+    if segment_ids is not None:
+        q_seg, k_seg = segment_ids[:, None, :, None], segment_ids[:, None, None, :]
+        valid = valid & (q_seg == k_seg) & (k_seg != 0)  # [b, 1, q, k]
+    scores = jnp.where(valid, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
+    if segment_ids is not None:
+        probs = jnp.where(segment_ids[:, None, :, None] != 0, probs, 0.0)
     if dropout_rate > 0.0:
         keep = dropout_keep_mask(salt, query.shape[1], key.shape[1], dropout_rate, mask_hash)
         probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)

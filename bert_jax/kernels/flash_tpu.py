@@ -48,6 +48,7 @@ class Settings:
     block_q: int
     mask_hash: str
     interpret: bool
+    segments: bool = False  # the kernels take query and key segment ids after v
 
 
 def supported(seq_len: int, kv_seq_len: int, head_dim: int) -> bool:
@@ -72,32 +73,49 @@ def _dot(a, b, trans_b: bool = False):
     return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
-def _probabilities(q, k, length, s: Settings):
-    """Softmax over all keys of a [block_q, head_dim] query block (float32), padded keys 0."""
+def _probabilities(q, k, length, s: Settings, segs=None):
+    """Softmax over all keys of a [block_q, head_dim] query block (float32), padded keys 0.
+    ``segs``: (query ids [block_q, 1], key ids [1, kv]): only keys of the query's own nonzero
+    id count, and queries of id 0 get probabilities 0."""
     scores = _dot(q, k, trans_b=True) * s.scale  # [block_q, kv]
     cols = lax.broadcasted_iota(jnp.int32, scores.shape, 1)
-    scores = jnp.where(cols < length, scores, MASK_VALUE)
+    valid = cols < length
+    if segs is not None:
+        q_seg, k_seg = segs
+        valid = valid & (q_seg == k_seg) & (k_seg != 0)
+    scores = jnp.where(valid, scores, MASK_VALUE)
     p = jnp.exp(scores - jnp.max(scores, axis=1, keepdims=True))
-    return p / jnp.sum(p, axis=1, keepdims=True)
+    p = p / jnp.sum(p, axis=1, keepdims=True)
+    if segs is not None:  # a padding query sees no key: output 0, no gradient
+        p = jnp.where(segs[0] != 0, p, 0.0)
+    return p
 
 
-def _forward_kernel(salt_ref, length_ref, q_ref, k_ref, v_ref, o_ref, *, s: Settings):
+def _segment_refs(refs, s: Settings):
+    """((query ids ref, key ids ref) or None, the remaining refs)."""
+    return (refs[:2], refs[2:]) if s.segments else (None, refs)
+
+
+def _forward_kernel(salt_ref, length_ref, q_ref, k_ref, v_ref, *refs, s: Settings):
     from jax.experimental import pallas as pl
 
+    seg_refs, (o_ref,) = _segment_refs(refs, s)
     b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     salt, length = salt_ref[b, h], length_ref[b]
     q, k, v = q_ref[...], k_ref[...], v_ref[...]
-    p = _probabilities(q, k, length, s)
+    p = _probabilities(q, k, length, s, None if seg_refs is None else
+                       (seg_refs[0][...], seg_refs[1][...]))
     if s.dropout_rate > 0.0:
         keep = _keep(i * s.block_q, q.shape[0], k.shape[0], salt, s)
         p = jnp.where(keep, p * (1.0 / (1.0 - s.dropout_rate)), 0.0)
     o_ref[...] = _dot(p.astype(v.dtype), v).astype(o_ref.dtype)
 
 
-def _backward_kernel(salt_ref, length_ref, q_ref, k_ref, v_ref, o_ref, do_ref,
-                     dq_ref, dk_ref, dv_ref, *, s: Settings):
+def _backward_kernel(salt_ref, length_ref, q_ref, k_ref, v_ref, *refs, s: Settings):
     from jax.experimental import pallas as pl
 
+    seg_refs, (o_ref, do_ref, dq_ref, dk_ref, dv_ref) = _segment_refs(refs, s)
+    k_seg = None if seg_refs is None else seg_refs[1][...]
     b, h = pl.program_id(0), pl.program_id(1)
     salt, length = salt_ref[b, h], length_ref[b]
     k, v = k_ref[...], v_ref[...]
@@ -107,7 +125,8 @@ def _backward_kernel(salt_ref, length_ref, q_ref, k_ref, v_ref, o_ref, do_ref,
     for start in range(0, q_len, s.block_q):  # a few blocks: BERT's rows are short
         rows = slice(start, start + s.block_q)
         q, do = q_ref[rows, :], do_ref[rows, :]
-        p = _probabilities(q, k, length, s)  # [block_q, kv]
+        segs = None if seg_refs is None else (seg_refs[0][rows, :], k_seg)
+        p = _probabilities(q, k, length, s, segs)  # [block_q, kv]
         dp = _dot(do, v, trans_b=True)  # dL/d(dropped probabilities)
         p_used = p
         if s.dropout_rate > 0.0:
@@ -141,7 +160,22 @@ def _compiler_params(s: Settings, semantics):
     return {"compiler_params": pltpu.CompilerParams(dimension_semantics=semantics)}
 
 
-def _forward(q, k, v, salt, lengths, s: Settings):
+def _segment_specs(segs, block_q: int | None, q_len: int, kv_len: int):
+    """BlockSpecs of the query ids [batch, q, 1] (tiles of ``block_q`` rows on a (batch,
+    heads, query block) grid, or every row on a (batch, heads) grid) and the key ids [batch,
+    1, kv] (every key), or none without segment ids."""
+    from jax.experimental import pallas as pl
+
+    if segs is None:
+        return []
+    if block_q is None:
+        q_ids = pl.BlockSpec((None, q_len, 1), lambda b, h, *_: (b, 0, 0))
+    else:
+        q_ids = pl.BlockSpec((None, block_q, 1), lambda b, h, i, *_: (b, i, 0))
+    return [q_ids, pl.BlockSpec((None, 1, kv_len), lambda b, h, *_: (b, 0, 0))]
+
+
+def _forward(q, k, v, salt, lengths, segs, s: Settings):
     """q/k/v [batch, heads, seq, head_dim] -> output, same layout."""
     from jax.experimental import pallas as pl
 
@@ -157,14 +191,15 @@ def _forward(q, k, v, salt, lengths, s: Settings):
     return pl.pallas_call(
         functools.partial(_forward_kernel, s=s), cost_estimate=cost,
         grid_spec=_grid_spec((batch, heads, q_len // s.block_q),
-                             [q_spec, kv_spec, kv_spec], q_spec),
+                             [q_spec, kv_spec, kv_spec]
+                             + _segment_specs(segs, s.block_q, q_len, kv_len), q_spec),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         interpret=s.interpret, name="bert_flash_tpu_forward",
         **_compiler_params(s, ("parallel", "parallel", "parallel")),
-    )(salt, lengths, q, k, v)
+    )(salt, lengths, q, k, v, *(segs or ()))
 
 
-def _backward(q, k, v, o, do, salt, lengths, s: Settings):
+def _backward(q, k, v, o, do, salt, lengths, segs, s: Settings):
     from jax.experimental import pallas as pl
 
     batch, heads, q_len, head_dim = q.shape
@@ -177,31 +212,34 @@ def _backward(q, k, v, o, do, salt, lengths, s: Settings):
         bytes_accessed=q.dtype.itemsize * batch * heads * head_dim * (6 * q_len + 4 * kv_len))
     return pl.pallas_call(
         functools.partial(_backward_kernel, s=s), cost_estimate=cost,
-        grid_spec=_grid_spec((batch, heads), [q_spec, kv_spec, kv_spec, q_spec, q_spec],
+        grid_spec=_grid_spec((batch, heads), [q_spec, kv_spec, kv_spec]
+                             + _segment_specs(segs, None, q_len, kv_len) + [q_spec, q_spec],
                              [q_spec, kv_spec, kv_spec]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct(k.shape, k.dtype),
                    jax.ShapeDtypeStruct(v.shape, v.dtype)],
         interpret=s.interpret, name="bert_flash_tpu_backward",
         **_compiler_params(s, ("parallel", "parallel")),
-    )(salt, lengths, q, k, v, o, do)
+    )(salt, lengths, q, k, v, *(segs or ()), o, do)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attention(q, k, v, salt, lengths, s: Settings):
-    return _forward(q, k, v, salt, lengths, s)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _attention(q, k, v, salt, lengths, segs, s: Settings):
+    return _forward(q, k, v, salt, lengths, segs, s)
 
 
-def _attention_fwd(q, k, v, salt, lengths, s):
-    o = _forward(q, k, v, salt, lengths, s)
-    return o, (q, k, v, o, salt, lengths)
+def _attention_fwd(q, k, v, salt, lengths, segs, s):
+    o = _forward(q, k, v, salt, lengths, segs, s)
+    return o, (q, k, v, o, salt, lengths, segs)
 
 
 def _attention_bwd(s, residuals, do):
-    q, k, v, o, salt, lengths = residuals
-    dq, dk, dv = _backward(q, k, v, o, do, salt, lengths, s)
+    q, k, v, o, salt, lengths, segs = residuals
+    dq, dk, dv = _backward(q, k, v, o, do, salt, lengths, segs, s)
+    dsegs = None if segs is None else tuple(np.zeros(x.shape, jax.dtypes.float0)
+                                            for x in segs)
     return (dq, dk, dv, np.zeros(salt.shape, jax.dtypes.float0),
-            np.zeros(lengths.shape, jax.dtypes.float0))
+            np.zeros(lengths.shape, jax.dtypes.float0), dsegs)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -209,12 +247,18 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: float = 0.0,
                     mask_hash: str = "rowcol", block_q: int = 128,
-                    interpret: bool | None = None):
+                    interpret: bool | None = None, segment_ids=None):
     """Attention over [batch, seq, heads, head_dim] with right padding given as key lengths
     ([batch]) and, when ``dropout_rate > 0``, dropout on the probabilities from the counter
     hash ``mask_hash`` of ``salt`` (int32 [batch, heads], ``flash.salt_from_rng``). Returns
     the context, same shape as query. ``interpret``: None = interpret mode unless the
-    arrays' target is a TPU (``bert_jax.kernels.platform``)."""
+    arrays' target is a TPU (``bert_jax.kernels.platform``).
+
+    ``segment_ids``: optional int32 [batch, seq] for packed sequences (several examples per
+    row, query and key lengths equal): 0 = padding, 1..n = the example a token belongs to. A
+    query attends only to keys of its own nonzero id (and within ``kv_lengths``); padding
+    queries get output 0 and pass no gradient; the dropout mask is unchanged. ``None``:
+    padding from ``kv_lengths`` alone."""
     batch, q_len, heads, head_dim = query.shape
     kv_len = key.shape[1]
     if mask_hash not in MASK_HASHES:
@@ -231,13 +275,20 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
                          f"head_dim {head_dim}")
     if kv_len > MAX_KV:
         raise ValueError(f"the TPU attention kernel holds whole rows: kv {kv_len} > {MAX_KV}")
+    segs = None
+    if segment_ids is not None:
+        if q_len != kv_len or segment_ids.shape != (batch, q_len):
+            raise ValueError(f"segment_ids must be [batch, seq] = [{batch}, {q_len}] with as "
+                             f"many keys as queries (kv {kv_len}), got {segment_ids.shape}")
+        ids = jnp.asarray(segment_ids).astype(jnp.int32)
+        segs = (ids[:, :, None], ids[:, None, :])  # query ids [b, q, 1], key ids [b, 1, k]
     block = math.gcd(q_len, block_q)
     if block % 8 and block != q_len:
         block = q_len
     s = Settings(1.0 / math.sqrt(head_dim), float(dropout_rate), block, mask_hash,
-                 bool(interpret))
+                 bool(interpret), segs is not None)
     if salt is None:
         salt = jnp.zeros((batch, heads), jnp.int32)
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))  # [b, h, s, d]
-    out = _attention(q, k, v, salt.astype(jnp.int32), kv_lengths.astype(jnp.int32), s)
+    out = _attention(q, k, v, salt.astype(jnp.int32), kv_lengths.astype(jnp.int32), segs, s)
     return jnp.swapaxes(out, 1, 2)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from float_sums import assert_same_sums
+from packing import assert_packed_equals_alone, segment_ids
 from triton_lowering import cuda_lowering_text
 
 from bert_jax import parallel
@@ -393,6 +394,133 @@ def test_triton_lowering_for_the_gpu(backward, with_bias, packed):
     qkv = sd((2, 256, 16, 64), jnp.bfloat16)
     text = cuda_lowering_text(jax.grad(loss, (0, 1, 2)), qkv, qkv, qkv, sd((2,), jnp.int32),
                               sd((2, 16), jnp.int32))
+    assert text.count("xla.gpu.triton") == (3 if backward == "split" else 2)
+
+
+# Packed rows of 64 tokens: three examples (10, 27, 13) and 14 padding tokens, the second
+# example straddling the 16-, 32- and 64-token blocks; two examples filling a row.
+PACKED = ((10, 27, 13), (20, 44))
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.2])
+@pytest.mark.parametrize("blocks", [0, 1, 5])
+def test_segment_ids_match_reference(rate, blocks):
+    """Segment ids (packed rows) with dropout and the projection biases: values and the
+    gradients of query, key, value and biases equal the reference with the same ids; padding
+    queries give 0 and no gradient."""
+    q, k, v, _, salt = _inputs(blocks + 60, heads=2)
+    ids = segment_ids(PACKED, 64)
+    lengths = jnp.sum(ids != 0, axis=1)
+    biases = tuple(jax.random.normal(jax.random.key(70 + i), (2, 16)) for i in range(3))
+    cot = jax.random.normal(jax.random.key(9), q.shape)
+    kw = dict(salt=salt, dropout_rate=rate, segment_ids=ids)
+
+    def ours(q, k, v, bq, bk, bv):
+        out = flash.flash_attention(q, k, v, lengths, qkv_bias=(bq, bk, bv), **kw,
+                                    **BLOCKS[blocks])
+        return jnp.sum(cot * out), out
+
+    def ref(q, k, v, bq, bk, bv):
+        out = flash.reference_attention(q + bq, k + bk, v + bv, lengths, **kw)
+        return jnp.sum(cot * out), out
+
+    args = (q, k, v, *biases)
+    (_, out), grads = jax.value_and_grad(ours, range(6), has_aux=True)(*args)
+    (_, want), want_grads = jax.value_and_grad(ref, range(6), has_aux=True)(*args)
+    np.testing.assert_allclose(out, want, atol=2e-6, rtol=1e-5)
+    for a, b in zip(grads, want_grads, strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+    padding = np.asarray(ids) == 0
+    assert float(jnp.abs(out[padding]).max()) == 0.0
+    assert float(jnp.abs(grads[0][padding]).max()) == 0.0
+    # the masks differ from lengths alone: the first row's examples do not see each other
+    plain = flash.flash_attention(q, k, v, lengths, salt=salt, dropout_rate=rate,
+                                  qkv_bias=biases, **BLOCKS[blocks])
+    assert float(jnp.abs(plain[0, :50] - out[0, :50]).max()) > 1e-2
+
+
+@pytest.mark.parametrize("blocks", [0, 1])
+def test_packed_qkv_with_segment_ids_matches_reference(blocks):
+    """flash_attention_packed with segment ids, dropout and the [3, heads, head_dim] bias:
+    values and gradients equal the reference on the slots."""
+    q, k, v, _, salt = _inputs(blocks + 80, heads=2)
+    ids = segment_ids(PACKED, 64)
+    lengths = jnp.sum(ids != 0, axis=1)
+    bias = jax.random.normal(jax.random.key(81), (3, 2, 16))
+    cot = jax.random.normal(jax.random.key(9), q.shape)
+    kw = dict(salt=salt, dropout_rate=0.1, segment_ids=ids)
+
+    def packed(qkv, b):
+        return jnp.sum(cot * flash.flash_attention_packed(qkv, lengths, qkv_bias=b, **kw,
+                                                          **BLOCKS[blocks]))
+
+    def ref(qkv, b):
+        qkv = qkv + b
+        return jnp.sum(cot * flash.reference_attention(qkv[:, :, 0], qkv[:, :, 1],
+                                                       qkv[:, :, 2], lengths, **kw))
+
+    qkv = jnp.stack([q, k, v], axis=2)
+    np.testing.assert_allclose(packed(qkv, bias), ref(qkv, bias), rtol=1e-5)
+    for a, b in zip(jax.grad(packed, (0, 1))(qkv, bias), jax.grad(ref, (0, 1))(qkv, bias),
+                    strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="segment_ids"):
+        flash.flash_attention_packed(qkv, lengths, segment_ids=ids[:, :32])
+
+
+@pytest.mark.parametrize("blocks", [0, 4])
+def test_packed_rows_equal_examples_alone(blocks):
+    """Each example of a packed row gets the outputs and gradients it gets alone in a row of
+    its own (kv_lengths, no segment ids); padding gets 0 and no gradient (fused backward;
+    split backward with 16-token blocks)."""
+    q, k, v = (x[:2, :, :2] for x in _inputs(90, heads=2)[:3])
+
+    def attention(q, k, v, lengths, segment_ids):
+        return flash.flash_attention(q, k, v, lengths, segment_ids=segment_ids,
+                                     **BLOCKS[blocks])
+
+    assert_packed_equals_alone(attention, q, k, v, segment_ids(PACKED, 64), atol=1e-5)
+    with pytest.raises(ValueError, match="segment_ids"):
+        flash.flash_attention(q, k[:, :32], v[:, :32], jnp.array([32, 32]),
+                              segment_ids=segment_ids(PACKED, 64))
+
+
+def test_reference_with_segment_ids_is_attention_per_example():
+    """The reference's segment ids: each example attends to itself only, padding queries
+    output 0, and one example per row (ids 1 up to the length) equals lengths alone on the
+    real queries."""
+    q, k, v, lengths, _ = _inputs(95, heads=2)
+    ids = segment_ids(PACKED, 64)
+    out = flash.reference_attention(q, k, v, jnp.sum(ids != 0, axis=1), segment_ids=ids)
+    for row, start, n in ((0, 10, 27), (1, 20, 44)):
+        alone = flash.reference_attention(q[row:row + 1, start:start + n],
+                                          k[row:row + 1, start:start + n],
+                                          v[row:row + 1, start:start + n], jnp.array([n]))
+        np.testing.assert_allclose(out[row, start:start + n], alone[0], atol=1e-6)
+    assert float(jnp.abs(out[0, 50:]).max()) == 0.0
+    single = (jnp.arange(64)[None, :] < lengths[:, None]).astype(jnp.int32)
+    with_ids = flash.reference_attention(q, k, v, lengths, segment_ids=single)
+    plain = flash.reference_attention(q, k, v, lengths)
+    real = np.asarray(single, bool)
+    np.testing.assert_allclose(with_ids[real], plain[real], atol=1e-6)
+    assert float(jnp.abs(with_ids[~real]).max()) == 0.0
+
+
+@pytest.mark.parametrize("backward", ["fused", "split"])
+def test_triton_lowering_with_segment_ids(backward):
+    """With segment ids (one more operand of every kernel), the packed kernels with dropout
+    and the bias-gradient sums lower to Triton for CUDA."""
+    sd = jax.ShapeDtypeStruct
+
+    def loss(qkv, lengths, salt, ids):
+        out = flash.flash_attention_packed(
+            qkv, lengths, salt=salt, dropout_rate=0.1, backward=backward, interpret=False,
+            qkv_bias=jnp.ones((3, 16, 64), jnp.bfloat16), segment_ids=ids)
+        return jnp.sum(out.astype(jnp.float32))
+
+    text = cuda_lowering_text(jax.grad(loss), sd((2, 256, 3, 16, 64), jnp.bfloat16),
+                              sd((2,), jnp.int32), sd((2, 16), jnp.int32),
+                              sd((2, 256), jnp.int32))
     assert text.count("xla.gpu.triton") == (3 if backward == "split" else 2)
 
 
