@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from packing import assert_packed_equals_alone, segment_ids
 
 from bert_jax.kernels import flash, flash_tpu
 from bert_jax.kernels.platform import target_platform, targeting
@@ -41,6 +42,49 @@ def test_values_and_gradients_match_reference_fp32(rate, mask_hash):
     # padded keys get no weight: their values and gradients do not matter
     assert float(jnp.abs(grads[1][1, 40:]).max()) == 0.0
     assert float(jnp.abs(grads[2][1, 40:]).max()) == 0.0
+
+
+# Packed rows of 64 tokens: three examples (10, 27, 13) and 14 padding tokens, the second
+# example straddling the 16- and 32-query blocks; two examples filling a row.
+PACKED = ((10, 27, 13), (20, 44))
+
+
+def test_segment_ids_match_reference_fp32():
+    """Segment ids (packed rows) with dropout: values and gradients equal the reference with
+    the same ids; padding queries give 0 and no gradient."""
+    q, k, v, _, salt = _inputs(10)
+    ids = segment_ids(PACKED, 64)
+    lengths = jnp.sum(ids != 0, axis=1)
+
+    def run(fn, **kw):
+        def loss(q, k, v):
+            out = fn(q, k, v, lengths, salt=salt, dropout_rate=0.2, segment_ids=ids, **kw)
+            return jnp.sum(out * jnp.cos(out)), out
+
+        (_, out), grads = jax.value_and_grad(loss, (0, 1, 2), has_aux=True)(q, k, v)
+        return out, grads
+
+    out, grads = run(flash_tpu.flash_attention, block_q=16)
+    ref, ref_grads = run(flash.reference_attention)
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+    for g, r in zip(grads, ref_grads, strict=True):
+        np.testing.assert_allclose(g, r, atol=5e-5, rtol=5e-5)
+    padding = np.asarray(ids) == 0
+    assert float(jnp.abs(out[padding]).max()) == 0.0
+    assert all(float(jnp.abs(g[padding]).max()) == 0.0 for g in grads)
+    with pytest.raises(ValueError, match="segment_ids"):
+        flash_tpu.flash_attention(q, k, v, lengths, segment_ids=ids[:, :32])
+
+
+def test_packed_rows_equal_examples_alone():
+    """Each example of a packed row gets the outputs and gradients it gets alone in a row of
+    its own (kv_lengths, no segment ids)."""
+    q, k, v, _, _ = _inputs(11)
+
+    def attention(q, k, v, lengths, segment_ids):
+        return flash_tpu.flash_attention(q, k, v, lengths, segment_ids=segment_ids, block_q=16)
+
+    assert_packed_equals_alone(attention, q, k, v, segment_ids(PACKED, 64), atol=2e-5)
 
 
 def test_bf16_close_to_fp32_reference():
@@ -139,6 +183,35 @@ def test_compiles_for_tpu(topology):
     assert compiled.memory_analysis().temp_size_in_bytes < 64 * 2 ** 20
     # the kernels' cost estimates: 4 (forward) + 10 (backward) x b*h*q*k*d FLOPs
     assert compiled.cost_analysis()["flops"] >= 14 * batch * heads * seq * seq * dim
+
+
+@pytest.mark.parametrize("topology", ["v4-8", "v5e-1", "v5p-8"])
+def test_compiles_for_tpu_with_segment_ids(topology):
+    """With segment ids (query ids [b, q, 1] and key ids [b, 1, k] in vector memory), forward
+    and backward with dropout compile for TPU chips."""
+    from jax.sharding import SingleDeviceSharding
+
+    from bert_jax.tpu.topologies import abstract_devices, parse_slice
+
+    sharding = SingleDeviceSharding(abstract_devices(parse_slice(topology))[0])
+    batch, seq, heads, dim = 2, 512, 16, 64
+
+    def sd(shape, dtype=jnp.int32):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    def step(q, k, v, lengths, salt, ids):
+        def loss(q, k, v):
+            return flash_tpu.flash_attention(q, k, v, lengths, salt=salt, dropout_rate=0.1,
+                                             interpret=False, segment_ids=ids
+                                             ).astype(jnp.float32).sum()
+        return jax.grad(loss, (0, 1, 2))(q, k, v)
+
+    x = sd((batch, seq, heads, dim), jnp.bfloat16)
+    compiled = jax.jit(step).lower(x, x, x, sd((batch,)), sd((batch, heads)),
+                                   sd((batch, seq))).compile()
+    text = compiled.as_text()
+    assert "bert_flash_tpu_forward" in text and "bert_flash_tpu_backward" in text
+    assert compiled.memory_analysis().temp_size_in_bytes < 64 * 2 ** 20
 
 
 def test_model_training_step_same_on_both_kernels():
