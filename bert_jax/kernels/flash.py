@@ -16,14 +16,16 @@ tests and for the explicit reference path.
 Layout: query/key/value [batch, seq, heads, head_dim] (the model's own, no transposes), or
 packed as one [batch, seq, 3, heads, head_dim] array (``flash_attention_packed``: the output of
 one query/key/value matmul, read in place; the gradient comes back packed too, so that the
-backward pass needs one input-gradient and one weight-gradient matmul); padding
-is an additive key bias [batch, kv_seq] (0 for real keys, a large negative number for
-padding). Forward: one program per (example, head, block of queries) runs the online softmax
-over blocks of keys. Backward, recomputing probabilities from the saved log-sum-exp: up to
-FUSED_BACKWARD_MAX_KV keys one program per (example, head) computes dQ, dK and dV in one pass;
-longer sequences use one kernel per block of keys (dK, dV, looping over queries) and one per
-block of queries (dQ, looping over keys). On the CPU the kernels run in Pallas interpret mode,
-which is how the tests check them against the explicit attention.
+backward pass needs one input-gradient and one weight-gradient matmul); padding is an additive
+key bias [batch, kv_seq] (0 for real keys, a large negative number for padding); packed
+sequences add segment ids [batch, seq] (example ids, 0 = padding), masked per block as
+``q_id == k_id and k_id != 0``, padding queries writing 0. Forward: one program per (example,
+head, block of queries) runs the online softmax over blocks of keys. Backward, recomputing
+probabilities from the saved log-sum-exp: up to FUSED_BACKWARD_MAX_KV keys one program per
+(example, head) computes dQ, dK and dV in one pass; longer sequences use one kernel per block
+of keys (dK, dV, looping over queries) and one per block of queries (dQ, looping over keys).
+On the CPU the kernels run in Pallas interpret mode, which is how the tests check them
+against the explicit attention.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ softmax correction, dropout included).
 
 Layout: [batch, seq, heads, head_dim] in and out (the model's), [batch, heads, seq, head_dim]
 inside (TPU blocks need whole trailing dimensions). Padding: keys at positions >= the example's
-length (``kv_lengths``, right padding) get no weight. The salts ([batch, heads] int32) and
+length (``kv_lengths``, right padding) get no weight; with segment ids (packed sequences,
+query ids [batch, seq, 1] and key ids [batch, 1, seq] in vector memory) only keys of the
+query's own nonzero id do, and padding queries write 0. The salts ([batch, heads] int32) and
 lengths ([batch]) live in scalar memory. Off TPU the kernels run in Pallas interpret mode
 (tests).
 """
