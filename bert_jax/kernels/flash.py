@@ -573,14 +573,14 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
         if len(qkv_bias) != 3 or any(b.shape != (heads, head_dim) for b in qkv_bias):
             raise ValueError(f"qkv_bias must be three [heads, head_dim] = [{heads}, {head_dim}] "
                              f"arrays, got {[getattr(b, 'shape', b) for b in qkv_bias]}")
+    ids = _segment_ids(segment_ids)
     settings, bias, salt = _prepare(
         batch, q_len, key.shape[1], heads, head_dim, kv_lengths, salt, dropout_rate,
         blocks=(block_q, block_k, block_q_bwd, block_k_bwd), num_warps=num_warps,
         num_stages=num_stages, backward=backward, interpret=interpret, mask_hash=mask_hash,
         bias_grads=qkv_bias is not None, packed=False, dq_kernel=dq_kernel,
-        segment_ids=segment_ids)
-    return _flash((query, key, value), bias, salt, _segment_ids(segment_ids), qkv_bias,
-                  settings)
+        segment_ids=ids)
+    return _flash((query, key, value), bias, salt, ids, qkv_bias, settings)
 
 
 def flash_attention_packed(qkv, kv_lengths, *, salt=None, dropout_rate: float = 0.0,
@@ -607,16 +607,18 @@ def flash_attention_packed(qkv, kv_lengths, *, salt=None, dropout_rate: float = 
         if qkv_bias.shape != (3, heads, head_dim):
             raise ValueError(f"packed qkv_bias must be [3, heads, head_dim] = [3, {heads}, "
                              f"{head_dim}], got {qkv_bias.shape}")
+    ids = _segment_ids(segment_ids)
     settings, bias, salt = _prepare(
         batch, q_len, q_len, heads, head_dim, kv_lengths, salt, dropout_rate,
         blocks=(block_q, block_k, block_q_bwd, block_k_bwd), num_warps=num_warps,
         num_stages=num_stages, backward=backward, interpret=interpret, mask_hash=mask_hash,
         bias_grads=qkv_bias is not None, packed=True, dq_kernel=dq_kernel,
-        segment_ids=segment_ids)
-    return _flash((qkv,), bias, salt, _segment_ids(segment_ids), qkv_bias, settings)
+        segment_ids=ids)
+    return _flash((qkv,), bias, salt, ids, qkv_bias, settings)
 
 
 def _segment_ids(segment_ids):
+    """int32 segment ids, or None."""
     return None if segment_ids is None else jnp.asarray(segment_ids).astype(jnp.int32)
 
 

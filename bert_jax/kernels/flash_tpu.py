@@ -279,10 +279,11 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
         raise ValueError(f"the TPU attention kernel holds whole rows: kv {kv_len} > {MAX_KV}")
     segs = None
     if segment_ids is not None:
+        segment_ids = jnp.asarray(segment_ids)
         if q_len != kv_len or segment_ids.shape != (batch, q_len):
             raise ValueError(f"segment_ids must be [batch, seq] = [{batch}, {q_len}] with as "
                              f"many keys as queries (kv {kv_len}), got {segment_ids.shape}")
-        ids = jnp.asarray(segment_ids).astype(jnp.int32)
+        ids = segment_ids.astype(jnp.int32)
         segs = (ids[:, :, None], ids[:, None, :])  # query ids [b, q, 1], key ids [b, 1, k]
     block = math.gcd(q_len, block_q)
     if block % 8 and block != q_len:

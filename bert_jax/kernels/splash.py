@@ -59,10 +59,11 @@ def splash_attention(query, key, value, kv_lengths, *, interpret: bool | None = 
 
         out = jax.vmap(one)(q, k, v, segments)
         return jnp.swapaxes(out, 1, 2).astype(query.dtype)
+    segment_ids = jnp.asarray(segment_ids)
     if segment_ids.shape != (query.shape[0], seq_len):
         raise ValueError(f"segment_ids must be [batch, seq] = [{query.shape[0]}, {seq_len}], "
                          f"got {segment_ids.shape}")
-    q_ids = jnp.asarray(segment_ids).astype(jnp.int32)
+    q_ids = segment_ids.astype(jnp.int32)
     # Keys past the length get id 0 too. Padding queries (id 0) match the padding keys
     # (splash compares ids only), so their output is zeroed below.
     kv_ids = jnp.where(in_length, q_ids, 0)
