@@ -135,6 +135,12 @@ class BertConfig:
     norm_sum_blocks: int | None = None
     gelu_blocks: tuple | None = None
     gelu_sum_blocks: int | None = None
+    # The encoder layers' matmuls (query/key/value, attention output, MLP in and out) in FP8
+    # with delayed per-tensor scaling over the maxima of the last ``fp8_amax_history`` steps
+    # (bert_jax/modeling/fp8.py): e4m3 forward, e5m2 gradients; for Hopper GPUs. The
+    # pretraining step keeps the scales; elsewhere the matmuls run in ``dtype``.
+    fp8: bool = False
+    fp8_amax_history: int = 1024
 
     def __post_init__(self):
         def bad(key, msg):
@@ -164,7 +170,7 @@ class BertConfig:
         for key, choices in CHOICE_FIELDS.items():
             if getattr(self, key) not in choices:
                 bad(key, f"{getattr(self, key)!r} is not one of {choices}")
-        for key in ("split_norm_grads", "direct_weight_grads", "flash_bias_grads"):
+        for key in ("split_norm_grads", "direct_weight_grads", "flash_bias_grads", "fp8"):
             if not isinstance(getattr(self, key), bool):
                 bad(key, f"expected true or false, got {getattr(self, key)!r}")
         for key, (types, entries) in BLOCK_FIELDS.items():
@@ -174,6 +180,13 @@ class BertConfig:
                     or not all(_entry_ok(v, t) for v, t in zip(value, types, strict=False))):
                 bad(key, f"expected None or {len(types)} values {entries} (positive integers"
                     f"{', recompute true or false' if bool in types else ''}), got {value!r}")
+        if (not isinstance(self.fp8_amax_history, int) or isinstance(self.fp8_amax_history, bool)
+                or self.fp8_amax_history <= 0):
+            bad("fp8_amax_history", f"expected a positive integer, got "
+                f"{self.fp8_amax_history!r}")
+        if self.fp8 and self.share_layers:
+            bad("fp8", "FP8 scaling keeps one state per layer; shared layers (share_layers) "
+                "have one layer used many times")
         for key in SUM_BLOCK_FIELDS:
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
@@ -310,7 +323,7 @@ RUNTIME_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initia
                   "qkv_projection", "layer_norm_impl", "residual_dtype", "scan_layers",
                   "remat_policy", "fused_gelu", "fused_mlm_loss", "split_norm_grads",
                   "direct_weight_grads", "flash_bias_grads", "norm_blocks", "norm_sum_blocks",
-                  "gelu_blocks", "gelu_sum_blocks")
+                  "gelu_blocks", "gelu_sum_blocks", "fp8", "fp8_amax_history")
 
 
 def _entry_ok(value: Any, kind: type) -> bool:

@@ -29,6 +29,7 @@ from bert_jax.modeling.attention import (
     fused_attention,
     resolve_dropout_implementation,
 )
+from bert_jax.modeling.fp8 import FP8_COLLECTION, fp8_matmul, meta_variables
 from bert_jax.modeling.ops import TwoStageLayerNorm, add_bias, add_bias_activate
 from bert_jax.modeling.ops import activation as activation_fn
 from bert_jax.parallel import constrain
@@ -193,6 +194,9 @@ class Projection(nn.Module):
     split_output: int | None = None
     # Return (matmul output, bias) unadded: the consumer adds the bias (FusedResidualNorm).
     skip_bias_add: bool = False
+    # An encoder-layer matmul: FP8 under ``config.fp8`` (``modeling/fp8.py``) when the apply
+    # carries the scaling state.
+    fp8: bool = False
 
     @nn.compact
     def __call__(self, x):
@@ -203,6 +207,19 @@ class Projection(nn.Module):
         bias = self.param("bias", zeros(self.axes[self.in_dims:]), self.features,
                           cfg.param_dtype)
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
+        meta = (meta_variables(self, cfg.fp8_amax_history) if self.fp8 and cfg.fp8
+                else None)
+        if self.split_output is not None and meta is not None:
+            # One FP8 matmul (one set of scales) over the whole kernel, then the slices.
+            axis = self.split_output
+            y = self._matmul(x, kernel, meta)
+            out_axis = y.ndim - len(self.features) + axis
+            parts = [(jax.lax.index_in_dim(y, i, out_axis, False),
+                      jax.lax.index_in_dim(bias, i, axis, False))
+                     for i in range(self.features[axis])]
+            if self.skip_bias_add:
+                return tuple(parts)
+            return tuple(add_bias(y_i, b_i) for y_i, b_i in parts)
         if self.split_output is not None:
             axis = self.split_output
             parts = [(jax.lax.index_in_dim(kernel, i, self.in_dims + axis, False),
@@ -212,8 +229,8 @@ class Projection(nn.Module):
                 return tuple((self._matmul(x, k), b) for k, b in parts)
             return tuple(self._biased(x, k, b) for k, b in parts)
         if len(self.features) > 1 and not self.skip_bias_add and self.activation is None:
-            return self._biased(x, kernel, bias)
-        y = self._matmul(x, kernel)
+            return self._biased(x, kernel, bias, meta)
+        y = self._matmul(x, kernel, meta)
         if self.skip_bias_add:
             return y, bias
         if self.activation is not None:
@@ -221,12 +238,14 @@ class Projection(nn.Module):
                                      blocks=cfg.gelu_blocks, sum_blocks=cfg.gelu_sum_blocks)
         return add_bias(y, bias)
 
-    def _matmul(self, x, kernel):
+    def _matmul(self, x, kernel, meta=None):
+        if meta is not None:
+            return fp8_matmul(x, kernel, meta, self.in_dims)
         if self.config.direct_weight_grads:
             return _project(x, kernel, self.in_dims)
         return jax.lax.dot_general(x, kernel, _contract_last(x.ndim, self.in_dims))
 
-    def _biased(self, x, kernel, bias):
+    def _biased(self, x, kernel, bias, meta=None):
         """``x @ kernel + bias`` for a kernel with several output axes, computed against the
         kernel flattened to one output axis and reshaped after the bias: the bias add is then
         a vector bias on the matmul's 2-D output, the form XLA can fold into a cuBLAS
@@ -234,20 +253,21 @@ class Projection(nn.Module):
         pass, see docs/performance.md, "Tried and not kept")."""
         out_shape = kernel.shape[self.in_dims:]
         flat = kernel.reshape(*kernel.shape[:self.in_dims], -1)
-        y = add_bias(self._matmul(x, flat), bias.reshape(-1))
+        y = add_bias(self._matmul(x, flat, meta), bias.reshape(-1))
         return y.reshape(*y.shape[:-1], *out_shape)
 
 
 def dense(config: BertConfig, features, axes, name: str, axis=-1,
-          activation: str | None = None, skip_bias_add: bool = False) -> Projection:
+          activation: str | None = None, skip_bias_add: bool = False,
+          fp8: bool = False) -> Projection:
     """Projection with logical ``axes`` (input axes then output axes); ``axis`` = the
     contracted input axes (-1, or (-2, -1) for [heads, head_dim] -> hidden); ``activation``
     (a ``modeling.ops.activation`` name) is applied after the bias; ``skip_bias_add`` returns
-    (output, bias) instead."""
+    (output, bias) instead; ``fp8``: an encoder-layer matmul (see ``Projection.fp8``)."""
     features = features if isinstance(features, tuple) else (features,)
     in_dims = len(axis) if isinstance(axis, tuple) else 1
     return Projection(features, in_dims, tuple(axes), config, activation,
-                      skip_bias_add=skip_bias_add, name=name)
+                      skip_bias_add=skip_bias_add, fp8=fp8, name=name)
 
 
 class BertEmbeddings(nn.Module):
@@ -335,7 +355,7 @@ class BertSelfAttention(nn.Module):
             # weight-gradient matmul in the backward pass. (Elsewhere packed computes as
             # split, below.)
             packed, bias = Projection((3, n, d), 1, axes, cfg, skip_bias_add=True,
-                                      name="qkv")(x)
+                                      fp8=True, name="qkv")(x)
             if not bias_to_attention:
                 packed, bias = packed + bias.astype(packed.dtype), None
             context = dropout_attention_packed(
@@ -348,13 +368,13 @@ class BertSelfAttention(nn.Module):
             # and value come out contiguous (no strided copies for the attention kernels) and
             # their gradients feed the weight gradients without a concatenation.
             projected = Projection((3, n, d), 1, axes, cfg, split_output=0,
-                                   skip_bias_add=bias_to_attention, name="qkv")(x)
+                                   skip_bias_add=bias_to_attention, fp8=True, name="qkv")(x)
             if bias_to_attention:
                 (query, key, value), qkv_bias = zip(*projected, strict=True)
             else:
                 query, key, value = projected
         else:
-            qkv = dense(cfg, (3, n, d), axes, "qkv")(x)
+            qkv = dense(cfg, (3, n, d), axes, "qkv", fp8=True)(x)
             query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         query, key, value = (constrain(t, HEAD_AXES) for t in (query, key, value))
         if self.output_attentions:
@@ -385,7 +405,7 @@ class BertSelfAttention(nn.Module):
         cfg = self.config
         context = constrain(context, HEAD_AXES)
         out = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1),
-                    skip_bias_add=self.return_bias)(context)
+                    skip_bias_add=self.return_bias, fp8=True)(context)
         if self.return_bias:  # (matmul output, bias): the layer's FusedResidualNorm adds it
             return (constrain(out[0], ACTIVATION_AXES), out[1]), probs
         return constrain(out, ACTIVATION_AXES), probs
@@ -426,15 +446,15 @@ class BertLayer(nn.Module):
             x = residual = layer_norm(cfg, "attention_norm")(
                 residual + drop(attn, deterministic=self.deterministic))
         h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
-                  activation=cfg.hidden_act)(x)
+                  activation=cfg.hidden_act, fp8=True)(x)
         h = constrain(h, MLP_AXES)
         if fused:
             h, b = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out",
-                         skip_bias_add=True)(h)
+                         skip_bias_add=True, fp8=True)(h)
             x = FusedResidualNorm(cfg, split_output=self.split_output, name="output_norm")(
                 residual, constrain(h, ACTIVATION_AXES), b, self.deterministic)
         else:
-            h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out")(h)
+            h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out", fp8=True)(h)
             h = constrain(h, ACTIVATION_AXES)
             x = layer_norm(cfg, "output_norm")(
                 residual + drop(h, deterministic=self.deterministic))
@@ -477,7 +497,8 @@ class BertEncoder(nn.Module):
         if cfg.scan_layers:
             scanned = nn.scan(
                 layer_cls,
-                variable_axes={} if cfg.share_layers else {"params": 0},
+                variable_axes={} if cfg.share_layers else {
+                    "params": 0, **({FP8_COLLECTION: 0} if cfg.fp8 else {})},
                 variable_broadcast="params" if cfg.share_layers else False,
                 split_rngs={"params": not cfg.share_layers, "dropout": True},
                 in_axes=nn.broadcast, length=cfg.num_hidden_layers,

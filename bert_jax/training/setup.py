@@ -18,11 +18,12 @@ from jax.sharding import Mesh, NamedSharding
 from bert_jax import parallel
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
+from bert_jax.modeling.fp8 import FP8_COLLECTION
 from bert_jax.modeling.heads import BertForPreTraining
 from bert_jax.training import config as config_lib
 from bert_jax.training.inputs import examples_per_row
 from bert_jax.training.optimizers import make_optimizer
-from bert_jax.training.state import TrainState
+from bert_jax.training.state import TrainState, with_fp8_state
 from bert_jax.training.steps import make_eval_step, make_train_step
 
 BATCH_FIELDS = (("input_ids", 2), ("input_mask", 2), ("segment_ids", 2),
@@ -71,6 +72,10 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
     seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
     pair_head = config_lib.pair_head(config)
     if config.objective in ("sbo", "electra", "distill"):
+        if model_cfg.fp8:
+            raise BertJaxError(f"model.fp8 is not available with objective="
+                               f"{config.objective!r}, which builds its own models (set "
+                               "model.fp8=false)")
         from bert_jax.training import family as family_lib
 
         family = family_lib.build(config, model_cfg, tx, seq, preds)
@@ -83,8 +88,11 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
         def init_fn(rng):
             ids = jnp.zeros((1, seq), jnp.int32)
             positions = jnp.zeros((1, preds), jnp.int32)
-            params = model.init({"params": rng}, ids, ids, ids, positions)["params"]
-            return TrainState.create(params, tx.init(params))
+            variables = model.init({"params": rng}, ids, ids, ids, positions)
+            params = variables["params"]
+            # BertConfig.fp8: the scaling state rides in the optimizer-state slot
+            return TrainState.create(params, with_fp8_state(
+                tx.init(params), variables.get(FP8_COLLECTION)))
 
     abstract_state, state_shardings = parallel.abstract_and_shardings(
         init_fn, mesh, rules, jax.random.PRNGKey(0))

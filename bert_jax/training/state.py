@@ -8,6 +8,28 @@ import flax
 import jax
 import jax.numpy as jnp
 
+# Under ``BertConfig.fp8`` the optimizer-state slot holds {"optimizer": the optimizer's state,
+# FP8_STATE: the FP8 scales and amax histories (the model's ``_overwrite_with_gradient``
+# collection)}: state that the step replaces, never an optimizer's input, and that the
+# checkpoint's ``opt_state`` item saves and restores (fine-tuning and export load ``params``
+# only and never see it).
+FP8_STATE = "fp8_scaling"
+
+
+def with_fp8_state(opt_state, fp8_state):
+    """The optimizer-state slot holding ``opt_state`` and the FP8 scaling state (``None``:
+    ``opt_state`` itself)."""
+    if fp8_state is None:
+        return opt_state
+    return {"optimizer": opt_state, FP8_STATE: fp8_state}
+
+
+def split_fp8_state(slot) -> tuple[Any, Any]:
+    """(optimizer state, FP8 scaling state or None) of an optimizer-state slot."""
+    if isinstance(slot, dict) and FP8_STATE in slot:
+        return slot["optimizer"], slot[FP8_STATE]
+    return slot, None
+
 
 @flax.struct.dataclass
 class TrainState:

@@ -21,7 +21,8 @@ import optax
 
 from bert_jax.config import BertConfig
 from bert_jax.modeling import heads
-from bert_jax.training.state import TrainState
+from bert_jax.modeling.fp8 import FP8_COLLECTION
+from bert_jax.training.state import TrainState, split_fp8_state, with_fp8_state
 
 Batch = dict[str, jax.Array]
 NSP_WEIGHTS_KEY = "next_sentence_weights"  # packed rows: [batch, k], 1 per filled slot
@@ -93,8 +94,12 @@ def summarize(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
     return metrics
 
 
-def _apply(model: nn.Module, params, batch: Batch, *, rng=None) -> dict[str, Any]:
-    return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
+def _apply(model: nn.Module, params, batch: Batch, *, rng=None, fp8_state=None
+           ) -> dict[str, Any]:
+    variables = {"params": params}
+    if fp8_state is not None:
+        variables[FP8_COLLECTION] = fp8_state
+    return model.apply(variables, batch["input_ids"], batch["input_mask"],
                        batch["segment_ids"], batch["masked_lm_positions"],
                        deterministic=rng is None,
                        rngs={"dropout": rng} if rng is not None else None,
@@ -119,10 +124,12 @@ def _split_microbatches(batch: Batch, k: int, sharding: Callable[[int], Any] | N
 
 
 def default_sums_fn(model: nn.Module, pair_head: bool) -> Callable[..., dict[str, jax.Array]]:
-    """MLM + NSP/SOP sums: ``sums_fn(params, batch, rng, deterministic)``."""
-    def sums_fn(params, batch: Batch, rng, deterministic: bool):
-        return loss_sums(_apply(model, params, batch, rng=None if deterministic else rng),
-                         batch, pair_head, model.config)
+    """MLM + NSP/SOP sums: ``sums_fn(params, batch, rng, deterministic, fp8_state=None)``
+    (``fp8_state``: the model's FP8 scaling collection, ``BertConfig.fp8``)."""
+    def sums_fn(params, batch: Batch, rng, deterministic: bool, fp8_state=None):
+        outputs = _apply(model, params, batch, rng=None if deterministic else rng,
+                         fp8_state=fp8_state)
+        return loss_sums(outputs, batch, pair_head, model.config)
 
     return sums_fn
 
@@ -154,18 +161,33 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     ``param_cast`` (``parallel.param_gather_cast``) maps the parameters before the forward
     pass, inside the differentiated function. ``sums_fn`` (``objectives.py``) replaces the
     MLM + NSP/SOP sums with a family objective's.
+
+    Under ``BertConfig.fp8`` the optimizer-state slot also holds the FP8 scaling state
+    (``state.with_fp8_state``): the step differentiates with respect to it too, and its
+    "gradient" is its new value (``modeling/fp8.py``), which replaces it; microbatches pass it
+    on from one to the next (each forward pass records its maxima), and a skipped update
+    keeps the old one.
     """
     if skip not in ("where", "cond"):
         raise ValueError(f"skip={skip!r}: expected 'where' or 'cond'")
     sums_fn = sums_fn or default_sums_fn(model, pair_head)
 
-    def loss_fn(params, mb: Batch, rng, dens):
+    def loss_fn(params, mb: Batch, rng, dens, fp8_state=None):
         if param_cast is not None:
             params = param_cast(params)
-        sums = sums_fn(params, mb, rng, False)
+        extra = {} if fp8_state is None else {"fp8_state": fp8_state}
+        sums = sums_fn(params, mb, rng, False, **extra)
         return _loss(sums, dens), sums
 
-    grad_fn = jax.grad(loss_fn, has_aux=True)
+    param_grad_fn = jax.grad(loss_fn, has_aux=True)
+    fp8_grad_fn = jax.grad(loss_fn, argnums=(0, 4), has_aux=True)
+
+    def grad_fn(params, fp8_state, mb: Batch, rng, dens):
+        """(parameter gradients, sums, new FP8 state or None)."""
+        if fp8_state is None:
+            return (*param_grad_fn(params, mb, rng, dens), None)
+        (grads, new_fp8_state), sums = fp8_grad_fn(params, mb, rng, dens, fp8_state)
+        return grads, sums, new_fp8_state
 
     def train_step(state: TrainState, batch: Batch, rng: jax.Array):
         step_rng = jax.random.fold_in(rng, state.step)
@@ -174,23 +196,26 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                 "nsp_count": nsp_denominator(batch),
                 "token_count": jnp.maximum(
                     jnp.sum(batch["input_mask"].astype(jnp.float32)), 1.0)}
+        tx_state, fp8_state = split_fp8_state(state.opt_state)
         if microbatches == 1:
-            grads, sums = grad_fn(state.params, batch, step_rng, dens)
+            grads, sums, new_fp8_state = grad_fn(state.params, fp8_state, batch, step_rng, dens)
         else:
             def body(carry, xs):
-                grad_acc, sum_acc = carry
+                grad_acc, sum_acc, fp8_in = carry
                 index, mb = xs
-                g, s = grad_fn(state.params, mb, jax.random.fold_in(step_rng, index), dens)
+                g, s, fp8_out = grad_fn(state.params, fp8_in, mb,
+                                        jax.random.fold_in(step_rng, index), dens)
                 return (jax.tree.map(jnp.add, grad_acc, g),
-                        jax.tree.map(jnp.add, sum_acc, s)), None
+                        jax.tree.map(jnp.add, sum_acc, s), fp8_out), None
 
             split = _split_microbatches(batch, microbatches, microbatch_sharding)
             sum_shapes = jax.eval_shape(
-                lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], split), step_rng,
-                                dens)[1])
+                lambda: grad_fn(state.params, fp8_state, jax.tree.map(lambda x: x[0], split),
+                                step_rng, dens)[1])
             init = (jax.tree.map(jnp.zeros_like, state.params),
-                    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes))
-            (grads, sums), _ = jax.lax.scan(body, init, (jnp.arange(microbatches), split))
+                    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes), fp8_state)
+            (grads, sums, new_fp8_state), _ = jax.lax.scan(
+                body, init, (jnp.arange(microbatches), split))
         metrics = summarize(sums)
         grad_norm = optax.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
@@ -203,7 +228,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
             # parameters: the new state itself has to be finite too.
             return new_params, new_opt_state, _all_finite((new_params, new_opt_state))
 
-        operands = (state.params, state.opt_state)
+        operands = (state.params, tx_state)
         if skip == "cond":
             def guarded(o):
                 new_params, new_opt_state, ok = update(o)
@@ -219,6 +244,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
             keep = lambda new, old: jnp.where(finite, new, old)
             new_params, new_opt_state = jax.tree.map(keep, (new_params, new_opt_state),
                                                      operands)
+        if fp8_state is not None:
+            new_fp8_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                         new_fp8_state, fp8_state)
+            new_opt_state = with_fp8_state(new_opt_state, new_fp8_state)
         skipped = (~finite).astype(jnp.int32)
         new_state = state.replace(
             step=state.step + 1, params=new_params, opt_state=new_opt_state,
