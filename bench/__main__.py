@@ -38,6 +38,8 @@ SUITES: dict[str, tuple[str, str | dict[str, tuple[str, str]]]] = {
     "data": ("pretraining-data creation and masking pipeline rates", "bench.data"),
     "tokenizer": ("WordPiece tokenizer throughput", "bench.tokenizer"),
     "summary": ("markdown tables from the JSON lines of the other suites", "bench.summarize"),
+    "fp8": ("FP8 matmuls (model.fp8) against bf16 and transformers; MLM accuracy at equal "
+            "steps", "bench.fp8"),
     "variants": ("BERT, RoBERTa, SpanBERT, ERNIE, ELECTRA, ALBERT, DistilBERT at equal tokens: "
                  "pretrain, fine-tune on GLUE, compare", "bench.variants"),
 }

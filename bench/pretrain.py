@@ -96,6 +96,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--microbatches", type=int, default=1)
     ap.add_argument("--skip", default="where", choices=["where", "cond"],
                     help="non-finite skip: engine's jnp.where over all leaves, or lax.cond")
+    ap.add_argument("--fp8", action="store_true",
+                    help="model.fp8: the encoder layers' matmuls in FP8 (delayed scaling)")
     return ap.parse_args(argv)
 
 
@@ -193,6 +195,7 @@ def experiment_config(args: argparse.Namespace):
     c.model.scan_layers = bool(args.scan)
     c.model.remat_policy = args.remat
     c.model.vocab_pad_multiple = int(args.vocab_pad)
+    c.model.fp8 = bool(getattr(args, "fp8", False))
     c.data.source = "synthetic"
     c.data.max_seq_length = args.seq_len
     c.data.max_predictions_per_seq = masked_positions(args.seq_len)
@@ -303,7 +306,7 @@ def main(argv=None) -> dict:
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,
-        "mesh": args.mesh, "param_gather": args.param_gather, "tag": args.tag,
+        "mesh": args.mesh, "param_gather": args.param_gather, "fp8": args.fp8, "tag": args.tag,
         "compile_and_first_step_s": first, "step_time_s": median / args.steps,
         "seq_per_s": seq_per_s, "tokens_per_s": seq_per_s * args.seq_len,
         "flops_per_seq": flops, "tflops": seq_per_s * flops / 1e12,
