@@ -43,8 +43,9 @@ def test_fp8_suite_throughput_and_parity(tmp_path):
     write_batches(batches)
     out = tmp_path / "out"
     assert bench_fp8.main(["--shapes", "tiny/32:8", "--no-peer", "--steps", "1", "--repeats",
-                           "1", "--warmup", "1", "--peak-size", "64", "--devices", "1", "--batches-dir",
-                           str(batches), "--vocab-size", str(VOCAB), "--model", "tiny",
+                           "1", "--warmup", "1", "--peak-size", "64", "--devices", "1",
+                           "--batches-dir", str(batches), "--vocab-size", str(VOCAB),
+                           "--model", "tiny",
                            "--parity-steps", "4", "--eval-batches", "2",
                            "--out", str(out)]) == 0
     records = [json.loads(line) for line in (out / "fp8.jsonl").read_text().splitlines()]
