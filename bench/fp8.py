@@ -23,7 +23,7 @@ state) and the difference in points (target: within 0.5).
 ``--prepared`` is the folder ``python -m bench variants --prepare-only DIR`` writes
 (``prepared.json`` + ``variants_prep.tar.xz``, no tensorflow needed to read it);
 ``--batches-dir`` a materialized batch folder (``bert-jax materialize-batches``) instead.
-Records go to OUT/fp8.jsonl, the tables to OUT/fp8.md.
+Records go to OUT/fp8.jsonl, the tables to OUT/fp8.md (one part alone: OUT/fp8_PART.md).
 """
 
 from __future__ import annotations
@@ -338,7 +338,8 @@ def main(argv=None) -> int:
     for record in records:
         write_result(out_file, {**record, "command": f"python -m bench fp8 {command}"})
     text = tables(records, header)
-    with open(os.path.join(out_dir, "fp8.md"), "w", encoding="utf-8") as f:
+    name = "fp8.md" if len(args.parts) == 2 else f"fp8_{args.parts[0]}.md"
+    with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
         f.write(text)
     print(text)
     return 0
