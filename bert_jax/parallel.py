@@ -395,3 +395,63 @@ def param_gather_cast(shardings, dtype, gather: str) -> Callable[[Any], Any] | N
             leaf, params, shardings, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
     return cast
+
+
+# ---- explicit data-parallel gradient reduction ---------------------------------------------
+GRAD_REDUCTIONS = ("auto", "partitioner", "explicit")
+
+
+def grad_reduction(mesh: Mesh, rules: Rules, param_shardings, choice: str,
+                   param_cast: Callable[[Any], Any] | None = None
+                   ) -> Callable[[Callable[..., Any]], Callable[..., Any]] | None:
+    """How the train step sums its gradients over the batch shards (``parallel.grad_reduce``).
+
+    ``partitioner`` (None): XLA's partitioner reduces each gradient contribution where it is
+    made, so a parameter used twice is reduced twice (the tied word embeddings: once for the
+    lookup, once for the MLM decoder). ``explicit``: :func:`reduce_gradients_explicitly` — the
+    gradients are computed per device inside a ``shard_map`` over the batch axes and summed
+    with one ``psum`` of the whole tree, every parameter once. It needs every parameter
+    replicated (a data-parallel mesh) and no ``param_cast``. ``auto``: explicit where it
+    applies on more than one device, else the partitioner."""
+    if choice not in GRAD_REDUCTIONS:
+        raise BertJaxError(f"parallel.grad_reduce={choice!r}: expected one of {GRAD_REDUCTIONS}")
+    batch_axes = batch_sharding(mesh, rules, 1).spec[0]
+    sharded = [s.spec for s in jax.tree.leaves(param_shardings)
+               if any(mesh_axes_size(mesh, axes) > 1 for axes in s.spec)]
+    applies = not sharded and param_cast is None and mesh_axes_size(mesh, batch_axes) > 1
+    if choice == "explicit" and not applies:
+        raise BertJaxError(
+            f"parallel.grad_reduce='explicit' needs replicated parameters, a batch split over "
+            f"several devices and parallel.param_gather='param_dtype'; mesh {dict(mesh.shape)}"
+            + (f" shards parameters ({sharded[0]})" if sharded else ""))
+    if choice == "partitioner" or not applies:
+        return None
+    return lambda fn: reduce_gradients_explicitly(fn, mesh, batch_axes)
+
+
+def reduce_gradients_explicitly(grads_fn: Callable[..., Any], mesh: Mesh, batch_axes
+                                ) -> Callable[..., Any]:
+    """``grads_fn(params, batch, rng, dens) -> (grads, sums)`` run per device on its rows of
+    ``batch`` (every leaf split on its first axis over ``batch_axes``; params, rng and the
+    batch-wide denominators ``dens`` whole), then one ``psum`` over the batch axes of both
+    trees: each gradient leaf is reduced once, after the whole backward pass has added up its
+    contributions. Inside, the model traces as on one device (no activation constraints, the
+    kernels called directly). The dropout key is folded with the device's batch-shard index,
+    so every shard draws its own masks (a different draw than the partitioner's, same
+    distribution)."""
+    def per_device(params, batch, rng, dens):
+        rng = jax.random.fold_in(rng, jax.lax.axis_index(batch_axes))
+        token = _ENTERED_MESH.set(None)
+        try:
+            out = grads_fn(params, batch, rng, dens)
+        finally:
+            _ENTERED_MESH.reset(token)
+        return jax.lax.psum(out, batch_axes)
+
+    def reduced(params, batch, rng, dens):
+        whole = PartitionSpec()
+        specs = jax.tree.map(lambda _: PartitionSpec(batch_axes), batch)
+        return shard_map_unchecked(per_device, mesh, in_specs=(whole, specs, whole, whole),
+                                   out_specs=whole)(params, batch, rng, dens)
+
+    return reduced

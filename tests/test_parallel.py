@@ -40,9 +40,9 @@ def test_hybrid_mesh_over_granules():
     assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1}
 
 
-def _losses(mesh_sizes, devices, steps=3):
+def _losses(mesh_sizes, devices, steps=3, *overrides):
     config = small_config("--config.optimizer.warmup_steps=0",
-                          "--config.optimizer.learning_rate=1e-2")
+                          "--config.optimizer.learning_rate=1e-2", *overrides)
     mesh = parallel.create_mesh(mesh_sizes, devices=jax.devices()[:devices])
     training = build_training(config, config_lib.model_config(config), mesh)
     state = training.init_state(jax.random.PRNGKey(0))
@@ -55,7 +55,10 @@ def _losses(mesh_sizes, devices, steps=3):
 
 
 def test_same_losses_on_every_mesh_and_params_sharded_by_rules():
-    results = {name: _losses(*spec) for name, spec in MESHES.items()}
+    # The partitioner's reduction draws the same dropout masks on every mesh (the explicit one
+    # draws per device: test_explicit_reduction_reduces_the_tied_embeddings_once).
+    results = {name: _losses(*spec, 3, "--config.parallel.grad_reduce=partitioner")
+               for name, spec in MESHES.items()}
     reference = results["one_device"][0]
     assert reference[-1] < reference[0]
     for name, (losses, _) in results.items():
@@ -161,3 +164,74 @@ def test_entered_mesh_only_inside_traced_in_mesh():
     with pytest.raises(ZeroDivisionError):  # the mesh is left even when the trace fails
         parallel.traced_in_mesh(lambda: 1 / 0, mesh, rules)()
     assert parallel.entered_mesh() is None
+
+
+NO_DROPOUT = ("--config.model.hidden_dropout_prob=0.0",
+              "--config.model.attention_probs_dropout_prob=0.0")
+WORD_TABLE = [256, 32]  # vocab 200 padded to 256, hidden 32
+
+
+def _compiled(training):
+    batch = training.global_batch(next(SyntheticBatches(16, 32, 5, 200, seed=7)))
+    return training.train_step.lower(training.abstract_state, batch,
+                                     jax.random.PRNGKey(1)).compile()
+
+
+def _reductions(compiled, shape) -> list[tuple[str, int]]:
+    """(collective, count) of every all-reduce / reduce-scatter of ``shape`` in a compiled
+    train step (bench's census of the optimized HLO)."""
+    from bench.collectives import census
+
+    return [(r["collective"], r["count"]) for r in census(compiled.as_text())
+            if r["shape"] == shape and r["collective"] != "all-gather"]
+
+
+def test_explicit_reduction_reduces_the_tied_embeddings_once():
+    """Data parallel: XLA's partitioner all-reduces the word-embedding gradient twice (the
+    lookup's and the MLM decoder's contributions, then adds them); the explicit reduction
+    (default on a data-parallel mesh) sums the two per device and all-reduces once, with
+    the same losses and parameters (no dropout: the two draw different masks)."""
+    mesh = parallel.create_mesh({"data": -1})
+    results = {}
+    for choice, reduced in (("partitioner", 2), ("explicit", 1)):
+        config = small_config(*NO_DROPOUT, f"--config.parallel.grad_reduce={choice}")
+        training = build_training(config, config_lib.model_config(config), mesh)
+        step = _compiled(training)
+        assert _reductions(step, WORD_TABLE) == [("all-reduce", reduced)], choice
+        state = training.init_state(jax.random.PRNGKey(0))
+        batches = SyntheticBatches(16, 32, 5, 200, seed=7)
+        losses = []
+        for _ in range(3):
+            state, metrics = step(state, training.global_batch(next(batches)),
+                                  jax.random.PRNGKey(1))
+            losses.append(float(metrics["loss"]))
+        results[choice] = losses, jax.device_get(state.params)
+    np.testing.assert_allclose(results["explicit"][0], results["partitioner"][0], rtol=2e-5)
+    for a, b in zip(jax.tree.leaves(results["explicit"][1]),
+                    jax.tree.leaves(results["partitioner"][1]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # auto: explicit on this mesh (replicated parameters, batch over 8 devices), not on one
+    rules = parallel.rules_from_config(parallel.DEFAULT_RULES)
+    params = training.state_shardings.params
+    assert parallel.grad_reduction(mesh, rules, params, "auto") is not None
+    one = parallel.create_mesh({"data": -1}, devices=jax.devices()[:1])
+    one_params = jax.tree.map(lambda s: parallel.replicated(one), params)
+    assert parallel.grad_reduction(one, rules, one_params, "auto") is None
+
+
+def test_fsdp_reduces_the_tied_embeddings_once():
+    """FSDP keeps the partitioner's reduction (parameters are sharded): the word-embedding
+    gradient is reduced once (the lookup's scatter runs on the gathered token rows for its
+    own hidden slice), as an all-reduce the GPU and TPU compilers turn into a reduce-scatter
+    (the CPU keeps all-reduce + slice); the explicit reduction is refused."""
+    config = small_config(*NO_DROPOUT)
+    mesh = parallel.create_mesh({"data": 1, "fsdp": -1})
+    training = build_training(config, config_lib.model_config(config), mesh)
+    step = _compiled(training)
+    reductions = _reductions(step, WORD_TABLE) + _reductions(step, [256, 4])
+    assert sum(count for _, count in reductions) == 1, reductions
+    rules = parallel.rules_from_config(parallel.DEFAULT_RULES)
+    with pytest.raises(BertJaxError, match="grad_reduce='explicit' needs replicated"):
+        parallel.grad_reduction(mesh, rules, training.state_shardings.params, "explicit")
+    with pytest.raises(BertJaxError, match="grad_reduce='psum'"):
+        parallel.grad_reduction(mesh, rules, training.state_shardings.params, "psum")

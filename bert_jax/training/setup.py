@@ -107,11 +107,14 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
                        for name, ndim in fields.items()}
     param_cast = parallel.param_gather_cast(state_shardings.params, model_cfg.dtype,
                                             config.parallel.get("param_gather", "param_dtype"))
+    reduce_grads = parallel.grad_reduction(mesh, rules, state_shardings.params,
+                                           config.parallel.get("grad_reduce", "auto"),
+                                           param_cast)
     step_fn = make_train_step(
         model, tx, schedule, microbatches=config.microbatches, pair_head=pair_head,
         microbatch_sharding=lambda ndim: parallel.logical_sharding(
             mesh, rules, None, "batch", *([None] * (ndim - 1))), param_cast=param_cast,
-        sums_fn=sums_fn)
+        sums_fn=sums_fn, reduce_grads=reduce_grads)
     step_fn, eval_fn = (parallel.traced_in_mesh(f, mesh, rules) for f in (
         step_fn, make_eval_step(model, pair_head=pair_head, sums_fn=sums_fn)))
     train_step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings, replicated),

@@ -147,7 +147,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, *, microbatches: int = 1, pair_head: bool = True,
                     microbatch_sharding: Callable[[int], Any] | None = None,
                     skip: str = "where", param_cast: Callable[[Any], Any] | None = None,
-                    sums_fn: Callable[..., dict[str, jax.Array]] | None = None
+                    sums_fn: Callable[..., dict[str, jax.Array]] | None = None,
+                    reduce_grads: Callable[[Callable], Callable] | None = None
                     ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
     """Builds ``train_step(state, batch, rng) -> (state, metrics)``.
 
@@ -160,7 +161,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     update and selects every leaf; ``skip="cond"`` runs the update under a ``lax.cond``.
     ``param_cast`` (``parallel.param_gather_cast``) maps the parameters before the forward
     pass, inside the differentiated function. ``sums_fn`` (``objectives.py``) replaces the
-    MLM + NSP/SOP sums with a family objective's.
+    MLM + NSP/SOP sums with a family objective's. ``reduce_grads``
+    (``parallel.grad_reduction``) wraps ``gradients(params, batch, rng, dens) -> (grads,
+    sums)`` to reduce them over the batch shards itself; None (and FP8, whose scaling state is
+    not a sum) leaves it to XLA's partitioner.
 
     Under ``BertConfig.fp8`` the optimizer-state slot also holds the FP8 scaling state
     (``state.with_fp8_state``): the step differentiates with respect to it too, and its
@@ -189,6 +193,34 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
         (grads, new_fp8_state), sums = fp8_grad_fn(params, mb, rng, dens, fp8_state)
         return grads, sums, new_fp8_state
 
+    def gradients(params, fp8_state, batch: Batch, step_rng, dens, split_sharding):
+        """(gradients, sums, new FP8 state or None) of the whole batch: one pass, or
+        ``microbatches`` summed (``split_sharding``: :func:`_split_microbatches`')."""
+        if microbatches == 1:
+            return grad_fn(params, fp8_state, batch, step_rng, dens)
+
+        def body(carry, xs):
+            grad_acc, sum_acc, fp8_in = carry
+            index, mb = xs
+            g, s, fp8_out = grad_fn(params, fp8_in, mb, jax.random.fold_in(step_rng, index),
+                                    dens)
+            return (jax.tree.map(jnp.add, grad_acc, g),
+                    jax.tree.map(jnp.add, sum_acc, s), fp8_out), None
+
+        split = _split_microbatches(batch, microbatches, split_sharding)
+        sum_shapes = jax.eval_shape(
+            lambda: grad_fn(params, fp8_state, jax.tree.map(lambda x: x[0], split), step_rng,
+                            dens)[1])
+        init = (jax.tree.map(jnp.zeros_like, params),
+                jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes), fp8_state)
+        (grads, sums, new_fp8_state), _ = jax.lax.scan(
+            body, init, (jnp.arange(microbatches), split))
+        return grads, sums, new_fp8_state
+
+    # Inside an explicit reduction each device splits only its own rows into microbatches.
+    reduced_gradients = None if reduce_grads is None else reduce_grads(
+        lambda params, batch, rng, dens: gradients(params, None, batch, rng, dens, None)[:2])
+
     def train_step(state: TrainState, batch: Batch, rng: jax.Array):
         step_rng = jax.random.fold_in(rng, state.step)
         dens = {"mlm_weight": jnp.maximum(
@@ -197,25 +229,12 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                 "token_count": jnp.maximum(
                     jnp.sum(batch["input_mask"].astype(jnp.float32)), 1.0)}
         tx_state, fp8_state = split_fp8_state(state.opt_state)
-        if microbatches == 1:
-            grads, sums, new_fp8_state = grad_fn(state.params, fp8_state, batch, step_rng, dens)
+        if reduce_grads is not None and fp8_state is None:
+            grads, sums = reduced_gradients(state.params, batch, step_rng, dens)
+            new_fp8_state = None
         else:
-            def body(carry, xs):
-                grad_acc, sum_acc, fp8_in = carry
-                index, mb = xs
-                g, s, fp8_out = grad_fn(state.params, fp8_in, mb,
-                                        jax.random.fold_in(step_rng, index), dens)
-                return (jax.tree.map(jnp.add, grad_acc, g),
-                        jax.tree.map(jnp.add, sum_acc, s), fp8_out), None
-
-            split = _split_microbatches(batch, microbatches, microbatch_sharding)
-            sum_shapes = jax.eval_shape(
-                lambda: grad_fn(state.params, fp8_state, jax.tree.map(lambda x: x[0], split),
-                                step_rng, dens)[1])
-            init = (jax.tree.map(jnp.zeros_like, state.params),
-                    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes), fp8_state)
-            (grads, sums, new_fp8_state), _ = jax.lax.scan(
-                body, init, (jnp.arange(microbatches), split))
+            grads, sums, new_fp8_state = gradients(state.params, fp8_state, batch, step_rng,
+                                                   dens, microbatch_sharding)
         metrics = summarize(sums)
         grad_norm = optax.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
