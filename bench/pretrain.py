@@ -86,6 +86,10 @@ def add_param_gather_argument(ap: argparse.ArgumentParser) -> None:
                     choices=["param_dtype", "compute_dtype"],
                     help="parallel.param_gather: FSDP all-gathers of matmul kernels in float32 "
                          "(as stored) or cast to bf16 where they live")
+    ap.add_argument("--grad-reduce", default="auto", choices=["auto", "partitioner", "explicit"],
+                    help="parallel.grad_reduce: gradients summed over the batch shards by one "
+                         "psum after the backward pass (explicit; auto: on data-parallel "
+                         "meshes) or by XLA's partitioner per contribution")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -206,6 +210,7 @@ def experiment_config(args: argparse.Namespace):
     c.parallel.mesh = ({"data": -1, "fsdp": 1, "tensor": 1} if args.mesh == "dp"
                        else {"data": 1, "fsdp": -1, "tensor": 1})
     c.parallel.param_gather = getattr(args, "param_gather", "param_dtype")
+    c.parallel.grad_reduce = getattr(args, "grad_reduce", "auto")
     return c
 
 
@@ -306,7 +311,8 @@ def main(argv=None) -> dict:
         "remat": args.remat,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,
-        "mesh": args.mesh, "param_gather": args.param_gather, "fp8": args.fp8, "tag": args.tag,
+        "mesh": args.mesh, "param_gather": args.param_gather, "fp8": args.fp8,
+        "grad_reduce": args.grad_reduce, "tag": args.tag,
         "compile_and_first_step_s": first, "step_time_s": median / args.steps,
         "seq_per_s": seq_per_s, "tokens_per_s": seq_per_s * args.seq_len,
         "flops_per_seq": flops, "tflops": seq_per_s * flops / 1e12,

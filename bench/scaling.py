@@ -12,8 +12,11 @@ state sharded on ``embed``) at every n >= 2. Then writes one ``scaling_summary``
 
 On GPU each run sees only its n cards (``CUDA_VISIBLE_DEVICES``); on CPU (validation, with
 ``--xla_force_host_platform_device_count``) it passes ``--devices n``. Extra arguments after
-``--`` go to every pretraining step run (e.g. ``-- --xla-flags collectives``). Records go to
-OUT/scaling.jsonl (each run's step record, then the summary).
+``--`` go to every pretraining step run (e.g. ``-- --xla-flags collectives``);
+``--variant NAME=ARGS`` adds a data-parallel run with those step options at every n >= 2
+(e.g. ``--variant "overlap=--xla-flags dp_overlap"``), with its own efficiency against the
+same one-device run. Records go to OUT/scaling.jsonl (each run's step record, then the
+summary).
 
   python -m bench scaling run --model large --per-device-batch 128
 """
@@ -42,6 +45,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--variant", action="append", default=[], type=_variant,
+                    metavar="NAME=ARGS",
+                    help="an extra data-parallel run at every n >= 2 with these step options "
+                         "(repeatable)")
     add_out_argument(ap)
     ap.add_argument("extra", nargs=argparse.REMAINDER,
                     help="-- then options passed to every `bench step pretrain` run")
@@ -50,6 +57,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.extra = args.extra[1:]
     args.out = results_file(args.out, "scaling")
     return args
+
+
+def _variant(spec: str) -> tuple[str, list[str]]:
+    name, sep, options = spec.partition("=")
+    if not sep or not name or name in ("dp", "fsdp") or not options.split():
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected NAME=OPTIONS with a name other "
+                                         "than dp or fsdp, e.g. 'overlap=--xla-flags dp_overlap'")
+    return name, options.split()
 
 
 def _device_info() -> tuple[int, str]:
@@ -74,15 +89,18 @@ def device_counts(spec: str, available: int) -> list[int]:
     return counts
 
 
-def run_one(args, n: int, mesh: str, backend: str) -> dict:
-    """One pretraining step run on n devices; returns its record (also appended to --out)."""
+def run_one(args, n: int, mesh: str, backend: str, name: str | None = None,
+            options: tuple[str, ...] = ()) -> dict:
+    """One pretraining step run on n devices (``name``: a variant's label, ``options`` its
+    step options); returns its record (also appended to --out)."""
+    name = name or mesh
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.jsonl")
         cmd = ["step", "pretrain", "--model", args.model,
                "--seq-len", str(args.seq_len), "--batch-size", str(args.per_device_batch * n),
                "--mesh", mesh, "--steps", str(args.steps), "--repeats", str(args.repeats),
-               "--warmup", str(args.warmup), "--tag", f"scaling_{mesh}_{n}", "--out", out,
-               *args.extra]
+               "--warmup", str(args.warmup), "--tag", f"scaling_{name}_{n}", "--out", out,
+               *args.extra, *options]
         env = dict(os.environ)
         if backend == "gpu":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(n))
@@ -91,7 +109,7 @@ def run_one(args, n: int, mesh: str, backend: str) -> dict:
         print("+ python -m bench", " ".join(cmd), flush=True)
         done = run_suite(cmd, env=env)
         if done.returncode != 0:
-            record = {"task": "pretrain", "tag": f"scaling_{mesh}_{n}", "devices": n,
+            record = {"task": "pretrain", "tag": f"scaling_{name}_{n}", "devices": n,
                       "mesh": mesh, "error": f"exit code {done.returncode}"}
             write_result(args.out, record)
             return record
@@ -125,7 +143,16 @@ def summarize(records: dict[tuple[str, int], dict]) -> dict:
                    "dp_peak_memory_gib": ref["peak_memory_gib"],
                    "seq_per_s": r["seq_per_s"],
                    "throughput_cost": 1 - r["seq_per_s"] / ref["seq_per_s"]}
-    return {"dp": dp, "fsdp": fsdp,
+    variants: dict[str, dict] = {}
+    for (name, n), r in sorted(ok.items()):
+        ref = ok.get(("dp", n))
+        if name in ("dp", "fsdp"):
+            continue
+        variants.setdefault(name, {})[n] = {
+            "seq_per_s": r["seq_per_s"], "mfu": r["mfu"],
+            "efficiency": r["seq_per_s"] / (n * base["seq_per_s"]) if base else None,
+            "vs_dp": r["seq_per_s"] / ref["seq_per_s"] - 1 if ref else None}
+    return {"dp": dp, "fsdp": fsdp, "variants": variants,
             "failed": sorted(f"{m}_{n}" for (m, n), r in records.items() if "error" in r)}
 
 
@@ -137,11 +164,15 @@ def main(argv=None) -> dict:
         records[("dp", n)] = run_one(args, n, "dp", backend)
         if n >= 2 and not args.no_fsdp:
             records[("fsdp", n)] = run_one(args, n, "fsdp", backend)
+        for name, options in args.variant if n >= 2 else ():
+            records[(name, n)] = run_one(args, n, "dp", backend, name, options)
     summary = {"task": "scaling_summary", "model": args.model, "seq_len": args.seq_len,
                "per_device_batch": args.per_device_batch, "backend": backend,
                "device": next((r.get("device") for r in records.values() if "device" in r),
                               None),
-               "extra_args": args.extra, **summarize(records)}
+               "extra_args": args.extra,
+               "variant_args": {name: options for name, options in args.variant},
+               **summarize(records)}
     write_result(args.out, summary)
     return summary
 

@@ -164,6 +164,27 @@ def test_summarize_scaling_tables_skip_failed_runs():
     assert "scaling-levers large/128: skipped: timeout" in text
 
 
+def test_scaling_variants_summarized_against_the_same_baseline():
+    """``bench scaling run --variant NAME=ARGS``: a data-parallel run with those step options
+    at every n >= 2, its efficiency against the one-device run and its gain over plain DP."""
+    from bench import scaling
+
+    args = scaling.parse_args(["--device-counts", "1,4", "--variant",
+                               "overlap=--xla-flags dp_overlap", "--out", "/nonexistent"])
+    assert args.variant == [("overlap", ["--xla-flags", "dp_overlap"])]
+    with pytest.raises(SystemExit):
+        scaling.parse_args(["--variant", "dp=--xla-flags lhs"])
+    run = {"seq_per_s": 0.0, "mfu": 0.5, "param_bytes_per_device": 4,
+           "opt_state_bytes_per_device": 8, "peak_memory_gib": 17.0}
+    records = {("dp", 1): dict(run, seq_per_s=1600.0), ("dp", 4): dict(run, seq_per_s=6000.0),
+               ("overlap", 4): dict(run, seq_per_s=6240.0),
+               ("partitioner", 4): {"error": "exit code 1"}}
+    summary = scaling.summarize(records)
+    assert summary["variants"]["overlap"][4]["efficiency"] == 6240.0 / 6400.0
+    assert abs(summary["variants"]["overlap"][4]["vs_dp"] - 0.04) < 1e-12
+    assert summary["failed"] == ["partitioner_4"] and summary["fsdp"] == {}
+
+
 def test_summarize_ratio_and_targets(tmp_path):
     common = {"task": "pretrain", "model": "base", "seq_len": 128, "batch_size": 256,
               "device": "NVIDIA H100 80GB HBM3", "matmul_peak_tflops": 700.0}
