@@ -402,7 +402,7 @@ GRAD_REDUCTIONS = ("auto", "partitioner", "explicit")
 
 
 def grad_reduction(mesh: Mesh, rules: Rules, param_shardings, choice: str,
-                   param_cast: Callable[[Any], Any] | None = None
+                   param_cast: Callable[[Any], Any] | None = None, compute_dtype=np.float32
                    ) -> Callable[[Callable[..., Any]], Callable[..., Any]] | None:
     """How the train step sums its gradients over the batch shards (``parallel.grad_reduce``).
 
@@ -412,7 +412,9 @@ def grad_reduction(mesh: Mesh, rules: Rules, param_shardings, choice: str,
     gradients are computed per device inside a ``shard_map`` over the batch axes and summed
     with one ``psum`` of the whole tree, every parameter once. It needs every parameter
     replicated (a data-parallel mesh) and no ``param_cast``. ``auto``: explicit where it
-    applies on more than one device, else the partitioner."""
+    applies on more than one device, else the partitioner. Matmul kernels are summed in
+    ``compute_dtype``, as the partitioner sums them (at the output of their gradient's
+    matmul), everything else in its own dtype."""
     if choice not in GRAD_REDUCTIONS:
         raise BertJaxError(f"parallel.grad_reduce={choice!r}: expected one of {GRAD_REDUCTIONS}")
     batch_axes = batch_sharding(mesh, rules, 1).spec[0]
@@ -426,11 +428,11 @@ def grad_reduction(mesh: Mesh, rules: Rules, param_shardings, choice: str,
             + (f" shards parameters ({sharded[0]})" if sharded else ""))
     if choice == "partitioner" or not applies:
         return None
-    return lambda fn: reduce_gradients_explicitly(fn, mesh, batch_axes)
+    return lambda fn: reduce_gradients_explicitly(fn, mesh, batch_axes, compute_dtype)
 
 
-def reduce_gradients_explicitly(grads_fn: Callable[..., Any], mesh: Mesh, batch_axes
-                                ) -> Callable[..., Any]:
+def reduce_gradients_explicitly(grads_fn: Callable[..., Any], mesh: Mesh, batch_axes,
+                                kernel_dtype=None) -> Callable[..., Any]:
     """``grads_fn(params, batch, rng, dens) -> (grads, sums)`` run per device on its rows of
     ``batch`` (every leaf split on its first axis over ``batch_axes``; params, rng and the
     batch-wide denominators ``dens`` whole), then one ``psum`` over the batch axes of both
@@ -438,15 +440,21 @@ def reduce_gradients_explicitly(grads_fn: Callable[..., Any], mesh: Mesh, batch_
     contributions. Inside, the model traces as on one device (no activation constraints, the
     kernels called directly). The dropout key is folded with the device's batch-shard index,
     so every shard draws its own masks (a different draw than the partitioner's, same
-    distribution)."""
+    distribution). ``kernel_dtype``: the dtype ``kernel`` leaves are summed in (their
+    gradients come out of matmuls in the compute dtype; None: their own dtype)."""
+
     def per_device(params, batch, rng, dens):
         rng = jax.random.fold_in(rng, jax.lax.axis_index(batch_axes))
         token = _ENTERED_MESH.set(None)
         try:
-            out = grads_fn(params, batch, rng, dens)
+            grads, sums = grads_fn(params, batch, rng, dens)
         finally:
             _ENTERED_MESH.reset(token)
-        return jax.lax.psum(out, batch_axes)
+        wire = jax.tree_util.tree_map_with_path(
+            lambda path, g: g.astype(kernel_dtype) if _is_kernel(path, g, kernel_dtype) else g,
+            grads)
+        wire, sums = jax.lax.psum((wire, sums), batch_axes)
+        return jax.tree.map(lambda w, g: w.astype(g.dtype), wire, grads), sums
 
     def reduced(params, batch, rng, dens):
         whole = PartitionSpec()
@@ -455,3 +463,8 @@ def reduce_gradients_explicitly(grads_fn: Callable[..., Any], mesh: Mesh, batch_
                                    out_specs=whole)(params, batch, rng, dens)
 
     return reduced
+
+
+def _is_kernel(path, leaf, dtype) -> bool:
+    return (dtype is not None and getattr(path[-1], "key", None) == "kernel"
+            and leaf.dtype != np.dtype(dtype))

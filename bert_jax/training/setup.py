@@ -109,7 +109,7 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
                                             config.parallel.get("param_gather", "param_dtype"))
     reduce_grads = parallel.grad_reduction(mesh, rules, state_shardings.params,
                                            config.parallel.get("grad_reduce", "auto"),
-                                           param_cast)
+                                           param_cast, model_cfg.dtype)
     step_fn = make_train_step(
         model, tx, schedule, microbatches=config.microbatches, pair_head=pair_head,
         microbatch_sharding=lambda ndim: parallel.logical_sharding(

@@ -164,6 +164,17 @@ def test_summarize_scaling_tables_skip_failed_runs():
     assert "scaling-levers large/128: skipped: timeout" in text
 
 
+def test_every_xla_flag_preset_parses():
+    """XLA aborts on an unknown flag: every preset's flags, together, must start a backend."""
+    from bench.levers import XLA_FLAG_PRESETS
+
+    flags = " ".join(f for preset in XLA_FLAG_PRESETS.values() for f in preset)
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-c", "import jax; print(jax.device_count())"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_scaling_variants_summarized_against_the_same_baseline():
     """``bench scaling run --variant NAME=ARGS``: a data-parallel run with those step options
     at every n >= 2, its efficiency against the one-device run and its gain over plain DP."""
