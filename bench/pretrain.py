@@ -257,7 +257,7 @@ def build_step(args, training):
         pair_head=training.model.pair_head, skip=args.skip,
         microbatch_sharding=lambda ndim: parallel.logical_sharding(
             mesh, rules, None, "batch", *([None] * (ndim - 1))),
-        param_cast=training.param_cast), mesh, rules)
+        param_cast=training.param_cast, reduce_grads=training.reduce_grads), mesh, rules)
     replicated = parallel.replicated(training.mesh)
     return jax.jit(fn, in_shardings=(training.state_shardings, training.batch_shardings,
                                      replicated),

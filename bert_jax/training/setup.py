@@ -53,6 +53,7 @@ class Training:
     # Fills a fresh state's params from elsewhere (distill: the teacher and the student's
     # start): (params, param shardings) -> params; None for the other objectives.
     init_params: Callable | None = None
+    reduce_grads: Callable | None = None  # parallel.grad_reduction, inside the train step
 
     def init_state(self, rng: jax.Array) -> TrainState:
         """Fresh state, created directly in its shards."""
@@ -124,4 +125,4 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
                         out_shardings=replicated)
     return Training(model, tx, schedule, mesh, rules, init_fn, abstract_state,
                     state_shardings, batch_shardings, train_step, eval_step, param_cast,
-                    init_params)
+                    init_params, reduce_grads)
