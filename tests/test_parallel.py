@@ -235,3 +235,26 @@ def test_fsdp_reduces_the_tied_embeddings_once():
         parallel.grad_reduction(mesh, rules, training.state_shardings.params, "explicit")
     with pytest.raises(BertJaxError, match="grad_reduce='psum'"):
         parallel.grad_reduction(mesh, rules, training.state_shardings.params, "psum")
+
+
+def test_explicit_reduction_sums_kernels_in_the_compute_dtype():
+    """bf16 compute: the explicit psum carries matmul kernels in bf16 (as the partitioner's
+    all-reduces at their gradient matmuls do) and the rest in float32; the losses stay those
+    of the partitioner's reduction."""
+    mesh = parallel.create_mesh({"data": -1})
+    losses = {}
+    for choice in ("partitioner", "explicit"):
+        config = small_config(*NO_DROPOUT, "--config.model.dtype=bfloat16",
+                              f"--config.parallel.grad_reduce={choice}")
+        training = build_training(config, config_lib.model_config(config), mesh)
+        batch = training.global_batch(next(SyntheticBatches(16, 32, 5, 200, seed=7)))
+        if choice == "explicit":
+            text = training.train_step.lower(training.abstract_state, batch,
+                                             jax.random.PRNGKey(1)).as_text()
+            summed = re.findall(r"all_reduce.*\n\s*\^bb0\(%\w+: tensor<(\w+)>", text)
+            assert "bf16" in summed and "f32" in summed, sorted(set(summed))
+        state = training.init_state(jax.random.PRNGKey(0))
+        for _ in range(2):
+            state, metrics = training.train_step(state, batch, jax.random.PRNGKey(1))
+        losses[choice] = float(metrics["loss"])
+    assert abs(losses["explicit"] - losses["partitioner"]) < 2e-3 * losses["partitioner"]
