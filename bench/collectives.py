@@ -8,6 +8,10 @@ accessed and temporaries:
   XLA_FLAGS=--xla_force_host_platform_device_count=4 \\
     python -m bench scaling collectives --model base --layers 1 --batch-size 128 --mesh fsdp
 
+With ``--mesh dp`` the census shows each gradient's all-reduces: one per parameter under
+``--grad-reduce explicit`` (the default there), the word embeddings twice (lookup and MLM
+decoder) and the q/k/v kernel in three parts under ``--grad-reduce partitioner``.
+
 ``--hlo FILE`` reads an optimized HLO dump instead (``XLA_FLAGS=--xla_dump_to=DIR``; the
 ``*after_optimizations.txt`` file, gzipped or not) and adds the schedule: for each async
 collective of the entry computation, how much work XLA placed between its start and its done,
@@ -191,7 +195,8 @@ def main(argv=None) -> int:
         f.write(json.dumps({"tool": "collectives", "mesh": dict(training.mesh.shape),
                             "model": args.model, "layers": args.layers,
                             "batch_size": args.batch_size, "seq_len": args.seq_len,
-                            "param_gather": args.param_gather, "per_device": cost,
+                            "param_gather": args.param_gather,
+                            "grad_reduce": args.grad_reduce, "per_device": cost,
                             "collectives": records,
                             "batch_activation_gathers": len(gathered)}) + "\n")
     return 1 if gathered else 0
