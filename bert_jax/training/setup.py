@@ -108,9 +108,12 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
                        for name, ndim in fields.items()}
     param_cast = parallel.param_gather_cast(state_shardings.params, model_cfg.dtype,
                                             config.parallel.get("param_gather", "param_dtype"))
-    reduce_grads = parallel.grad_reduction(mesh, rules, state_shardings.params,
-                                           config.parallel.get("grad_reduce", "auto"),
-                                           param_cast, model_cfg.dtype)
+    grad_reduce = config.parallel.get("grad_reduce", "auto")
+    if model_cfg.fp8 and grad_reduce == "explicit":
+        raise BertJaxError("parallel.grad_reduce='explicit' is not available with model.fp8 "
+                           "(its scaling state is not a sum); use auto or partitioner")
+    reduce_grads = None if model_cfg.fp8 else parallel.grad_reduction(
+        mesh, rules, state_shardings.params, grad_reduce, param_cast, model_cfg.dtype)
     step_fn = make_train_step(
         model, tx, schedule, microbatches=config.microbatches, pair_head=pair_head,
         microbatch_sharding=lambda ndim: parallel.logical_sharding(
