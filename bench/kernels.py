@@ -205,7 +205,7 @@ def forward_sweep(q, k, v, lengths, salt, base, args) -> None:
                                     block_k=flash.fit_block(bk, s), num_warps=warps,
                                     num_stages=stages)
         fwd = jax.jit(lambda q, k, v, tuned=tuned: flash._forward((q, k, v), bias, salt,
-                                                                  tuned))
+                                                                  None, tuned))
         write_result(args.out, timed_record(
             {**base, "impl": "flash_dropout_forward", "tune_fwd": [bq, bk, warps, stages]},
             (q, k, v), fwd=fwd))

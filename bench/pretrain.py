@@ -86,7 +86,8 @@ def add_param_gather_argument(ap: argparse.ArgumentParser) -> None:
                     choices=["param_dtype", "compute_dtype"],
                     help="parallel.param_gather: FSDP all-gathers of matmul kernels in float32 "
                          "(as stored) or cast to bf16 where they live")
-    ap.add_argument("--grad-reduce", default="auto", choices=["auto", "partitioner", "explicit"],
+    ap.add_argument("--grad-reduce", default="partitioner",
+                    choices=["auto", "partitioner", "explicit"],
                     help="parallel.grad_reduce: gradients summed over the batch shards by one "
                          "psum after the backward pass (explicit; auto: on data-parallel "
                          "meshes) or by XLA's partitioner per contribution")
@@ -210,7 +211,7 @@ def experiment_config(args: argparse.Namespace):
     c.parallel.mesh = ({"data": -1, "fsdp": 1, "tensor": 1} if args.mesh == "dp"
                        else {"data": 1, "fsdp": -1, "tensor": 1})
     c.parallel.param_gather = getattr(args, "param_gather", "param_dtype")
-    c.parallel.grad_reduce = getattr(args, "grad_reduce", "auto")
+    c.parallel.grad_reduce = getattr(args, "grad_reduce", "partitioner")
     return c
 
 

@@ -74,11 +74,12 @@ def test_base_phase1_compiles_for_multihost_v4_32():
 
 
 def test_cli_multislice_report_and_json(tmp_path, capsys):
-    """Two v5e-16 slices over DCN: the data axis spans both (parallel.dcn_mesh unset)."""
+    """Two v5e-16 slices over DCN: the data axis spans both (parallel.dcn_mesh unset). One
+    compile (``--layer-costs scanned``): the extrapolation is the Base test's."""
     out = tmp_path / "report.json"
     rc = main(["compile", "--config", "experiments/pretrain.py:bert_base_phase1", "--topology",
                "v5e-16", "--num-slices", "2", "--json", str(out), SCAN,
-               "--config.model.num_hidden_layers=2"])
+               "--config.model.num_hidden_layers=2", "--layer-costs", "scanned"])
     text = capsys.readouterr().out
     assert rc == 0 and "FITS" in text and "MFU" in text and "chip-hours" in text
     record = json.loads(out.read_text())
