@@ -42,11 +42,6 @@ def example_mask(example_ids: jax.Array) -> jax.Array:
     return (example_ids[:, :, None] == example_ids[:, None, :])[:, None]
 
 
-def _segment_kwargs(example_ids) -> dict:
-    """The kernels' ``segment_ids`` keyword, only for packed rows (unpacked calls unchanged)."""
-    return {} if example_ids is None else {"segment_ids": example_ids}
-
-
 def explicit_attention(query, key, value, kv_lengths, *, dropout_rng=None, dropout_rate=0.0,
                        deterministic=True, example_ids=None):
     """Attention with materialized probabilities. Returns (context, probs).
@@ -80,7 +75,7 @@ def fused_attention(query, key, value, kv_lengths, implementation: str, example_
     if impl == "splash":
         from bert_jax.kernels.splash import splash_attention
 
-        return splash_attention(query, key, value, kv_lengths, **_segment_kwargs(example_ids))
+        return splash_attention(query, key, value, kv_lengths, segment_ids=example_ids)
     if impl == "cudnn" and (query.dtype not in (jnp.bfloat16, jnp.float16)
                             or example_ids is not None):
         impl = "xla"  # cuDNN fused attention needs half precision inputs and no mask
@@ -132,7 +127,7 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
         def local_tpu(q, k, v, lengths, s, _, ids):
             return flash_tpu.flash_attention(q, k, v, lengths, salt=s,
                                              dropout_rate=dropout_rate, mask_hash=mask_hash,
-                                             **_segment_kwargs(ids))
+                                             segment_ids=ids)
 
         salt = flash.salt_from_rng(dropout_rng, query.shape[0], query.shape[2])
         return _over_mesh(local_tpu, query, key, value, kv_lengths, salt,
@@ -146,7 +141,7 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
     def local(q, k, v, lengths, s, biases, ids):
         return flash.flash_attention(q, k, v, lengths, salt=s, dropout_rate=dropout_rate,
                                      mask_hash=mask_hash, qkv_bias=biases,
-                                     **_segment_kwargs(ids))
+                                     segment_ids=ids)
 
     return _over_mesh(local, query, key, value, kv_lengths, salt, qkv_bias, example_ids)
 
@@ -172,7 +167,7 @@ def dropout_attention_packed(qkv, kv_lengths, *, dropout_rng, dropout_rate: floa
     def local(packed, lengths, s, bias, ids):
         return flash.flash_attention_packed(packed, lengths, salt=s, dropout_rate=dropout_rate,
                                             mask_hash=mask_hash, qkv_bias=bias,
-                                            **_segment_kwargs(ids))
+                                            segment_ids=ids)
 
     return _over_mesh_packed(local, qkv, kv_lengths, salt, qkv_bias, example_ids)
 
