@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tolerance import close
 
 
 def segment_ids(example_lengths, seq: int):
@@ -66,9 +67,9 @@ def assert_packed_equals_alone(attention, q, k, v, ids, *, atol):
     (_, out_alone), grads_alone = jax.value_and_grad(alone_loss, (0, 1, 2), has_aux=True)(
         *alone[:3])
     for e, (row, start, n) in enumerate(examples):
-        np.testing.assert_allclose(out[row, start:start + n], out_alone[e, :n], atol=atol)
+        np.testing.assert_allclose(out[row, start:start + n], out_alone[e, :n], **close(atol))
         for g, g_alone in zip(grads, grads_alone, strict=True):
-            np.testing.assert_allclose(g[row, start:start + n], g_alone[e, :n], atol=atol)
+            np.testing.assert_allclose(g[row, start:start + n], g_alone[e, :n], **close(atol))
     padding = np.asarray(ids) == 0
     assert padding.any()
     assert float(jnp.abs(out[padding]).max()) == 0.0

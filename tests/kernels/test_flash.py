@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from float_sums import assert_same_sums
 from packing import assert_packed_equals_alone, segment_ids
+from tolerance import close
 from triton_lowering import cuda_lowering_text
 
 from bert_jax import parallel
@@ -54,11 +55,11 @@ def test_flash_matches_reference_forward_and_gradients(rate, blocks):
     ours = lambda *a, **kw: flash.flash_attention(*a, **kw, **BLOCKS[blocks])  # noqa: E731
     out = ours(q, k, v, lengths, salt=salt, dropout_rate=rate)
     ref = flash.reference_attention(q, k, v, lengths, salt=salt, dropout_rate=rate)
-    np.testing.assert_allclose(out, ref, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(out, ref, **close(atol=2e-6, rtol=1e-5))
     g_ours = jax.grad(lambda *a: loss(ours, *a), argnums=(0, 1, 2))(q, k, v)
     g_ref = jax.grad(lambda *a: loss(flash.reference_attention, *a), argnums=(0, 1, 2))(q, k, v)
     for a, b in zip(g_ours, g_ref, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(a, b, **close(atol=1e-5, rtol=1e-4))
 
 
 @pytest.mark.parametrize("blocks", range(len(BLOCKS)))
@@ -79,10 +80,10 @@ def test_flash_with_projection_biases(blocks):
                                                        salt=salt, dropout_rate=0.1))
 
     args = (q, k, v, *biases)
-    np.testing.assert_allclose(ours(*args), ref(*args), rtol=1e-5)
+    np.testing.assert_allclose(ours(*args), ref(*args), **close(rtol=1e-5))
     for a, b in zip(jax.grad(ours, range(6))(*args), jax.grad(ref, range(6))(*args),
                     strict=True):
-        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(a, b, **close(atol=2e-5, rtol=1e-4))
     with pytest.raises(ValueError, match="qkv_bias"):
         flash.flash_attention(q, k, v, lengths, qkv_bias=biases[:2])
 
@@ -107,7 +108,7 @@ def test_packed_equals_separate_query_key_value(blocks):
             qkv_bias=tuple(b), **BLOCKS[blocks]))
 
     qkv = jnp.stack([q, k, v], axis=2)
-    np.testing.assert_allclose(packed(qkv, bias), separate(qkv, bias), rtol=1e-6)
+    np.testing.assert_allclose(packed(qkv, bias), separate(qkv, bias), **close(rtol=1e-6))
     for a, b in zip(jax.grad(packed, (0, 1))(qkv, bias), jax.grad(separate, (0, 1))(qkv, bias),
                     strict=True):
         assert a.shape == b.shape
@@ -117,7 +118,7 @@ def test_packed_equals_separate_query_key_value(blocks):
     out = flash.flash_attention_packed(qkv, lengths, salt=salt, dropout_rate=0.1,
                                        **BLOCKS[blocks])
     ref = flash.reference_attention(q, k, v, lengths, salt=salt, dropout_rate=0.1)
-    np.testing.assert_allclose(out, ref, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(out, ref, **close(atol=2e-6, rtol=1e-5))
     with pytest.raises(ValueError, match=r"\[batch, seq, 3, heads, head_dim\]"):
         flash.flash_attention_packed(q, lengths)
     with pytest.raises(ValueError, match="packed qkv_bias"):
@@ -130,7 +131,7 @@ def test_flash_bfloat16_close_to_float32():
     out = flash.flash_attention(*bf, lengths, salt=salt, dropout_rate=0.1)
     assert out.dtype == jnp.bfloat16
     ref = flash.reference_attention(*bf, lengths, salt=salt, dropout_rate=0.1)
-    np.testing.assert_allclose(out.astype(np.float32), ref.astype(np.float32), atol=3e-2)
+    np.testing.assert_allclose(out.astype(np.float32), ref.astype(np.float32), **close(atol=3e-2))
 
 
 def test_dropout_changes_output_and_padding_is_ignored():
@@ -143,7 +144,7 @@ def test_dropout_changes_output_and_padding_is_ignored():
     k2 = k.at[1, n:].set(100.0)
     v2 = v.at[1, n:].set(-100.0)
     again = flash.flash_attention(q, k2, v2, lengths, salt=salt, dropout_rate=0.1)
-    np.testing.assert_allclose(again, dropped, atol=1e-6)
+    np.testing.assert_allclose(again, dropped, **close(atol=1e-6))
 
 
 @pytest.mark.parametrize("mask_hash", ["rowcol", "flat"])
@@ -173,13 +174,13 @@ def test_flat_hash_matches_reference(blocks):
     kw = dict(salt=salt, dropout_rate=0.3, mask_hash="flat")
     ours = lambda *a: flash.flash_attention(*a, lengths, **kw, **BLOCKS[blocks])  # noqa: E731
     ref = lambda *a: flash.reference_attention(*a, lengths, **kw)  # noqa: E731
-    np.testing.assert_allclose(ours(q, k, v), ref(q, k, v), atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(ours(q, k, v), ref(q, k, v), **close(atol=2e-6, rtol=1e-5))
     assert float(jnp.abs(ours(q, k, v) - flash.flash_attention(
         q, k, v, lengths, salt=salt, dropout_rate=0.3)).max()) > 1e-2  # rowcol differs
     g_ours = jax.grad(lambda *a: jnp.sum(ours(*a) * cot), argnums=(0, 1, 2))(q, k, v)
     g_ref = jax.grad(lambda *a: jnp.sum(ref(*a) * cot), argnums=(0, 1, 2))(q, k, v)
     for a, b in zip(g_ours, g_ref, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(a, b, **close(atol=1e-5, rtol=1e-4))
 
 
 def test_unsupported_shapes_and_missing_salt_are_refused():
@@ -212,7 +213,7 @@ def test_dropout_attention_split_over_mesh_equals_one_device():
     # A function of its own: jit's trace cache does not see the entered mesh.
     sharded = jax.jit(parallel.traced_in_mesh(lambda *a: run(*a), mesh,
                                               parallel.DEFAULT_RULES))(q, k, v, lengths)
-    np.testing.assert_allclose(sharded, single, atol=1e-6)
+    np.testing.assert_allclose(sharded, single, **close(atol=1e-6))
 
 
 def test_flash_biases_split_over_mesh_equal_one_device():
@@ -234,9 +235,9 @@ def test_flash_biases_split_over_mesh_equal_one_device():
     mesh = parallel.create_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     sharded = jax.jit(parallel.traced_in_mesh(jax.value_and_grad(
         lambda *a: loss(*a), range(6)), mesh, parallel.DEFAULT_RULES))(*args)
-    np.testing.assert_allclose(sharded[0], single[0], rtol=1e-5)
+    np.testing.assert_allclose(sharded[0], single[0], **close(rtol=1e-5))
     for a, b in zip(sharded[1], single[1], strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(a, b, **close(atol=1e-5, rtol=1e-5))
 
 
 def test_packed_split_over_mesh_equals_one_device():
@@ -259,14 +260,14 @@ def test_packed_split_over_mesh_equals_one_device():
     mesh = parallel.create_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     sharded = jax.jit(parallel.traced_in_mesh(jax.value_and_grad(
         lambda *a: loss(*a), (0, 1)), mesh, parallel.DEFAULT_RULES))(qkv, bias)
-    np.testing.assert_allclose(sharded[0], single[0], rtol=1e-5)
+    np.testing.assert_allclose(sharded[0], single[0], **close(rtol=1e-5))
     for a, b in zip(sharded[1], single[1], strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(a, b, **close(atol=1e-5, rtol=1e-5))
     # The explicit implementation takes the slices (and adds the bias) instead.
     explicit = dropout_attention_packed(qkv, lengths, dropout_rng=rng, dropout_rate=0.0,
                                         implementation="explicit", qkv_bias=bias)
     ref = flash.reference_attention(q + bias[0], k + bias[1], v + bias[2], lengths)
-    np.testing.assert_allclose(explicit, ref, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(explicit, ref, **close(atol=2e-6, rtol=1e-5))
 
 
 # Loss and gradients of two float32 summation orders (tests/float_sums.py): per layer, the
@@ -302,7 +303,7 @@ def test_model_packed_projection_equals_split(bias_grads):
     params, loss = _tiny_training_loss(cfg)
     packed = jax.value_and_grad(functools.partial(loss, qkv_projection="packed"))(params)
     split = jax.value_and_grad(functools.partial(loss, qkv_projection="split"))(params)
-    np.testing.assert_allclose(packed[0], split[0], rtol=1e-6)
+    np.testing.assert_allclose(packed[0], split[0], **close(rtol=1e-6))
     bias_grad = packed[1]["params"]["encoder"]["layer_0"]["attention"]["qkv"]["bias"]
     assert float(jnp.abs(nn.unbox(bias_grad)).max()) > 0
     for a, b in zip(jax.tree.leaves(packed[1]), jax.tree.leaves(split[1]), strict=True):
@@ -322,7 +323,7 @@ def test_model_bias_gradients_from_the_kernel_equal_xla_sums():
     params, loss = _tiny_training_loss(cfg)
     in_kernel = jax.value_and_grad(loss)(params)
     with_xla = jax.value_and_grad(functools.partial(loss, flash_bias_grads=False))(params)
-    np.testing.assert_allclose(in_kernel[0], with_xla[0], rtol=1e-6)
+    np.testing.assert_allclose(in_kernel[0], with_xla[0], **close(rtol=1e-6))
     bias_grad = in_kernel[1]["params"]["encoder"]["layer_0"]["attention"]["qkv"]["bias"]
     assert float(jnp.abs(nn.unbox(bias_grad)).max()) > 0  # trained through the kernel's sums
     for a, b in zip(jax.tree.leaves(in_kernel[1]), jax.tree.leaves(with_xla[1]), strict=True):
@@ -354,7 +355,7 @@ def test_model_trains_through_flash():
     g_flash = jax.grad(loss)(params, "flash", 1e-6)
     g_explicit = jax.grad(loss)(params, "explicit", 1e-6)
     for a, b in zip(jax.tree.leaves(g_flash), jax.tree.leaves(g_explicit), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+        np.testing.assert_allclose(a, b, **close(atol=1e-5))
 
 
 @pytest.mark.parametrize("remat", ["none", "dots"])
@@ -366,7 +367,7 @@ def test_flash_under_scan_and_remat(remat):
     grads = jax.jit(jax.grad(functools.partial(loss, remat_policy=remat)))(params)
     reference = jax.jit(jax.grad(functools.partial(loss, remat_policy="none")))(params)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(reference), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6)
+        np.testing.assert_allclose(a, b, **close(atol=1e-6))
         assert bool(jnp.all(jnp.isfinite(a)))
 
 
@@ -428,9 +429,9 @@ def test_segment_ids_match_reference(blocks):
     args = (q, k, v, *biases)
     (_, out), grads = jax.value_and_grad(ours, range(6), has_aux=True)(*args)
     (_, want), want_grads = jax.value_and_grad(ref, range(6), has_aux=True)(*args)
-    np.testing.assert_allclose(out, want, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(out, want, **close(atol=2e-6, rtol=1e-5))
     for a, b in zip(grads, want_grads, strict=True):
-        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(a, b, **close(atol=2e-5, rtol=1e-4))
     padding = np.asarray(ids) == 0
     assert float(jnp.abs(out[padding]).max()) == 0.0
     assert float(jnp.abs(grads[0][padding]).max()) == 0.0
@@ -461,10 +462,10 @@ def test_packed_qkv_with_segment_ids_matches_reference(blocks):
                                                        qkv[:, :, 2], lengths, **kw))
 
     qkv = jnp.stack([q, k, v], axis=2)
-    np.testing.assert_allclose(packed(qkv, bias), ref(qkv, bias), rtol=1e-5)
+    np.testing.assert_allclose(packed(qkv, bias), ref(qkv, bias), **close(rtol=1e-5))
     for a, b in zip(jax.grad(packed, (0, 1))(qkv, bias), jax.grad(ref, (0, 1))(qkv, bias),
                     strict=True):
-        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(a, b, **close(atol=2e-5, rtol=1e-4))
     with pytest.raises(ValueError, match="segment_ids"):
         flash.flash_attention_packed(qkv, lengths, segment_ids=ids[:, :32])
 
@@ -497,13 +498,13 @@ def test_reference_with_segment_ids_is_attention_per_example():
         alone = flash.reference_attention(q[row:row + 1, start:start + n],
                                           k[row:row + 1, start:start + n],
                                           v[row:row + 1, start:start + n], jnp.array([n]))
-        np.testing.assert_allclose(out[row, start:start + n], alone[0], atol=1e-6)
+        np.testing.assert_allclose(out[row, start:start + n], alone[0], **close(atol=1e-6))
     assert float(jnp.abs(out[0, 50:]).max()) == 0.0
     single = (jnp.arange(64)[None, :] < lengths[:, None]).astype(jnp.int32)
     with_ids = flash.reference_attention(q, k, v, lengths, segment_ids=single)
     plain = flash.reference_attention(q, k, v, lengths)
     real = np.asarray(single, bool)
-    np.testing.assert_allclose(with_ids[real], plain[real], atol=1e-6)
+    np.testing.assert_allclose(with_ids[real], plain[real], **close(atol=1e-6))
     assert float(jnp.abs(with_ids[~real]).max()) == 0.0
 
 
