@@ -31,3 +31,18 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _xla_cache
     atexit.register(shutil.rmtree, _xla_cache, ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest first: the TPU compile group, the multi-process tests and the tests marked slow
+    start before the rest, so that with several xdist workers no long test starts last and
+    runs alone while the other workers sit idle (the order within each rank is kept)."""
+
+    def rank(item) -> int:
+        if item.get_closest_marker("xdist_group"):
+            return 0
+        if item.get_closest_marker("multiprocess") or item.get_closest_marker("slow"):
+            return 1
+        return 2
+
+    items.sort(key=rank)

@@ -54,6 +54,7 @@ def _losses(mesh_sizes, devices, steps=3, *overrides):
     return losses, state
 
 
+@pytest.mark.slow
 def test_same_losses_on_every_mesh_and_params_sharded_by_rules():
     # The partitioner's reduction draws the same dropout masks on every mesh (the explicit one
     # draws per device: test_explicit_reduction_reduces_the_tied_embeddings_once).
@@ -127,6 +128,7 @@ def test_fsdp_gathers_parameters_not_activations():
     assert (64, 64) in gathered  # the MLP kernels ([64, 64]) are gathered
 
 
+@pytest.mark.slow
 def test_param_gather_in_compute_dtype():
     """parallel.param_gather=compute_dtype: matmul kernels are cast to bf16 under their own
     (fsdp) sharding before use, so the gathers move bf16; embeddings stay float32; the loss is
@@ -186,6 +188,7 @@ def _reductions(compiled, shape) -> list[tuple[str, int]]:
             if r["shape"] == shape and r["collective"] != "all-gather"]
 
 
+@pytest.mark.slow
 def test_explicit_reduction_reduces_the_tied_embeddings_once():
     """Data parallel: XLA's partitioner all-reduces the word-embedding gradient twice (the
     lookup's and the MLM decoder's contributions, then adds them); the explicit reduction
@@ -237,6 +240,7 @@ def test_fsdp_reduces_the_tied_embeddings_once():
         parallel.grad_reduction(mesh, rules, training.state_shardings.params, "psum")
 
 
+@pytest.mark.slow
 def test_explicit_reduction_sums_kernels_in_the_compute_dtype():
     """bf16 compute: the explicit psum carries matmul kernels in bf16 (as the partitioner's
     all-reduces at their gradient matmuls do) and the rest in float32; the losses stay those

@@ -23,6 +23,7 @@ TINY = ["--model", "tiny", "--seq-len", "32", "--batch-size", "8", "--steps", "2
         "--repeats", "1", "--warmup", "1", "--peak-size", "128"]
 
 
+@pytest.mark.slow
 def test_pretrain_record_and_fsdp_shards_state(tmp_path):
     r = bench_pretrain.main(TINY + ["--out", str(tmp_path), "--mesh", "fsdp", "--devices", "4"])
     assert math.isfinite(r["loss"]) and r["skipped_steps"] == 0
@@ -121,6 +122,7 @@ def _tiny_training():
     return training, batch
 
 
+@pytest.mark.slow
 def test_cond_skip_step_matches_engine_and_skips_non_finite():
     from bench.levers import make_cond_skip_train_step
 

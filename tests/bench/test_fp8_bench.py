@@ -7,8 +7,11 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 from bench import fp8 as bench_fp8
+
+pytestmark = pytest.mark.slow
 
 VOCAB, BATCHES, BATCH, SEQ, PREDS = 100, 5, 8, 32, 5
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench import packing as bench_packing
 from tests.finetune import helpers as H
+
+pytestmark = pytest.mark.slow
 
 
 def test_packing_bench_records(tmp_path):

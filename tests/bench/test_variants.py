@@ -14,6 +14,8 @@ import pytest
 from bench import variants, variants_prep
 from bench.common import REPO
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("tensorflow")
 
 TINY = ["--model", "tiny", "--vocab-size", "300", "--batch-size", "8", "--seq-len", "32",

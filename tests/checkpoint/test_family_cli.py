@@ -21,6 +21,8 @@ from bert_jax.checkpoint import store
 from bert_jax.cli import main
 from tests.finetune import helpers as H
 
+pytestmark = pytest.mark.slow
+
 FAMILIES = ("roberta", "albert", "electra", "distilbert")
 SIZE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
             attn_implementation="eager")

@@ -18,6 +18,8 @@ from bert_jax.modeling.heads import BertForSequenceClassification
 from bert_jax.tasks import trainer
 from tests.finetune import helpers as H
 
+pytestmark = pytest.mark.slow
+
 FAST = ["--config.max_seq_length=32", "--config.log_every=0", "--config.eval_batch_size=32"]
 
 

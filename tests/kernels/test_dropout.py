@@ -118,6 +118,7 @@ def test_module_deterministic_zero_rate_and_bad_implementation():
 
 
 @pytest.mark.parametrize("impl", ["hash", "prng"])
+@pytest.mark.slow
 def test_model_training_path(impl):
     """Dropout is active and seeded: the same key gives the same output, another key another;
     gradients are finite; scan + remat recompute the same masks (equal gradients)."""

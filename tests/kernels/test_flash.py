@@ -43,9 +43,11 @@ BLOCKS = [dict(backward="fused"), dict(block_q=32, block_k=16, block_q_bwd=16, b
           dict(block_q_bwd=16, block_k_bwd=32, dq_kernel=(16, 32, 4, 2), backward="split")]
 
 
-@pytest.mark.parametrize("rate", [0.0, 0.1, 0.5])
+@pytest.mark.parametrize("rate", [0.0, 0.5])
 @pytest.mark.parametrize("blocks", range(len(BLOCKS)))
 def test_flash_matches_reference_forward_and_gradients(rate, blocks):
+    """No dropout and a high rate on every tiling (rate 0.1, the default: the bias test
+    below, on every tiling too)."""
     q, k, v, lengths, salt = _inputs(blocks)
     cot = jax.random.normal(jax.random.key(9), q.shape)
 

@@ -17,6 +17,8 @@ from bert_jax.config import BertConfig
 from bert_jax.data import packing
 from bert_jax.modeling.heads import BertForSequenceClassification
 
+pytestmark = pytest.mark.slow
+
 SEQ = 16
 TINY = BertConfig(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=48, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,

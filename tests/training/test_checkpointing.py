@@ -30,6 +30,7 @@ def train_losses(workdir) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(workdir)}
 
 
+@pytest.mark.slow
 def test_resume_onto_another_mesh_matches_uninterrupted(tmp_path):
     full = tmp_path / "full"
     train_and_evaluate(small_config(*RUN, "--config.num_train_steps=6", "--config.peak_tflops=1.0",
@@ -60,6 +61,7 @@ def test_resume_onto_another_mesh_matches_uninterrupted(tmp_path):
     assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape == (256, 32)
 
 
+@pytest.mark.slow
 def test_init_checkpoint_loads_another_runs_params(tmp_path):
     source = tmp_path / "phase1"
     train_and_evaluate(small_config(*RUN, "--config.num_train_steps=3"), str(source))

@@ -100,6 +100,7 @@ def test_missing_held_out_data_is_an_error_at_start(tmp_path):
                             "--config.data.source=tfrecord"))
 
 
+@pytest.mark.slow
 def test_synthetic_run_is_announced_and_recorded(tmp_path, capsys):
     train_and_evaluate(small_config("--config.num_train_steps=1", "--config.eval_steps=0",
                                     "--config.optimizer.warmup_steps=0"),
@@ -110,6 +111,7 @@ def test_synthetic_run_is_announced_and_recorded(tmp_path, capsys):
     assert extra["experiment"]["data"]["source"] == "synthetic"
 
 
+@pytest.mark.slow
 def test_failed_final_evaluation_keeps_the_trained_steps(tmp_path, monkeypatch, capsys):
     real = loop.make_batches
 

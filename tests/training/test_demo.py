@@ -12,6 +12,8 @@ from xla_env import cpu_flags
 
 from bert_jax.checkpoint import store
 
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytest.importorskip("tensorflow")

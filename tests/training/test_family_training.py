@@ -18,6 +18,8 @@ from bert_jax.training.setup import build_training
 
 from .helpers import EXPERIMENT, SMALL, small_config
 
+pytestmark = pytest.mark.slow
+
 NO_DROPOUT = ("--config.model.hidden_dropout_prob=0.0",
               "--config.model.attention_probs_dropout_prob=0.0")
 

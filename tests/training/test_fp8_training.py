@@ -97,6 +97,7 @@ def test_fp8_step_trains_and_keeps_the_scaling_state_apart(plain_steps):
         np.testing.assert_array_equal(value, histories[5][key], err_msg=key)
 
 
+@pytest.mark.slow
 def test_microbatches_pass_the_scaling_state_on(plain_steps, scanned_microbatch_steps):
     full, batch = plain_steps
     state_full = full.init_state(jax.random.PRNGKey(0))

@@ -9,10 +9,13 @@ import sys
 import time
 
 import numpy as np
+import pytest
 from xla_env import cpu_flags
 
 from .helpers import EXPERIMENT, SMALL
 from .test_checkpointing import train_losses
+
+pytestmark = pytest.mark.slow
 
 # decay_steps fixed so that runs of different lengths share one learning-rate schedule.
 RUN = [*SMALL, "--config.log_every=1", "--config.checkpoint.every_steps=4",
