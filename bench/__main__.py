@@ -26,12 +26,14 @@ SUITES: dict[str, tuple[str, str | dict[str, tuple[str, str]]]] = {
     }),
     "profile": ("a profiler trace of one step, per kernel and category", "bench.profile_step"),
     "roofline": ("the FLOP + byte floor of a step and the MFU a target needs", "bench.roofline"),
-    "quality": ("fine-tuning quality against transformers, end-to-end reports", {
+    "quality": ("training quality against transformers, end-to-end reports", {
         "finetune": ("GLUE / CoNLL / SQuAD fine-tuning, bert-jax and transformers",
                      "bench.quality_finetune"),
         "peer": ("the transformers side of one fine-tuning run", "bench.peer_finetune_hf"),
         "e2e": ("tables and plots of the end-to-end run (docs/results.md)",
                 "bench.e2e_report"),
+        "demo": ("the demo's pretraining repeated by transformers on the same batches",
+                 "bench.demo_peer"),
     }),
     "packing": ("effective tokens/s of the pretraining and fine-tuning steps, packed rows "
                 "against one example a row", "bench.packing"),

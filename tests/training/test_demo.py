@@ -2,8 +2,10 @@
 report (baseline, PNG, fill-mask), and the workdir loads as a model checkpoint with its
 tokenizer."""
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -50,3 +52,15 @@ def test_demo_script_runs_end_to_end(tmp_path):
     assert tokenizer is not None and tokenizer.vocab_size == config.vocab_size == 600
     assert extra["experiment"]["data"]["source"] == "tfrecord"
     assert sorted(os.listdir(workdir / "checkpoints")) == ["12", "6"]
+    if importlib.util.find_spec("transformers") is None:
+        return
+    # `python -m bench quality demo`: transformers trained on the same batches, and the run's
+    # checkpoint scored on the held-out batches the report used.
+    from bench import demo_peer
+
+    record = demo_peer.main([str(workdir), "--steps", "2", "--out", str(tmp_path / "q")])
+    printed = re.search(r"\[MASK\] positions alone: ([0-9.]+)", done.stdout).group(1)
+    assert f"{record['bert_jax']['mask_accuracy']:.3f}" == printed
+    assert record["steps"] == 2 and record["bert_jax_steps"] == 12
+    for side in ("bert_jax", "transformers"):
+        assert record[side]["mask_tokens"] > 0 and 0 < record[side]["loss"] < 10
