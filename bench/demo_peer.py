@@ -1,5 +1,7 @@
-"""The demo's pretraining run repeated by Hugging Face transformers (PyTorch, CPU): the same
-batches, model size and optimizer, scored on the same held-out batches as bert-jax's model.
+"""The demo's pretraining repeated by Hugging Face transformers on the same batches.
+
+transformers (PyTorch, CPU) gets the same batches, model size and optimizer, and is scored on
+the same held-out batches as bert-jax's model.
 
 It answers whether a weak demo result is bert-jax's or the recipe's: a same-size
 ``BertForPreTraining`` trained on the batches the run's data pipeline yields (same seed, same
