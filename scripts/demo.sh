@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # make demo: raw text -> SentencePiece tokenizer -> pretraining data -> pretrain a tiny BERT on
-# the CPU (about 3 minutes of CPU time on 2 cores), then show what it learned: what it was
+# the CPU (about 5 minutes on 2 cores), then show what it learned: what it was
 # trained on, held-out masked-LM accuracy and loss against the unigram baseline (also at the
 # [MASK] positions alone), a PNG of the curves, and fill-mask predictions.
 #
 #   scripts/demo.sh [CORPUS ...]      text files or directories (default: bert_jax/demo_data)
 #
 # Environment: DEMO_DIR (output root, default demo_workdir), DEMO_STEPS (default: the demo
-# experiment's 800), DEMO_VOCAB (default 2000), DEMO_EXTRA (extra --config.key=value overrides).
+# experiment's 2400), DEMO_VOCAB (default 2000), DEMO_EXTRA (extra --config.key=value overrides).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
