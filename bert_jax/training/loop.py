@@ -189,6 +189,7 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
     training = build_training(config, model_cfg, mesh)
     abstract_state, state_shardings = training.abstract_state, training.state_shardings
     seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
+    pair_head = config_lib.pair_head(config)
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
     replicated = parallel.replicated(mesh)
     abstract_rng = jax.ShapeDtypeStruct(dropout_rng.shape, dropout_rng.dtype,
@@ -234,7 +235,8 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
             batches.close()
         if totals is None:
             return {}
-        return {k: float(v) for k, v in summarize(jax.device_get(totals)).items()}
+        return _reported({k: float(v) for k, v in summarize(jax.device_get(totals)).items()},
+                         pair_head)
 
     source = make_batches(config, "train", batch_size=local_batch,
                           vocab_size=model_cfg.vocab_size, process_index=jax.process_index(),
@@ -291,7 +293,7 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
                     progress.update(1)
                 at_end = step == total_steps
                 if step % config.log_every == 0 or at_end:
-                    logged = _fetch(pending, state)
+                    logged = _reported(_fetch(pending, state), pair_head)
                     pending = []
                     now = time.perf_counter()
                     if step > last_step:
@@ -386,6 +388,17 @@ def _exit_on_lost_peer(error: Exception, step: int, directory: str) -> None:
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(EXIT_LOST_PEER)
+
+
+# The sentence-pair head's metrics: zero without the head (objectives mlm, sbo, electra,
+# distill), and then left out of the logs, metrics.jsonl and the result.
+PAIR_METRICS = ("nsp_loss", "nsp_accuracy")
+
+
+def _reported(metrics: dict[str, float], pair_head: bool) -> dict[str, float]:
+    if pair_head:
+        return metrics
+    return {k: v for k, v in metrics.items() if k not in PAIR_METRICS}
 
 
 def _fetch(pending: list[dict[str, jax.Array]], state: TrainState) -> dict[str, float]:

@@ -48,6 +48,8 @@ def test_demo_script_runs_end_to_end(tmp_path):
     with open(workdir / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]
     assert [r["step"] for r in records if r["split"] == "train"] == [4, 8, 12]
+    # masked-LM only: no sentence-pair metrics (they would be zeros) in the logs
+    assert records and not any(k.startswith("nsp_") for r in records for k in r)
     params, config, tokenizer, extra = store.load_model(str(workdir))
     assert tokenizer is not None and tokenizer.vocab_size == config.vocab_size == 600
     assert extra["experiment"]["data"]["source"] == "tfrecord"
