@@ -120,8 +120,8 @@ def pretrain_lines(rows: list[dict[str, Any]]) -> list[str]:
         e = by_step.get(step)
         held = (f"{e['mlm_accuracy']:.3f} | {e['nsp_accuracy']:.3f}" if e and
                 "nsp_accuracy" in e else "– | –")
-        lines.append(f"| {step} | {t['loss']:.3f} | {t['mlm_accuracy']:.3f} | "
-                     f"{t['nsp_accuracy']:.3f} | {held} |")
+        nsp = f"{t['nsp_accuracy']:.3f}" if "nsp_accuracy" in t else "–"
+        lines.append(f"| {step} | {t['loss']:.3f} | {t['mlm_accuracy']:.3f} | {nsp} | {held} |")
     if steady:
         mfu = [r["mfu"] for r in train if "mfu" in r]
         lines += ["", f"Throughput: {statistics.median(steady):,.0f} sequences/s (median of the "
@@ -210,7 +210,8 @@ def plot_pretraining(rows: list[dict[str, Any]], path: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(10, 2.8), dpi=80)
     for ax, key, title in zip(axes, ("loss", "mlm_accuracy", "nsp_accuracy"),
                               ("loss (MLM + NSP)", "MLM accuracy", "NSP accuracy"), strict=True):
-        ax.plot([r["step"] for r in train], [r[key] for r in train], label="train", lw=1.2)
+        ax.plot([r["step"] for r in train if key in r], [r[key] for r in train if key in r],
+                label="train", lw=1.2)
         held = [r for r in evals if key in r]
         if held:
             ax.plot([r["step"] for r in held], [r[key] for r in held], "o-", ms=3,
