@@ -35,30 +35,6 @@ def _experiment(workdir: str):
         return ml_collections.ConfigDict(json.load(f)["experiment"])
 
 
-def _score(logits_fn, batches, mask_id: int, vocab_size: int) -> dict[str, float]:
-    """Held-out accuracy and loss at all masked positions and at the [MASK] positions alone;
-    ``logits_fn(batch)`` -> float [batch, predictions, >= vocab_size] at the masked
-    positions."""
-    right = total = mask_right = mask_total = 0
-    nll = 0.0
-    for batch in batches:
-        logits = np.asarray(logits_fn(batch), np.float64)[..., :vocab_size]
-        targets, weights = batch["masked_lm_ids"], batch["masked_lm_weights"] > 0
-        shown = np.take_along_axis(batch["input_ids"], batch["masked_lm_positions"], axis=1)
-        at_mask = weights & (shown == mask_id)
-        log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) \
-            + logits.max(-1)
-        target_logit = np.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-        correct = logits.argmax(-1) == targets
-        right += int((correct & weights).sum())
-        total += int(weights.sum())
-        mask_right += int((correct & at_mask).sum())
-        mask_total += int(at_mask.sum())
-        nll += float(((log_z - target_logit) * weights).sum())
-    return {"accuracy": right / max(total, 1), "loss": nll / max(total, 1),
-            "mask_accuracy": mask_right / max(mask_total, 1), "mask_tokens": mask_total}
-
-
 def _hf_model(torch, config, dropout: float, attention_dropout: float):
     from transformers import BertConfig as HFConfig
     from transformers import BertForPreTraining
@@ -145,27 +121,15 @@ def main(argv=None) -> dict:
     import jax
     import torch
 
-    from bert_jax.checkpoint import store
-    from bert_jax.modeling import BertForPreTraining
     from bert_jax.tokenization import load_tokenizer
-    from bert_jax.training.inputs import make_batches
+    from bert_jax.training.heldout import checkpoint_logits, eval_batches, masked_lm_scores
 
     experiment = _experiment(args.workdir)
     tokenizer = load_tokenizer(os.path.join(args.workdir, "tokenizer"))
-    params, config, _, _ = store.load_model(args.workdir)
+    logits_fn, config = checkpoint_logits(args.workdir)
     steps = args.steps or experiment.num_train_steps
-    evals = list(zip(range(experiment.eval_steps), make_batches(
-        experiment, "eval", batch_size=experiment.global_batch_size,
-        vocab_size=config.vocab_size, process_index=0, process_count=1,
-        tokenizer=tokenizer), strict=False))
-    evals = [batch for _, batch in evals]
-
-    ours = BertForPreTraining(config, pair_head="nsp" in params,
-                              add_pooler="pooler" in params["bert"])
-    apply = jax.jit(lambda p, b: ours.apply(
-        {"params": p}, b["input_ids"], b["input_mask"], b["segment_ids"],
-        b["masked_lm_positions"])["mlm_logits"])
-    bert_jax = _score(lambda b: apply(params, b), evals, tokenizer.mask_id, config.vocab_size)
+    evals = eval_batches(experiment, config.vocab_size, tokenizer)
+    bert_jax = masked_lm_scores(logits_fn, evals, tokenizer.mask_id, config.vocab_size)
 
     peer, seconds = train_peer(experiment, config, tokenizer, steps)
 
@@ -176,7 +140,8 @@ def main(argv=None) -> dict:
                           token_type_ids=t["segment_ids"]).prediction_logits.numpy()
         return np.take_along_axis(logits, batch["masked_lm_positions"][..., None], axis=1)
 
-    transformers = _score(peer_logits, evals, tokenizer.mask_id, config.vocab_size)
+    transformers = masked_lm_scores(peer_logits, evals, tokenizer.mask_id,
+                                    config.vocab_size)
     import transformers as hf
 
     record = {

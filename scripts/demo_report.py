@@ -14,12 +14,12 @@ import os
 import re
 
 import ml_collections
-import numpy as np
 
 from bert_jax.cli import QUIET_ENVIRONMENT
 from bert_jax.tokenization import load_tokenizer
 from bert_jax.tpu.topologies import quiet_libtpu_without_tpus
 from bert_jax.training.baseline import unigram_baseline
+from bert_jax.training.heldout import checkpoint_logits, eval_batches, masked_lm_scores
 from bert_jax.training.plot import plot_metrics, read_records
 
 # Prompts for the packaged corpus (bert_jax/demo_data), each with the phrase of the training
@@ -94,35 +94,12 @@ def mask_position_accuracy(workdir: str, experiment: ml_collections.ConfigDict,
     """Held-out accuracy where the input shows [MASK] (``data.mask_token_fraction`` of the
     masked positions; the rest are left unchanged or replaced at random, and an unchanged token
     can simply be copied): the model's, and the unigram baseline's on the same positions."""
-    import jax
-
-    from bert_jax.checkpoint import store
-    from bert_jax.modeling import BertForPreTraining
-    from bert_jax.training.inputs import make_batches
-
-    params, config, _, _ = store.load_model(workdir)
-    model = BertForPreTraining(config, pair_head="nsp" in params,
-                               add_pooler="pooler" in params["bert"])
-    # [batch, predictions, vocab]: the logits at the masked positions only
-    apply = jax.jit(lambda p, ids, mask, seg, positions: model.apply(
-        {"params": p}, ids, mask, seg, positions)["mlm_logits"])
-    right = baseline_right = total = 0
-    for _, batch in zip(range(experiment.eval_steps),
-                        make_batches(experiment, "eval", batch_size=experiment.global_batch_size,
-                                     vocab_size=config.vocab_size, process_index=0,
-                                     process_count=1, tokenizer=tokenizer), strict=False):
-        positions = batch["masked_lm_positions"]
-        logits = np.asarray(apply(params, batch["input_ids"], batch["input_mask"],
-                                  batch["segment_ids"], positions))
-        shown = np.take_along_axis(np.asarray(batch["input_ids"]), positions, axis=1)
-        keep = (batch["masked_lm_weights"] > 0) & (shown == tokenizer.mask_id)
-        predicted = logits[..., :config.vocab_size].argmax(-1)
-        targets = batch["masked_lm_ids"]
-        right += int(((predicted == targets) & keep).sum())
-        baseline_right += int(((targets == most_frequent_id) & keep).sum())
-        total += int(keep.sum())
-    return {"model": right / max(total, 1), "baseline": baseline_right / max(total, 1),
-            "tokens": total}
+    logits_fn, config = checkpoint_logits(workdir)
+    scores = masked_lm_scores(logits_fn, eval_batches(experiment, config.vocab_size, tokenizer),
+                              tokenizer.mask_id, config.vocab_size,
+                              baseline_id=most_frequent_id)
+    return {"model": scores["mask_accuracy"], "baseline": scores["mask_baseline_accuracy"],
+            "tokens": scores["mask_tokens"]}
 
 
 def main() -> int:
