@@ -233,6 +233,17 @@ class BertConfig:
                                f"{sorted(f.name for f in dataclasses.fields(self))}")
         return dataclasses.replace(self, **changes)
 
+    def with_xla_kernels(self, only_auto: bool = False) -> BertConfig:
+        """This model with its kernel choices on XLA's own ops (no Pallas kernel, no cuDNN
+        attention); ``only_auto``: only the choices left to ``auto``. The parameters and
+        their initial values are the same. Such programs trace, lower, compile and load
+        faster: what a short run or one that only initialises parameters needs
+        (``model.init`` traces a forward pass that the program then drops)."""
+        xla = {"attention_impl": "xla", "dropout_attention_impl": "explicit",
+               "layer_norm_impl": "two_stage", "fused_gelu": "off", "fused_mlm_loss": "off"}
+        return self.replace(**{k: v for k, v in xla.items()
+                               if not only_auto or getattr(self, k) == "auto"})
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -90,7 +90,9 @@ def merge_pretrained(init_params: Params, pretrained: Params, dont_load: tuple[s
         if np.shape(value) != want:
             raise BertJaxError(f"parameter {path}: checkpoint shape {np.shape(value)} does not "
                                f"match the model's {want}")
-        flat_init[path] = np.asarray(value).astype(np.asarray(flat_init[path]).dtype)
+        fresh = flat_init[path]  # an array, or a ShapeDtypeStruct (not initialised yet)
+        dtype = fresh.dtype if hasattr(fresh, "dtype") else np.asarray(fresh).dtype
+        flat_init[path] = np.asarray(value).astype(dtype)
     return _unflatten(flat_init), sorted(unused)
 
 

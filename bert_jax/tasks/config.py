@@ -126,8 +126,18 @@ def base_config() -> ml_collections.ConfigDict:
     # all-MiniLM-L6-v2), which costs more than the padding it saves on a GLUE-sized task
     # (docs/performance.md, "Fine-tuning end to end"). 0: every bucket.
     c.length_bucket_min_sequences = 200_000
+    # The kernel choices the model config leaves to `auto` (attention_impl,
+    # dropout_attention_impl, layer_norm_impl, fused_gelu) take bert-jax's Pallas kernels and
+    # cuDNN's attention only in a run that trains at least this many sequences (rows x
+    # epochs), else XLA's own ops: those pay for their tracing, lowering and loading (about
+    # 5 s a run for all-MiniLM-L6-v2 on an H100) only over a long run. 0: always the kernels.
+    c.kernel_min_sequences = 200_000
     # Compiled programs kept in $BERT_JAX_CACHE/xla (bert_jax/compilation_cache.py).
     c.compilation_cache = True
+    # Every program of the run (the train step and the predict step at each length bucket)
+    # compiles as soon as the train state exists, several at once in background threads,
+    # instead of each at its first call, one after another. Same programs either way.
+    c.compile_ahead = True
     # A tqdm bar with ETA over all steps (process 0); train loss and dev metrics also go to
     # WORKDIR/tensorboard/ and WORKDIR/metrics.jsonl.
     c.progress_bar = True

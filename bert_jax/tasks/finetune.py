@@ -114,15 +114,18 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task,
         else build_finetuner(task, config, model_cfg, total_steps, train_feats["input_mask"],
                              config.epochs)
     init_rng, dropout_rng = run_rngs(config.seed)
-    params = finetuner.init_params(init_rng)
-    if pretrained is not None:
-        merged, lines = merge_encoder(jax.device_get(params), pretrained, model_cfg)
+    if pretrained is None:
+        params = finetuner.init_params(init_rng)
+    else:  # only what the checkpoint lacks is initialised
+        merged, lines = merge_encoder(finetuner.abstract_params, pretrained, model_cfg)
         report += lines
-        params = finetuner.place_params(merged)
+        params = finetuner.place_params(finetuner.fill_fresh(merged, init_rng))
     for line in report:
         _log(line)
     state = finetuner.create_state(params)
     del params
+    if config.get("compile_ahead", True):
+        finetuner.compile_ahead(state, dropout_rng, train_feats, list(dev_feats.values()))
     _log(f"training {total_steps} steps ({config.epochs} epochs x {steps_per_epoch}, batch "
          f"{config.global_batch_size}, {num_rows(train_feats)} sequences/epoch, length "
          f"buckets {list(finetuner.buckets)}) on mesh {dict(finetuner.mesh.shape)}")

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -237,6 +237,9 @@ class Finetuner:
     # Sequence lengths of the batches (``bucketing.py``); default: max_seq_length only.
     buckets: tuple[int, ...] = ()
     distill: tuple[float, float] | None = None  # (temperature, alpha) with teacher logits
+    # (program, length) -> its compilation under way in a background thread (compile_ahead)
+    _compiling: dict = dataclasses.field(default_factory=dict, repr=False)
+    _compiled_ahead: set = dataclasses.field(default_factory=set, repr=False)
 
     def __post_init__(self):
         for name, size in (("global_batch_size", self.batch_size),
@@ -251,7 +254,7 @@ class Finetuner:
             raise BertJaxError(f"the longest length bucket {self.buckets[-1]} must be "
                                f"max_seq_length={self.max_seq_length}")
         self.label_keys = tuple(self.task.label_keys)
-        _, self.param_shardings = parallel.abstract_and_shardings(
+        self.abstract_params, self.param_shardings = parallel.abstract_and_shardings(
             self._init_params, self.mesh, self.rules, jax.random.PRNGKey(0))
         out_sharding = {k: parallel.batch_sharding(self.mesh, self.rules, 2)
                         for k in output_keys(self.kind)}
@@ -282,8 +285,10 @@ class Finetuner:
         return jnp.zeros(shape, jnp.int32)
 
     def _init_params(self, rng):
+        # The same parameters from the model on XLA's own ops: cheaper to compile.
+        model = self.model.clone(config=self.model.config.with_xla_kernels())
         ids = self._dummy_inputs()
-        return self.model.init({"params": rng}, ids, jnp.ones_like(ids), ids)["params"]
+        return model.init({"params": rng}, ids, jnp.ones_like(ids), ids)["params"]
 
     def _init_state(self, params) -> TrainState:
         return TrainState.create(params, self.tx.init(params))
@@ -291,6 +296,23 @@ class Finetuner:
     def init_params(self, rng: jax.Array):
         """Fresh parameters, created directly in their shards."""
         return self._init_jit(rng)
+
+    def fill_fresh(self, params, rng: jax.Array):
+        """``params`` (host arrays, e.g. a pretrained encoder merged into
+        :attr:`abstract_params`) with every leaf still a ShapeDtypeStruct replaced by its
+        value from :meth:`init_params` ``(rng)``, bit for bit. The program computes those
+        leaves only (XLA drops the rest), so it compiles in a fraction of the full
+        initialisation's time (that one draws random numbers for every tensor: ~10 s of
+        compilation on an H100 for a 6-layer model)."""
+        from bert_jax.modeling.params import flatten_params, unflatten_params
+
+        flat = flatten_params(params)
+        missing = sorted(p for p, v in flat.items() if isinstance(v, jax.ShapeDtypeStruct))
+        if missing:
+            fresh = jax.jit(lambda r: {p: v for p, v in flatten_params(
+                nn.unbox(self._init_params(r))).items() if p in missing})(rng)
+            flat.update(jax.device_get(fresh))
+        return unflatten_params(flat)
 
     def place_params(self, params):
         """Host (numpy) parameters -> global arrays with the model's shardings."""
@@ -312,7 +334,71 @@ class Finetuner:
         local = {k: v[lo:lo + per_process] for k, v in batch.items()}
         return parallel.global_batch(local, self.mesh, self.rules)
 
+    # ---- compiling ahead ----------------------------------------------------------------
+    def compile_ahead(self, state: TrainState | None, rng: jax.Array | None,
+                      train_features: Mapping[str, np.ndarray] | None,
+                      eval_features: Sequence[Mapping[str, np.ndarray]] = (),
+                      params=None) -> None:
+        """Starts compiling the train step at every length of ``train_features``'s batches
+        and the predict step at every length of each of ``eval_features``'s, each in a
+        background thread: XLA compiles with Python's lock released, so the programs compile
+        at the same time, and while this thread goes on. The first call of each program
+        waits for its compilation; the jitted step then finds it in its cache (same shapes,
+        shardings and types). ``params``: the predict step's, default ``state.params``.
+        An error of a background compilation is raised again at that first call."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        jobs = []
+        if state is not None and train_features is not None:
+            keys = self._train_keys(train_features)
+            for length, batch in self._one_batch_per_length(train_features, keys,
+                                                            self.batch_size):
+                jobs.append((("train", length), self.train_step,
+                             (_specs(state), batch, _specs(rng))))
+        params = state.params if params is None and state is not None else params
+        lengths = set()
+        for features in eval_features:
+            for length, batch in self._one_batch_per_length(features, INPUT_KEYS,
+                                                            self.eval_batch_size):
+                if length not in lengths:
+                    lengths.add(length)
+                    jobs.append((("predict", length), self.predict_step,
+                                 (_specs(params), batch)))
+        jobs = [job for job in jobs if job[0] not in self._compiled_ahead]  # a later run
+        if not jobs:
+            return
+        pool = ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="compile")
+        for key, step, args in jobs:
+            self._compiled_ahead.add(key)
+            self._compiling[key] = pool.submit(lambda s=step, a=args: s.lower(*a).compile())
+        pool.shutdown(wait=False)
+
+    def _one_batch_per_length(self, features, keys, batch_size):
+        """(length, abstract global batch) for each length the batches of ``features``
+        take."""
+        n = num_rows(features)
+        if n == 0:
+            return []
+        plan = self.plan(features, np.arange(n), batch_size)
+        first = {p.seq_len: p for p in reversed(plan)}
+        out = []
+        for length, planned in sorted(first.items()):
+            planned = bucketing.PlannedBatch(planned.rows[:1], length)
+            batch, _ = next(self.batches(features, keys, [planned], batch_size))
+            out.append((length, _specs(self._global(batch))))
+        return out
+
+    def _compiled(self, program: str, length: int) -> None:
+        """Waits for ``program`` at ``length`` if it is compiling in the background."""
+        future = self._compiling.pop((program, length), None)
+        if future is not None:
+            future.result()
+
     # ---- training -----------------------------------------------------------------------
+    def _train_keys(self, features) -> tuple[str, ...]:
+        keys = (*INPUT_KEYS, *self.label_keys)
+        return (*keys, TEACHER_KEY) if self.distill is not None else keys
+
     def steps_per_epoch(self, features: Mapping[str, np.ndarray]) -> int:
         return math.ceil(num_rows(features) / self.batch_size)
 
@@ -356,9 +442,7 @@ class Finetuner:
         missing = [k for k in self.label_keys if k not in features]
         if missing:
             raise BertJaxError(f"{self.task.name}: training features lack labels {missing}")
-        keys = (*INPUT_KEYS, *self.label_keys)
-        if self.distill is not None:
-            keys += (TEACHER_KEY,)
+        keys = self._train_keys(features)
         order = np.random.default_rng([seed, epoch]).permutation(num_rows(features))
         plan = self.plan(features, order, self.batch_size)
         if len(self.buckets) > 1:
@@ -368,6 +452,8 @@ class Finetuner:
         first_step_s = None
         t0 = time.perf_counter()
         for i, (batch, _) in enumerate(self.batches(features, keys, plan, self.batch_size)):
+            if self._compiling:
+                self._compiled("train", batch["input_ids"].shape[-1])
             state, sums = self.train_step(state, self._global(batch), rng)
             pending.append(sums)
             if i == 0:
@@ -411,6 +497,8 @@ class Finetuner:
         plan = self.plan(features, np.arange(n), self.eval_batch_size)
         per_sequence = self.kind in ("span", "token_classification")  # [B, seq, ...] outputs
         for batch, real in self.batches(features, INPUT_KEYS, plan, self.eval_batch_size):
+            if self._compiling:
+                self._compiled("predict", batch["input_ids"].shape[-1])
             out = self.predict_step(params, self._global(batch))
             if jax.process_count() > 1:
                 out = multihost_utils.process_allgather(out, tiled=True)
@@ -422,6 +510,17 @@ class Finetuner:
         inverse = np.empty(n, np.int64)
         inverse[rows] = np.arange(n)  # outputs back in feature order
         return {k: np.concatenate(v)[inverse] for k, v in outputs.items()}
+
+
+def _specs(tree):
+    """ShapeDtypeStructs of ``tree``'s arrays as a jitted call sees them: shape, dtype, weak
+    type, and the sharding of committed arrays (an uncommitted one may go anywhere)."""
+    def spec(x):
+        sharding = x.sharding if getattr(x, "committed", True) else None
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding,
+                                    weak_type=x.aval.weak_type)
+
+    return jax.tree.map(spec, tree)
 
 
 def model_outputs(kind: str, outputs: dict[str, np.ndarray]):
@@ -440,12 +539,27 @@ def run_buckets(config: ml_collections.ConfigDict, input_mask=None, passes: int 
     return tuple(buckets)
 
 
+def run_model_config(config: ml_collections.ConfigDict, model_cfg: BertConfig, input_mask=None,
+                     passes: int = 1) -> BertConfig:
+    """``model_cfg`` for the run's programs: when the run has fewer than
+    ``kernel_min_sequences`` sequences to compute (the rows of ``input_mask`` x ``passes``),
+    the kernel choices it leaves to ``auto`` go to XLA's own ops
+    (:meth:`BertConfig.with_xla_kernels`): kernels pay for their tracing, lowering and
+    loading only over a long run. Same parameters either way."""
+    minimum = config.get("kernel_min_sequences", 0)
+    if input_mask is None or not minimum or len(input_mask) * passes >= minimum:
+        return model_cfg
+    return model_cfg.with_xla_kernels(only_auto=True)
+
+
 def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: BertConfig,
                     total_steps: int | None, input_mask=None, passes: int = 1) -> Finetuner:
     """The run's Finetuner: its mesh and rules, the task model, and (with ``total_steps``) the
     optimizer; without, prediction only. ``input_mask`` (the rows to be run, ``passes`` times)
     drops length buckets too small to pay for their compilation
-    (``length_bucket_min_sequences``)."""
+    (``length_bucket_min_sequences``) and, in a short run, picks XLA's ops where the model
+    leaves the kernels to ``auto`` (:func:`run_model_config`)."""
+    model_cfg = run_model_config(config, model_cfg, input_mask, passes)
     if config.max_seq_length > model_cfg.max_sequence_length:
         raise BertJaxError(f"max_seq_length={config.max_seq_length} exceeds the model's "
                            f"{model_cfg.max_sequence_length} positions (max_position_embeddings="
@@ -479,7 +593,7 @@ class FinetunerCache:
     PER_RUN_KEYS = ("seed", "data_dir", "train_file", "dev_file", "test_file", "tfds_data_dir",
                     "init_checkpoint", "tokenizer", "on_error", "holdout_seed",
                     "max_train_examples", "distill_from", "log_every", "progress_bar",
-                    "compilation_cache", "postprocess")
+                    "compilation_cache", "compile_ahead", "postprocess")
 
     def __init__(self):
         self._finetuners: dict[str, Finetuner] = {}
@@ -502,8 +616,8 @@ class FinetunerCache:
     def get(self, task: Task, config: ml_collections.ConfigDict, model_cfg: BertConfig,
             total_steps: int | None, input_mask=None, passes: int = 1) -> Finetuner:
         """:func:`build_finetuner`'s Finetuner, or an earlier one of the same programs."""
-        key = self.key(task, config, model_cfg, total_steps,
-                       run_buckets(config, input_mask, passes))
+        key = self.key(task, config, run_model_config(config, model_cfg, input_mask, passes),
+                       total_steps, run_buckets(config, input_mask, passes))
         if key in self._finetuners:
             self.hits += 1
         else:

@@ -37,6 +37,8 @@ def test_learns_toy_task_then_evaluate_and_predict(data, tmp_path, capsys):
     # The workdir is a bert-jax model dir holding the best epoch.
     _, cfg, tok, extra = store.load_model(workdir)
     assert extra["task"] == "sst2" and extra["num_labels"] == 2
+    # The short run computed on XLA's ops (kernel_min_sequences); the model keeps `auto`.
+    assert cfg.dropout_attention_impl == "auto" and cfg.fused_gelu == "auto"
     assert extra["best"]["epoch"] == metrics["best"]["epoch"]
     # Monitoring: a progress bar over all steps; dev metrics per epoch to TensorBoard + jsonl.
     assert "finetune: 100%" in capsys.readouterr().err
@@ -161,3 +163,56 @@ def test_finetuner_cache_shares_programs_across_runs_of_one_shape(data, tmp_path
     assert shared[0]["final"]["train_loss"] != fresh["final"]["train_loss"]  # its own seed
     finetune(stsb(epochs=2), str(tmp_path / "longer"), programs=programs)
     assert len(programs) == 2 and programs.hits == 1
+
+
+def test_compile_ahead_compiles_each_program_once_and_changes_nothing(data, tmp_path):
+    """With compile_ahead the train and predict steps of every length bucket compile in
+    background threads; each jitted step then holds exactly one program per length (the
+    background compilation was the one used, none was compiled twice), and the run's losses
+    and dev metrics are those of a run that compiles each program at its first call."""
+    from bert_jax.tasks.trainer import FinetunerCache
+
+    def stsb(*extra):
+        return load_config("experiments/glue.py:stsb", [
+                      "--config.log_every=0", "--config.eval_batch_size=32",
+                      "--config.init_checkpoint=",
+                      f"--config.tokenizer={data['vocab_dir']}", "--config.model.preset=tiny",
+                      "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
+                      "--config.model.max_position_embeddings=64", "--config.epochs=1",
+                      f"--config.data_dir={data['stsb']}", "--config.holdout_fraction=0.25",
+                      "--config.global_batch_size=16", "--config.progress_bar=false",
+                      "--config.max_seq_length=64", "--config.length_bucket_min=16",
+                      "--config.length_bucket_min_sequences=0", *extra])
+
+    programs = FinetunerCache()
+    ahead = finetune(stsb(), str(tmp_path / "ahead"), programs=programs)
+    (finetuner,) = programs._finetuners.values()
+    train = {length for kind, length in finetuner._compiled_ahead if kind == "train"}
+    predict = {length for kind, length in finetuner._compiled_ahead if kind == "predict"}
+    assert len(train) >= 2 and predict  # several length buckets
+    assert finetuner.train_step._cache_size() == len(train)
+    assert finetuner.predict_step._cache_size() == len(predict)
+    assert not finetuner._compiling  # every background compilation was waited for
+    plain = finetune(stsb("--config.compile_ahead=false"), str(tmp_path / "plain"))
+    assert ahead["final"]["dev"] == plain["final"]["dev"]
+    assert ahead["final"]["train_loss"] == plain["final"]["train_loss"]
+
+
+def test_short_runs_take_xla_ops_where_the_model_leaves_kernels_to_auto():
+    from bert_jax.config import BertConfig
+    from bert_jax.tasks.config import base_config
+    from bert_jax.tasks.trainer import run_model_config
+
+    model = BertConfig(fused_gelu="force")  # set by the user: kept
+    c = base_config()
+    c.kernel_min_sequences = 3001
+    mask = np.ones((1000, 8), np.int32)
+    short = run_model_config(c, model, mask, passes=3)
+    assert (short.attention_impl, short.dropout_attention_impl, short.layer_norm_impl,
+            short.fused_gelu) == ("xla", "explicit", "two_stage", "force")
+    assert short == model.with_xla_kernels().replace(fused_gelu="force")
+    c.kernel_min_sequences = 3000  # 1000 rows x 3 passes: long enough
+    assert run_model_config(c, model, mask, passes=3) == model
+    c.kernel_min_sequences = 0
+    assert run_model_config(c, model, mask, passes=3) == model
+    assert run_model_config(base_config(), model) == model  # no rows to count

@@ -52,6 +52,15 @@ def test_init_restores_encoder_exactly(data, tmp_path, source):
     assert np.array_equal(placed["classifier/kernel"], flatten_params(fresh)["classifier/kernel"])
     assert "head classifier freshly initialised" in lines[0]
     assert any("not used" in line and "mlm/bias" in line for line in lines)
+    # What fine-tuning runs: the encoder merged into the abstract tree, then only the head
+    # initialised (a program that computes those leaves only): the same values, bit for bit.
+    abstract, abstract_lines = merge_encoder(finetuner.abstract_params, pretrained, model_cfg)
+    assert abstract_lines == lines
+    assert isinstance(flatten_params(abstract)["classifier/kernel"], jax.ShapeDtypeStruct)
+    filled = flatten_params(finetuner.fill_fresh(abstract, jax.random.PRNGKey(0)))
+    assert sorted(filled) == sorted(flatten_params(merged))
+    for path, value in flatten_params(merged).items():
+        assert filled[path].dtype == value.dtype and np.array_equal(filled[path], value), path
 
 
 def test_vocab_and_size_mismatches_are_reported(data, tmp_path, capsys):
