@@ -131,6 +131,14 @@ def _get(config, key: str):
     return config
 
 
+def accelerator_name() -> str:
+    """The device kind that a fresh process computes on (``jax.devices()[0]``)."""
+    out = subprocess.run([sys.executable, "-c",
+                          "import jax; print(jax.devices()[0].device_kind)"],
+                         capture_output=True, text=True, check=True, cwd=REPO)
+    return out.stdout.strip().splitlines()[-1]
+
+
 def run_ours(config, workdir: str, name: str, extra: tuple[str, ...] = ()) -> dict:
     """The CLI run in a subprocess, timed from its start to its exit (end to end);
     ``extra``: more ``--config.<key>=<value>`` overrides (levers under test)."""
@@ -339,7 +347,10 @@ def main(argv=None) -> int:
     checkpoint = args.checkpoint or minilm_directory()
     import jax
 
-    device = str(jax.devices()[0].device_kind)
+    # The runs it times get the accelerator and all its memory: this process computes on
+    # the CPU only (the peer's initial head) and asks a child for the device's name.
+    jax.config.update("jax_platforms", "cpu")
+    device = accelerator_name()
     os.makedirs(args.out, exist_ok=True)
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     records = []

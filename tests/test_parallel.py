@@ -41,7 +41,8 @@ def test_hybrid_mesh_over_granules():
 
 
 def _losses(mesh_sizes, devices, steps=3, *overrides):
-    config = small_config("--config.optimizer.warmup_steps=0",
+    # One layer: what differs between meshes is alike in every layer.
+    config = small_config("--config.optimizer.warmup_steps=0", "--config.model.num_hidden_layers=1",
                           "--config.optimizer.learning_rate=1e-2", *overrides)
     mesh = parallel.create_mesh(mesh_sizes, devices=jax.devices()[:devices])
     training = build_training(config, config_lib.model_config(config), mesh)
@@ -168,8 +169,10 @@ def test_entered_mesh_only_inside_traced_in_mesh():
     assert parallel.entered_mesh() is None
 
 
+# One layer: what these tests check (reductions, gathers, losses) is alike in every layer.
 NO_DROPOUT = ("--config.model.hidden_dropout_prob=0.0",
-              "--config.model.attention_probs_dropout_prob=0.0")
+              "--config.model.attention_probs_dropout_prob=0.0",
+              "--config.model.num_hidden_layers=1")
 WORD_TABLE = [256, 32]  # vocab 200 padded to 256, hidden 32
 
 

@@ -117,8 +117,11 @@ def run_all(commands: Sequence[Sequence[str]], timeout: float, devices_per_proce
 
 
 def pretrain_command(workdir: str, *overrides: str) -> list[str]:
+    """The CLI's pretrain on SMALL with ``overrides`` (an override of a SMALL key replaces it)."""
+    keys = {o.split("=", 1)[0] for o in overrides}
+    small = [s for s in SMALL if s.split("=", 1)[0] not in keys]
     return [sys.executable, "-m", "bert_jax", "pretrain", "--config", f"{EXPERIMENT}:tiny",
-            "--workdir", str(workdir), *SMALL, *overrides]
+            "--workdir", str(workdir), *small, *overrides]
 
 
 def worker_command(mode: str, *args: str) -> list[str]:

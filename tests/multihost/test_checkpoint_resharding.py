@@ -83,11 +83,20 @@ def test_two_process_checkpoint_resumes_on_one_and_four_processes(materialized, 
 
 def test_tfrecord_run_resumes_on_the_same_and_another_process_count(pretraining_data,
                                                                     tmp_path):
+    """2 processes (data over the processes, FSDP within each) train, evaluate on the
+    held-out shard and checkpoint; 2 processes resume, then 1."""
     data_dir, vocab = pretraining_data
     data = ("--config.data.source=tfrecord", f"--config.data.directory={data_dir}",
             f"--config.data.tokenizer={vocab}", "--config.global_batch_size=8",
-            "--config.checkpoint.every_steps=2")
-    run_all([pretrain_command(tmp_path, *data, "--config.num_train_steps=2")] * 2, timeout=RUN_S)
+            "--config.checkpoint.every_steps=2", "--config.parallel.mesh.data=2",
+            "--config.parallel.mesh.fsdp=-1")
+    first = run_all([pretrain_command(tmp_path, *data, "--config.num_train_steps=2",
+                                      "--config.eval_steps=2", "--config.eval_every=2")] * 2,
+                    timeout=RUN_S)
+    summary = json.loads(first[0].strip().splitlines()[-1])
+    assert summary["step"] == 2 and "eval_mlm_accuracy" in summary
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) \
+        == ["2"]
     # Every process restores the data position (the checkpoint holds process 0's iterator
     # state) and continues.
     outputs = run_all([pretrain_command(tmp_path, *data, "--config.num_train_steps=3")] * 2,

@@ -20,4 +20,11 @@ SMALL = [
 
 
 def small_config(*overrides: str):
-    return load_config(f"{EXPERIMENT}:tiny", [*SMALL, *overrides])
+    """SMALL with ``overrides`` (an override of a SMALL key replaces it)."""
+    return load_config(f"{EXPERIMENT}:tiny", [*without_keys(SMALL, overrides), *overrides])
+
+
+def without_keys(base, overrides) -> list[str]:
+    """The ``--config.key=value`` entries of ``base`` whose key ``overrides`` does not set."""
+    keys = {o.split("=", 1)[0] for o in overrides}
+    return [b for b in base if b.split("=", 1)[0] not in keys]

@@ -21,8 +21,9 @@ from bert_jax.training.state import TrainState
 
 from .helpers import small_config
 
+# One layer: checkpoints hold and restore every layer alike.
 RUN = ("--config.log_every=1", "--config.checkpoint.every_steps=3", "--config.eval_steps=0",
-       "--config.optimizer.warmup_steps=2")
+       "--config.optimizer.warmup_steps=2", "--config.model.num_hidden_layers=1")
 
 
 def train_losses(workdir) -> dict[int, float]:

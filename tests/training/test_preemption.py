@@ -12,15 +12,17 @@ import numpy as np
 import pytest
 from xla_env import cpu_flags
 
-from .helpers import EXPERIMENT, SMALL
+from .helpers import EXPERIMENT, SMALL, without_keys
 from .test_checkpointing import train_losses
 
 pytestmark = pytest.mark.slow
 
 # decay_steps fixed so that runs of different lengths share one learning-rate schedule.
-RUN = [*SMALL, "--config.log_every=1", "--config.checkpoint.every_steps=4",
-       "--config.eval_steps=0", "--config.optimizer.warmup_steps=2",
-       "--config.optimizer.decay_steps=1000"]
+# One layer: a restart restores every layer alike.
+RUN = [*without_keys(SMALL, ["--config.model.num_hidden_layers=1"]),
+       "--config.model.num_hidden_layers=1", "--config.log_every=1",
+       "--config.checkpoint.every_steps=4", "--config.eval_steps=0",
+       "--config.optimizer.warmup_steps=2", "--config.optimizer.decay_steps=1000"]
 
 
 # Two simulated devices: compiles faster than eight and still runs a sharded (data=2) step.

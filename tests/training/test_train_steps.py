@@ -13,8 +13,10 @@ from bert_jax.training.setup import build_training
 
 from .helpers import small_config
 
+# One layer: accumulation, skipping and the optimizers act on every layer alike.
 NO_DROPOUT = ("--config.model.hidden_dropout_prob=0.0",
-              "--config.model.attention_probs_dropout_prob=0.0")
+              "--config.model.attention_probs_dropout_prob=0.0",
+              "--config.model.num_hidden_layers=1")
 
 
 def _setup(*overrides, devices=2):
