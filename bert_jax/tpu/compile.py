@@ -146,17 +146,24 @@ def _check_batch(config, mesh, rules) -> None:
                            "--config.global_batch_size to a multiple")
 
 
-def abstract_batch(batch_shardings, batch: int, seq: int, predictions: int) -> dict:
-    """ShapeDtypeStructs of one global pretraining batch with its shardings."""
+def abstract_batch(batch_shardings, batch: int, seq: int, predictions: int,
+                   examples_per_row: int = 0) -> dict:
+    """ShapeDtypeStructs of one global pretraining batch with its shardings; packed rows
+    (``examples_per_row`` > 0, ``create-pretraining-data --pack``) add the per-token example
+    ids and positions and the per-slot [CLS] positions, NSP labels and weights."""
     import jax
     import jax.numpy as jnp
 
+    k = examples_per_row
     shapes = {"input_ids": (batch, seq), "input_mask": (batch, seq),
               "segment_ids": (batch, seq), "masked_lm_positions": (batch, predictions),
               "masked_lm_ids": (batch, predictions), "masked_lm_weights": (batch, predictions),
-              "next_sentence_labels": (batch,)}
+              "next_sentence_labels": (batch, k) if k else (batch,),
+              "example_ids": (batch, seq), "position_ids": (batch, seq),
+              "cls_positions": (batch, k), "next_sentence_weights": (batch, k)}
+    weights = ("masked_lm_weights", "next_sentence_weights")
     return {name: jax.ShapeDtypeStruct(
-        shapes[name], jnp.float32 if name == "masked_lm_weights" else jnp.int32,
+        shapes[name], jnp.float32 if name in weights else jnp.int32,
         sharding=sharding) for name, sharding in batch_shardings.items()}
 
 
@@ -172,6 +179,7 @@ def compile_pretraining(config, tpu: Slice, devices: list | None = None,
     from bert_jax import parallel
     from bert_jax.tpu.topologies import abstract_devices
     from bert_jax.training import config as config_lib
+    from bert_jax.training.inputs import examples_per_row
     from bert_jax.training.metrics import flops_per_sequence
     from bert_jax.training.setup import build_training
 
@@ -189,7 +197,8 @@ def compile_pretraining(config, tpu: Slice, devices: list | None = None,
     rules = parallel.rules_from_config(config.parallel.logical_axis_rules)
     _check_batch(config, mesh, rules)
     training = build_training(config, model_cfg, mesh)
-    batch = abstract_batch(training.batch_shardings, config.global_batch_size, seq, preds)
+    batch = abstract_batch(training.batch_shardings, config.global_batch_size, seq, preds,
+                           examples_per_row(config))
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=parallel.replicated(mesh))
     flops = flops_per_sequence(seq, model_cfg.num_hidden_layers, model_cfg.hidden_size,
                                model_cfg.vocab_size, preds)

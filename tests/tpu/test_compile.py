@@ -174,3 +174,23 @@ def test_finetuning_step_compiles(tmp_path, capsys):
     assert record["fits"] and record["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
     assert record["batch_per_chip"] == 4 and record["seq_len"] == 128
     assert record["compiled_flops"] > 0.95 * record["model_flops_per_sequence"] * 4
+
+
+def test_packed_rows_compile_with_their_layout(tmp_path):
+    """Packed pretraining data (``create-pretraining-data --pack``, 4 examples a row): the
+    step compiles for the slice with the packed batch (per-token example ids and positions,
+    per-slot [CLS] positions, NSP labels and weights), as the loop would feed it."""
+    pytest.importorskip("tensorflow")
+    from data.helpers import write_corpus, write_vocab
+
+    write_corpus(tmp_path / "corpus", n_files=1, docs_per_file=6)
+    vocab = write_vocab(str(tmp_path))
+    data = tmp_path / "packed"
+    assert main(["create-pretraining-data", "--input", str(tmp_path / "corpus"), "--tokenizer",
+                 vocab, "--output-dir", str(data), "--max-seq-length", "64", "--num-shards",
+                 "1", "--num-workers", "1", "--pack", "--max-examples-per-row", "4",
+                 "--no-progress"]) == 0
+    e = _compile("tiny", "v5e-8", SCAN, "--config.data.source=tfrecord",
+                 f"--config.data.directory={data}", "--config.data.max_seq_length=64",
+                 "--config.model.num_hidden_layers=2", layer_costs="scanned")
+    assert e.fits and e.batch_per_chip * 8 == e.global_batch_size
