@@ -307,7 +307,7 @@ class Finetuner:
         from bert_jax.modeling.params import flatten_params, unflatten_params
 
         flat = flatten_params(params)
-        missing = sorted(p for p, v in flat.items() if isinstance(v, jax.ShapeDtypeStruct))
+        missing = {p for p, v in flat.items() if isinstance(v, jax.ShapeDtypeStruct)}
         if missing:
             fresh = jax.jit(lambda r: {p: v for p, v in flatten_params(
                 nn.unbox(self._init_params(r))).items() if p in missing})(rng)
@@ -335,35 +335,28 @@ class Finetuner:
         return parallel.global_batch(local, self.mesh, self.rules)
 
     # ---- compiling ahead ----------------------------------------------------------------
-    def compile_ahead(self, state: TrainState | None, rng: jax.Array | None,
-                      train_features: Mapping[str, np.ndarray] | None,
-                      eval_features: Sequence[Mapping[str, np.ndarray]] = (),
-                      params=None) -> None:
+    def compile_ahead(self, state: TrainState, rng: jax.Array,
+                      train_features: Mapping[str, np.ndarray],
+                      eval_features: Sequence[Mapping[str, np.ndarray]] = ()) -> None:
         """Starts compiling the train step at every length of ``train_features``'s batches
         and the predict step at every length of each of ``eval_features``'s, each in a
         background thread: XLA compiles with Python's lock released, so the programs compile
         at the same time, and while this thread goes on. The first call of each program
         waits for its compilation; the jitted step then finds it in its cache (same shapes,
-        shardings and types). ``params``: the predict step's, default ``state.params``.
-        An error of a background compilation is raised again at that first call."""
+        shardings and types). An error of a background compilation is raised again at that
+        first call."""
         from concurrent.futures import ThreadPoolExecutor
 
-        jobs = []
-        if state is not None and train_features is not None:
-            keys = self._train_keys(train_features)
-            for length, batch in self._one_batch_per_length(train_features, keys,
-                                                            self.batch_size):
-                jobs.append((("train", length), self.train_step,
-                             (_specs(state), batch, _specs(rng))))
-        params = state.params if params is None and state is not None else params
-        lengths = set()
+        jobs = [(("train", length), self.train_step, (_specs(state), batch, _specs(rng)))
+                for length, batch in self._one_batch_per_length(
+                    train_features, self._train_keys(), self.batch_size)]
+        predict = {}
         for features in eval_features:
             for length, batch in self._one_batch_per_length(features, INPUT_KEYS,
                                                             self.eval_batch_size):
-                if length not in lengths:
-                    lengths.add(length)
-                    jobs.append((("predict", length), self.predict_step,
-                                 (_specs(params), batch)))
+                predict.setdefault(length, batch)
+        jobs += [(("predict", length), self.predict_step, (_specs(state.params), batch))
+                 for length, batch in predict.items()]
         jobs = [job for job in jobs if job[0] not in self._compiled_ahead]  # a later run
         if not jobs:
             return
@@ -395,7 +388,7 @@ class Finetuner:
             future.result()
 
     # ---- training -----------------------------------------------------------------------
-    def _train_keys(self, features) -> tuple[str, ...]:
+    def _train_keys(self) -> tuple[str, ...]:
         keys = (*INPUT_KEYS, *self.label_keys)
         return (*keys, TEACHER_KEY) if self.distill is not None else keys
 
@@ -442,7 +435,7 @@ class Finetuner:
         missing = [k for k in self.label_keys if k not in features]
         if missing:
             raise BertJaxError(f"{self.task.name}: training features lack labels {missing}")
-        keys = self._train_keys(features)
+        keys = self._train_keys()
         order = np.random.default_rng([seed, epoch]).permutation(num_rows(features))
         plan = self.plan(features, order, self.batch_size)
         if len(self.buckets) > 1:

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 
+from training.helpers import without_keys
 from xla_env import cpu_flags
 
 from bert_jax.training.metrics import read_metrics
@@ -118,10 +119,8 @@ def run_all(commands: Sequence[Sequence[str]], timeout: float, devices_per_proce
 
 def pretrain_command(workdir: str, *overrides: str) -> list[str]:
     """The CLI's pretrain on SMALL with ``overrides`` (an override of a SMALL key replaces it)."""
-    keys = {o.split("=", 1)[0] for o in overrides}
-    small = [s for s in SMALL if s.split("=", 1)[0] not in keys]
     return [sys.executable, "-m", "bert_jax", "pretrain", "--config", f"{EXPERIMENT}:tiny",
-            "--workdir", str(workdir), *small, *overrides]
+            "--workdir", str(workdir), *without_keys(SMALL, overrides), *overrides]
 
 
 def worker_command(mode: str, *args: str) -> list[str]:
