@@ -237,14 +237,14 @@ def parity_run(args, directory: str, vocab: int, model: str, fp8: bool) -> dict:
     fp8_state = split_fp8_state(state.opt_state)[1]
     sums_fn = default_sums_fn(training.model, config_lib.pair_head(config))
     fp8_eval = jax.jit(lambda p, s, b: sums_fn(p, b, jax.random.PRNGKey(0), True,
-                                               fp8_state=s))
+                                               fp8_scales=s))
     held_out = MaterializedBatches(directory, start_step=train_batches)
     totals: dict[str, dict] = {"compute_dtype": {}, "fp8_forward": {}}
     for batch in held_out:
         batch = training.global_batch(batch)
         parts = {"compute_dtype": training.eval_step(state.params, batch)}
         if fp8_state is not None:
-            parts["fp8_forward"] = fp8_eval(state.params, fp8_state, batch)
+            parts["fp8_forward"] = fp8_eval(state.params, fp8_state["scale"], batch)
         for name, sums in parts.items():
             for key, value in jax.device_get(sums).items():
                 totals[name][key] = totals[name].get(key, 0.0) + float(np.asarray(value))

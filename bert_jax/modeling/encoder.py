@@ -207,8 +207,7 @@ class Projection(nn.Module):
         bias = self.param("bias", zeros(self.axes[self.in_dims:]), self.features,
                           cfg.param_dtype)
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
-        meta = (meta_variables(self, cfg.fp8_amax_history) if self.fp8 and cfg.fp8
-                else None)
+        meta = meta_variables(self) if self.fp8 and cfg.fp8 else None
         if self.split_output is not None and meta is not None:
             # One FP8 matmul (one set of scales) over the whole kernel, then the slices.
             axis = self.split_output

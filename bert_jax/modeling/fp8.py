@@ -6,18 +6,20 @@ float8 e5m2 (more range, less precision: gradients span more decades) and comput
 input and weight gradients from the saved float8 operands. Hopper GPUs run these as FP8
 tensor-core GEMMs (cuBLASLt); elsewhere XLA emulates them.
 
-Each tensor has a scale (the value of one float8 unit: ``x ≈ q * scale``) and a history of
-its absolute maxima over the last ``BertConfig.fp8_amax_history`` steps, newest first. The
-scale a step uses comes from the history of the steps before it (delayed scaling, as in
-NVIDIA's Transformer Engine recipe): ``max(history) / float8_max``, the previous scale while
-the history holds only zeros. The step records the tensor's current maximum as it quantizes.
+Each tensor has a scale (the value of one float8 unit: ``x ≈ q * scale``). A matmul's three
+scales (input, kernel, output gradient) are model variables in the :data:`FP8_COLLECTION`
+collection; the "gradient" this module's backward pass returns for a scale is the absolute
+maximum of its tensor in this step (it is never an optimizer's input).
 
-The scales and histories are model variables in the :data:`FP8_COLLECTION` collection
-(Flax's "overwrite with gradient" convention): the training step differentiates with respect
-to them as well, and the "gradient" this module's backward pass returns for them is their new
-value, which replaces the old one (it is never an optimizer's input). An apply without the
-collection multiplies in the compute dtype (evaluation, fine-tuning, export of a model
-pretrained in FP8).
+The training step keeps the scaling state (:func:`initial_state`): the scales as the model
+takes them, and the absolute maxima of the last ``BertConfig.fp8_amax_history`` steps of
+every tensor in one [tensors, history] array, newest first. :func:`next_state` records a
+step's maxima and sets each scale to ``max(history) / float8_max`` (delayed scaling, as in
+NVIDIA's Transformer Engine recipe; the previous scale while the history holds only zeros):
+a handful of operations on two arrays per step, whatever the number of matmuls.
+
+An apply without the collection multiplies in the compute dtype (evaluation, fine-tuning,
+export of a model pretrained in FP8).
 """
 
 from __future__ import annotations
@@ -27,44 +29,27 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 FP8_COLLECTION = "_overwrite_with_gradient"
 FORWARD_DTYPE = jnp.float8_e4m3fn  # activations and weights
 GRADIENT_DTYPE = jnp.float8_e5m2  # output gradients
-# The (scale, history) pairs of one matmul: its input, its kernel, its output's gradient.
-TENSORS = ("input", "kernel", "output_grad")
+# The scales of one matmul: its input, its kernel, its output's gradient.
+SCALES = ("input_scale", "kernel_scale", "output_grad_scale")
 
 
-def meta_variables(module: nn.Module, history: int) -> dict[str, jax.Array] | None:
-    """The FP8 scales and amax histories of ``module``'s matmul (created at init), or None
-    when the apply carries no :data:`FP8_COLLECTION` (then the matmul runs unquantized)."""
+def meta_variables(module: nn.Module) -> dict[str, jax.Array] | None:
+    """The FP8 scales of ``module``'s matmul (created at init, 1), or None when the apply
+    carries no :data:`FP8_COLLECTION` (then the matmul runs unquantized)."""
     if not (module.is_mutable_collection(FP8_COLLECTION)
             or module.has_variable(FP8_COLLECTION, "input_scale")):
         return None
-    meta = {}
-    for name in TENSORS:
-        meta[f"{name}_scale"] = module.variable(
-            FP8_COLLECTION, f"{name}_scale", jnp.ones, (), jnp.float32).value
-        meta[f"{name}_amax_history"] = module.variable(
-            FP8_COLLECTION, f"{name}_amax_history", jnp.zeros, (history,), jnp.float32).value
-    return meta
+    return {name: module.variable(FP8_COLLECTION, name, jnp.ones, (), jnp.float32).value
+            for name in SCALES}
 
 
 def _fp8_max(dtype) -> float:
     return float(jnp.finfo(dtype).max)
-
-
-def _delayed_scale(scale, history, dtype):
-    """The scale this step uses: from the largest recorded maximum, else the old scale."""
-    amax = jnp.max(history)
-    ok = (amax > 0.0) & jnp.isfinite(amax)
-    return jnp.where(ok, amax / _fp8_max(dtype), scale)
-
-
-def _record(history, x):
-    """``history`` with ``max|x|`` in front and the oldest entry dropped."""
-    amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
-    return jnp.roll(history, 1).at[0].set(amax)
 
 
 def _quantize(x, scale, dtype):
@@ -74,12 +59,8 @@ def _quantize(x, scale, dtype):
     return jnp.clip(x * inverse, -limit, limit).astype(dtype)
 
 
-def _update(meta, name, x, dtype):
-    """(x quantized, the scale it used, meta entries for ``name`` after this step)."""
-    scale = _delayed_scale(meta[f"{name}_scale"], meta[f"{name}_amax_history"], dtype)
-    new = {f"{name}_scale": scale,
-           f"{name}_amax_history": _record(meta[f"{name}_amax_history"], x)}
-    return _quantize(x, scale, dtype), scale, new
+def _amax(x):
+    return jnp.max(jnp.abs(x)).astype(jnp.float32)
 
 
 def _dims(x_ndim: int, k_ndim: int, in_dims: int):
@@ -99,35 +80,74 @@ def _dims(x_ndim: int, k_ndim: int, in_dims: int):
 def fp8_matmul(x, kernel, meta, in_dims: int):
     """``x @ kernel`` contracting x's last ``in_dims`` axes with kernel's first ones, in FP8
     with the scales of ``meta`` (:func:`meta_variables`); the result in ``x.dtype``. The
-    cotangent returned for ``meta`` is its updated value."""
+    cotangent returned for each scale is its tensor's absolute maximum."""
     return _forward(x, kernel, meta, in_dims)[0]
 
 
 def _forward(x, kernel, meta, in_dims):
     forward, _, _ = _dims(x.ndim, kernel.ndim, in_dims)
-    qx, sx, new_x = _update(meta, "input", x, FORWARD_DTYPE)
-    qk, sk, new_k = _update(meta, "kernel", kernel, FORWARD_DTYPE)
+    sx, sk = meta["input_scale"], meta["kernel_scale"]
+    qx, qk = _quantize(x, sx, FORWARD_DTYPE), _quantize(kernel, sk, FORWARD_DTYPE)
     y = jax.lax.dot_general(qx, qk, forward, preferred_element_type=x.dtype)
     y = y * (sx * sk).astype(x.dtype)
-    return y, (qx, qk, sx, sk, new_x, new_k)
+    return y, (qx, qk, sx, sk)
 
 
 def _fp8_matmul_fwd(x, kernel, meta, in_dims):
-    y, (qx, qk, sx, sk, new_x, new_k) = _forward(x, kernel, meta, in_dims)
-    grad_meta = {k: meta[k] for k in ("output_grad_scale", "output_grad_amax_history")}
+    y, (qx, qk, sx, sk) = _forward(x, kernel, meta, in_dims)
+    amaxes = (_amax(x), _amax(kernel))
     # float8 residuals: half the bytes the bfloat16 operands would keep for the backward
-    return y, (qx, qk, sx, sk, new_x, new_k, grad_meta, jnp.zeros((0,), kernel.dtype))
+    return y, (qx, qk, sx, sk, meta["output_grad_scale"], amaxes,
+               jnp.zeros((0,), kernel.dtype))
 
 
 def _fp8_matmul_bwd(in_dims, residuals, g):
-    qx, qk, sx, sk, new_x, new_k, grad_meta, kernel_like = residuals
+    qx, qk, sx, sk, sg, (amax_x, amax_k), kernel_like = residuals
     _, input_grad, weight_grad = _dims(qx.ndim, qk.ndim, in_dims)
-    qg, sg, new_g = _update(grad_meta, "output_grad", g, GRADIENT_DTYPE)
+    qg = _quantize(g, sg, GRADIENT_DTYPE)
     dx = jax.lax.dot_general(qg, qk, input_grad, preferred_element_type=g.dtype)
     dx = dx * (sg * sk).astype(g.dtype)
     dk = jax.lax.dot_general(qx, qg, weight_grad, preferred_element_type=g.dtype)
     dk = (dk * (sx * sg).astype(g.dtype)).astype(kernel_like.dtype)
-    return dx, dk, {**new_x, **new_k, **new_g}
+    return dx, dk, {"input_scale": amax_x, "kernel_scale": amax_k,
+                    "output_grad_scale": _amax(g)}
 
 
 fp8_matmul.defvjp(_fp8_matmul_fwd, _fp8_matmul_bwd)
+
+
+# ---- the training step's scaling state -----------------------------------------------------
+def initial_state(collection, history: int) -> dict:
+    """The scaling state of a fresh run: the model's :data:`FP8_COLLECTION` (every scale 1)
+    and an all-zero [tensors, ``history``] array of maxima (tensors: the scales' elements in
+    tree order; a scanned layer stack contributes one per layer)."""
+    size = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(collection))
+    return {"scale": collection, "amax_history": jnp.zeros((size, history), jnp.float32)}
+
+
+def _limits(collection) -> np.ndarray:
+    """Each tensor's float8 maximum, in the order of :func:`initial_state`'s rows."""
+    limits = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(collection):
+        dtype = GRADIENT_DTYPE if jax.tree_util.keystr(path).endswith(
+            "'output_grad_scale']") else FORWARD_DTYPE
+        limits.extend([_fp8_max(dtype)] * int(np.prod(leaf.shape)))
+    return np.asarray(limits, np.float32)
+
+
+def next_state(state: dict, amaxes) -> dict:
+    """``state`` after a step whose tensors had the maxima ``amaxes`` (the tree of scale
+    "gradients" :func:`fp8_matmul` returns): the maxima in front of the history, the oldest
+    dropped, and every scale from its history's largest finite maximum."""
+    scales = state["scale"]
+    flat = lambda tree: jnp.concatenate(
+        [jnp.ravel(leaf).astype(jnp.float32) for leaf in jax.tree.leaves(tree)])
+    history = jnp.concatenate([flat(amaxes)[:, None], state["amax_history"][:, :-1]], axis=1)
+    largest = jnp.max(jnp.where(jnp.isfinite(history), history, 0.0), axis=1)
+    new = jnp.where(largest > 0.0, largest / _limits(scales), flat(scales))
+    leaves, treedef = jax.tree.flatten(scales)
+    sizes = np.cumsum([int(np.prod(leaf.shape)) for leaf in leaves])[:-1]
+    parts = jnp.split(new, sizes)
+    return {"scale": jax.tree.unflatten(
+                treedef, [p.reshape(leaf.shape) for p, leaf in zip(parts, leaves, strict=True)]),
+            "amax_history": history}

@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding
 from bert_jax import parallel
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
-from bert_jax.modeling.fp8 import FP8_COLLECTION
+from bert_jax.modeling import fp8
 from bert_jax.modeling.heads import BertForPreTraining
 from bert_jax.training import config as config_lib
 from bert_jax.training.inputs import examples_per_row
@@ -92,8 +92,10 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
             variables = model.init({"params": rng}, ids, ids, ids, positions)
             params = variables["params"]
             # BertConfig.fp8: the scaling state rides in the optimizer-state slot
-            return TrainState.create(params, with_fp8_state(
-                tx.init(params), variables.get(FP8_COLLECTION)))
+            collection = variables.get(fp8.FP8_COLLECTION)
+            return TrainState.create(params, with_fp8_state(tx.init(params), None if (
+                collection is None) else fp8.initial_state(collection,
+                                                           model_cfg.fp8_amax_history)))
 
     abstract_state, state_shardings = parallel.abstract_and_shardings(
         init_fn, mesh, rules, jax.random.PRNGKey(0))

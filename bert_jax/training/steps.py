@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from bert_jax.config import BertConfig
-from bert_jax.modeling import heads
+from bert_jax.modeling import fp8, heads
 from bert_jax.modeling.fp8 import FP8_COLLECTION
 from bert_jax.training.state import TrainState, split_fp8_state, with_fp8_state
 
@@ -94,11 +94,11 @@ def summarize(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
     return metrics
 
 
-def _apply(model: nn.Module, params, batch: Batch, *, rng=None, fp8_state=None
+def _apply(model: nn.Module, params, batch: Batch, *, rng=None, fp8_scales=None
            ) -> dict[str, Any]:
     variables = {"params": params}
-    if fp8_state is not None:
-        variables[FP8_COLLECTION] = fp8_state
+    if fp8_scales is not None:
+        variables[FP8_COLLECTION] = fp8_scales
     return model.apply(variables, batch["input_ids"], batch["input_mask"],
                        batch["segment_ids"], batch["masked_lm_positions"],
                        deterministic=rng is None,
@@ -124,11 +124,11 @@ def _split_microbatches(batch: Batch, k: int, sharding: Callable[[int], Any] | N
 
 
 def default_sums_fn(model: nn.Module, pair_head: bool) -> Callable[..., dict[str, jax.Array]]:
-    """MLM + NSP/SOP sums: ``sums_fn(params, batch, rng, deterministic, fp8_state=None)``
-    (``fp8_state``: the model's FP8 scaling collection, ``BertConfig.fp8``)."""
-    def sums_fn(params, batch: Batch, rng, deterministic: bool, fp8_state=None):
+    """MLM + NSP/SOP sums: ``sums_fn(params, batch, rng, deterministic, fp8_scales=None)``
+    (``fp8_scales``: the model's FP8 collection of scales, ``BertConfig.fp8``)."""
+    def sums_fn(params, batch: Batch, rng, deterministic: bool, fp8_scales=None):
         outputs = _apply(model, params, batch, rng=None if deterministic else rng,
-                         fp8_state=fp8_state)
+                         fp8_scales=fp8_scales)
         return loss_sums(outputs, batch, pair_head, model.config)
 
     return sums_fn
@@ -167,55 +167,59 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     not a sum) leaves it to XLA's partitioner.
 
     Under ``BertConfig.fp8`` the optimizer-state slot also holds the FP8 scaling state
-    (``state.with_fp8_state``): the step differentiates with respect to it too, and its
-    "gradient" is its new value (``modeling/fp8.py``), which replaces it; microbatches pass it
-    on from one to the next (each forward pass records its maxima), and a skipped update
-    keeps the old one.
+    (``state.with_fp8_state``, ``modeling/fp8.py``): the step differentiates with respect to
+    its scales too, whose "gradients" are their tensors' absolute maxima; every microbatch
+    uses the step's scales, the step records the largest maximum of its microbatches
+    (``fp8.next_state``), and a skipped update keeps the old state.
     """
     if skip not in ("where", "cond"):
         raise ValueError(f"skip={skip!r}: expected 'where' or 'cond'")
     sums_fn = sums_fn or default_sums_fn(model, pair_head)
 
-    def loss_fn(params, mb: Batch, rng, dens, fp8_state=None):
+    def loss_fn(params, mb: Batch, rng, dens, fp8_scales=None):
         if param_cast is not None:
             params = param_cast(params)
-        extra = {} if fp8_state is None else {"fp8_state": fp8_state}
+        extra = {} if fp8_scales is None else {"fp8_scales": fp8_scales}
         sums = sums_fn(params, mb, rng, False, **extra)
         return _loss(sums, dens), sums
 
     param_grad_fn = jax.grad(loss_fn, has_aux=True)
     fp8_grad_fn = jax.grad(loss_fn, argnums=(0, 4), has_aux=True)
 
-    def grad_fn(params, fp8_state, mb: Batch, rng, dens):
-        """(parameter gradients, sums, new FP8 state or None)."""
-        if fp8_state is None:
+    def grad_fn(params, scales, mb: Batch, rng, dens):
+        """(parameter gradients, sums, the FP8 tensors' maxima or None); ``scales``: the
+        model's FP8 collection (None without FP8)."""
+        if scales is None:
             return (*param_grad_fn(params, mb, rng, dens), None)
-        (grads, new_fp8_state), sums = fp8_grad_fn(params, mb, rng, dens, fp8_state)
-        return grads, sums, new_fp8_state
+        (grads, amaxes), sums = fp8_grad_fn(params, mb, rng, dens, scales)
+        return grads, sums, amaxes
 
-    def gradients(params, fp8_state, batch: Batch, step_rng, dens, split_sharding):
-        """(gradients, sums, new FP8 state or None) of the whole batch: one pass, or
-        ``microbatches`` summed (``split_sharding``: :func:`_split_microbatches`')."""
+    def gradients(params, scales, batch: Batch, step_rng, dens, split_sharding):
+        """(gradients, sums, FP8 maxima or None) of the whole batch: one pass, or
+        ``microbatches`` summed (maxima: their largest; ``split_sharding``:
+        :func:`_split_microbatches`')."""
         if microbatches == 1:
-            return grad_fn(params, fp8_state, batch, step_rng, dens)
+            return grad_fn(params, scales, batch, step_rng, dens)
 
         def body(carry, xs):
-            grad_acc, sum_acc, fp8_in = carry
+            grad_acc, sum_acc, amax_acc = carry
             index, mb = xs
-            g, s, fp8_out = grad_fn(params, fp8_in, mb, jax.random.fold_in(step_rng, index),
-                                    dens)
-            return (jax.tree.map(jnp.add, grad_acc, g),
-                    jax.tree.map(jnp.add, sum_acc, s), fp8_out), None
+            g, s, amaxes = grad_fn(params, scales, mb, jax.random.fold_in(step_rng, index),
+                                   dens)
+            return (jax.tree.map(jnp.add, grad_acc, g), jax.tree.map(jnp.add, sum_acc, s),
+                    None if amaxes is None else jax.tree.map(jnp.maximum, amax_acc, amaxes)
+                    ), None
 
         split = _split_microbatches(batch, microbatches, split_sharding)
         sum_shapes = jax.eval_shape(
-            lambda: grad_fn(params, fp8_state, jax.tree.map(lambda x: x[0], split), step_rng,
+            lambda: grad_fn(params, scales, jax.tree.map(lambda x: x[0], split), step_rng,
                             dens)[1])
         init = (jax.tree.map(jnp.zeros_like, params),
-                jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes), fp8_state)
-        (grads, sums, new_fp8_state), _ = jax.lax.scan(
+                jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes),
+                None if scales is None else jax.tree.map(jnp.zeros_like, scales))
+        (grads, sums, amaxes), _ = jax.lax.scan(
             body, init, (jnp.arange(microbatches), split))
-        return grads, sums, new_fp8_state
+        return grads, sums, amaxes
 
     # Inside an explicit reduction each device splits only its own rows into microbatches.
     reduced_gradients = None if reduce_grads is None else reduce_grads(
@@ -231,10 +235,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
         tx_state, fp8_state = split_fp8_state(state.opt_state)
         if reduce_grads is not None and fp8_state is None:
             grads, sums = reduced_gradients(state.params, batch, step_rng, dens)
-            new_fp8_state = None
         else:
-            grads, sums, new_fp8_state = gradients(state.params, fp8_state, batch, step_rng,
-                                                   dens, microbatch_sharding)
+            grads, sums, amaxes = gradients(
+                state.params, None if fp8_state is None else fp8_state["scale"], batch,
+                step_rng, dens, microbatch_sharding)
         metrics = summarize(sums)
         grad_norm = optax.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
@@ -265,7 +269,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                                                      operands)
         if fp8_state is not None:
             new_fp8_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                         new_fp8_state, fp8_state)
+                                         fp8.next_state(fp8_state, amaxes), fp8_state)
             new_opt_state = with_fp8_state(new_opt_state, new_fp8_state)
         skipped = (~finite).astype(jnp.int32)
         new_state = state.replace(

@@ -1,5 +1,6 @@
-"""FP8 matmuls (``BertConfig.fp8``, ``modeling/fp8.py``): the delayed-scaling arithmetic, the
-new scaling state as the "gradient", the encoder's layers in float8, and fp8=false unchanged.
+"""FP8 matmuls (``BertConfig.fp8``, ``modeling/fp8.py``): the scaled products, the maxima as the
+scales' "gradient", the delayed-scaling state, the encoder's layers in float8, and fp8=false
+unchanged.
 XLA on CPU emulates the float8 dots."""
 
 from __future__ import annotations
@@ -12,39 +13,27 @@ import pytest
 from bert_jax import modeling
 from bert_jax.config import BertConfig, get_preset
 from bert_jax.errors import BertJaxError
-from bert_jax.modeling.fp8 import FP8_COLLECTION, fp8_matmul
+from bert_jax.modeling import fp8
+from bert_jax.modeling.fp8 import FP8_COLLECTION, SCALES, fp8_matmul
 
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0
 
 
-def _meta(history=4, **values):
-    meta = {f"{t}_{k}": (jnp.ones(()) if k == "scale" else jnp.zeros((history,)))
-            for t in ("input", "kernel", "output_grad") for k in ("scale", "amax_history")}
-    meta.update({k: jnp.asarray(v, jnp.float32) for k, v in values.items()})
-    return meta
+def _scales(**values):
+    return {name: jnp.asarray(values.get(name, 1.0), jnp.float32) for name in SCALES}
 
 
-def test_scales_come_from_the_history_and_the_new_state_is_the_gradient():
+def test_scaled_products_and_the_maxima_as_the_scales_gradient():
     x = jax.random.normal(jax.random.key(0), (2, 8, 32), jnp.float32) * 3.0
     kernel = jax.random.normal(jax.random.key(1), (32, 16), jnp.float32) * 0.05
     g = jax.random.normal(jax.random.key(2), (2, 8, 16), jnp.float32) * 1e-4
-    meta = _meta(input_amax_history=[0.0, 4.0, 2.0, 0.0],
-                 kernel_amax_history=[0.2, 0.0, 0.0, 0.0],
-                 output_grad_amax_history=[5e-4, 0.0, 0.0, 0.0])
-    y, pullback = jax.vjp(lambda a, b, m: fp8_matmul(a, b, m, 1), x, kernel, meta)
-    dx, dk, new = pullback(g)
-
     sx, sk, sg = 4.0 / E4M3_MAX, 0.2 / E4M3_MAX, 5e-4 / E5M2_MAX
-    np.testing.assert_allclose(new["input_scale"], sx, rtol=1e-6)
-    np.testing.assert_allclose(new["kernel_scale"], sk, rtol=1e-6)
-    np.testing.assert_allclose(new["output_grad_scale"], sg, rtol=1e-6)
-    # newest maximum in front, the oldest entry dropped
-    np.testing.assert_allclose(new["input_amax_history"],
-                               [float(jnp.max(jnp.abs(x))), 0.0, 4.0, 2.0], rtol=1e-6)
-    np.testing.assert_allclose(new["kernel_amax_history"][:2],
-                               [float(jnp.max(jnp.abs(kernel))), 0.2], rtol=1e-6)
-    np.testing.assert_allclose(new["output_grad_amax_history"][0], float(jnp.max(jnp.abs(g))),
-                               rtol=1e-6)
+    meta = _scales(input_scale=sx, kernel_scale=sk, output_grad_scale=sg)
+    y, pullback = jax.vjp(lambda a, b, m: fp8_matmul(a, b, m, 1), x, kernel, meta)
+    dx, dk, amaxes = pullback(g)
+    np.testing.assert_allclose(amaxes["input_scale"], jnp.max(jnp.abs(x)), rtol=1e-6)
+    np.testing.assert_allclose(amaxes["kernel_scale"], jnp.max(jnp.abs(kernel)), rtol=1e-6)
+    np.testing.assert_allclose(amaxes["output_grad_scale"], jnp.max(jnp.abs(g)), rtol=1e-6)
 
     # The same products from explicitly quantized operands (values beyond the scale's range
     # saturate).
@@ -57,26 +46,47 @@ def test_scales_come_from_the_history_and_the_new_state_is_the_gradient():
     np.testing.assert_allclose(y, qx @ qk, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dx, qg @ qk.T, rtol=1e-5, atol=1e-9)
     np.testing.assert_allclose(dk, jnp.einsum("bsi,bso->io", qx, qg), rtol=1e-5, atol=1e-9)
-    # The next step scales by the maxima just recorded: close to the exact products
-    # (float8: 3 and 2 mantissa bits), where the first step saturated x.
+
+    # Scales from the maxima just recorded: close to the exact products (float8: 3 and 2
+    # mantissa bits), where the first step saturated x.
     def rel(a, b):
         return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
 
     assert rel(y, x @ kernel) > 0.1
-    y, pullback = jax.vjp(lambda a, b: fp8_matmul(a, b, new, 1), x, kernel)
+    state = fp8.next_state(fp8.initial_state({"m": meta}, 4), {"m": amaxes})["scale"]["m"]
+    y, pullback = jax.vjp(lambda a, b: fp8_matmul(a, b, state, 1), x, kernel)
     dx, dk = pullback(g)
     assert rel(y, x @ kernel) < 0.05
     assert rel(dx, g @ kernel.T) < 0.1
     assert rel(dk, jnp.einsum("bsi,bso->io", x, g)) < 0.1
 
 
-def test_an_empty_history_keeps_the_previous_scale():
-    x = jnp.full((4, 8), 2.0)
-    kernel = jnp.full((8, 8), 0.5)
-    new = jax.vjp(lambda m: fp8_matmul(x, kernel, m, 1),
-                  _meta(input_scale=0.25, kernel_scale=2.0))[1](jnp.ones((4, 8)))[0]
-    assert float(new["input_scale"]) == 0.25 and float(new["kernel_scale"]) == 2.0
-    assert float(new["input_amax_history"][0]) == 2.0
+def test_the_state_keeps_one_history_row_per_tensor():
+    # two matmuls: one plain, one scanned over 2 layers -> 3 + 6 tensors
+    collection = {"a": _scales(), "b": {k: jnp.ones((2,)) for k in SCALES}}
+    state = fp8.initial_state(collection, 3)
+    assert state["amax_history"].shape == (9, 3) and not state["amax_history"].any()
+    step = jax.jit(fp8.next_state)
+    state = step(state, {"a": _scales(input_scale=2.0, kernel_scale=0.0,
+                                      output_grad_scale=1e-3),
+                         "b": {k: jnp.asarray([4.0, 8.0]) for k in SCALES}})
+    a, b = state["scale"]["a"], state["scale"]["b"]
+    np.testing.assert_allclose(a["input_scale"], 2.0 / E4M3_MAX, rtol=1e-6)
+    assert float(a["kernel_scale"]) == 1.0  # nothing recorded yet: the previous scale
+    np.testing.assert_allclose(a["output_grad_scale"], 1e-3 / E5M2_MAX, rtol=1e-6)
+    np.testing.assert_allclose(b["input_scale"], [4.0 / E4M3_MAX, 8.0 / E4M3_MAX], rtol=1e-6)
+    np.testing.assert_allclose(b["output_grad_scale"], [4.0 / E5M2_MAX, 8.0 / E5M2_MAX],
+                               rtol=1e-6)
+    # newest in front; the scale follows the largest maximum of the window, a non-finite
+    # one ignored, and the oldest entry dropped
+    for amax in (0.5, float("inf"), 0.25):
+        state = step(state, {"a": _scales(input_scale=amax, kernel_scale=amax,
+                                          output_grad_scale=amax),
+                             "b": {k: jnp.asarray([amax, amax]) for k in SCALES}})
+    np.testing.assert_allclose(state["amax_history"][0], [0.25, np.inf, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(state["scale"]["a"]["input_scale"], 0.5 / E4M3_MAX, rtol=1e-6)
+    np.testing.assert_allclose(state["scale"]["b"]["input_scale"], [0.5 / E4M3_MAX] * 2,
+                               rtol=1e-6)
 
 
 def _model_and_batch(**overrides):
@@ -112,10 +122,9 @@ def test_encoder_layers_run_in_fp8_close_to_bfloat16(scan_layers):
     layers = cfg.num_hidden_layers
     names = ({"layers"} if scan_layers else {f"layer_{i}" for i in range(layers)})
     assert set(state["bert"]["encoder"]) == names  # the embeddings and heads stay bfloat16
-    shape = (layers, 8) if scan_layers else (8,)
     for path, leaf in jax.tree_util.tree_leaves_with_path(state):
-        expect = shape if "history" in jax.tree_util.keystr(path) else shape[:-1]
-        assert leaf.shape == expect, jax.tree_util.keystr(path)
+        assert leaf.shape == ((layers,) if scan_layers else ()), jax.tree_util.keystr(path)
+        assert jax.tree_util.keystr(path).endswith(tuple(f"'{k}']" for k in SCALES))
     # 4 projections per layer: query/key/value, attention output, MLP in and out
     forward = jax.make_jaxpr(lambda v: model.apply(v, ids, mask))(variables)
     assert _float8_dots(forward.jaxpr) == 4 * (1 if scan_layers else layers)
@@ -125,10 +134,11 @@ def test_encoder_layers_run_in_fp8_close_to_bfloat16(scan_layers):
 
     # Scales from a history of earlier steps (here: one step's maxima, recorded by a
     # gradient): then the outputs follow the bfloat16 model's.
-    _, new_state = jax.jit(jax.grad(lambda p, s: jnp.sum(model.apply(
+    _, amaxes = jax.jit(jax.grad(lambda p, s: jnp.sum(model.apply(
         {"params": p, FP8_COLLECTION: s}, ids, mask)["mlm_logits"].astype(jnp.float32)),
         argnums=(0, 1)))(variables["params"], state)
-    fp8_out = jax.jit(model.apply)({"params": variables["params"], FP8_COLLECTION: new_state},
+    scales = fp8.next_state(fp8.initial_state(state, 8), amaxes)["scale"]
+    fp8_out = jax.jit(model.apply)({"params": variables["params"], FP8_COLLECTION: scales},
                                    ids, mask)["mlm_logits"].astype(jnp.float32)
     plain = jax.jit(modeling.BertForPreTraining(cfg.replace(fp8=False)).apply)(
         {"params": variables["params"]}, ids, mask)["mlm_logits"].astype(jnp.float32)

@@ -1,7 +1,7 @@
-"""The pretraining step under ``model.fp8``: it trains, the scaling state (amax histories and
-scales) is replaced by the step, never touched by the optimizer, passed through microbatches,
-kept on a skipped update, replicated over the mesh and checkpointed with the optimizer
-state."""
+"""The pretraining step under ``model.fp8``: it trains, the scaling state (scales and the
+stacked amax history) is replaced by the step, never touched by the optimizer, records the
+largest maxima of its microbatches, is kept on a skipped update, replicated over the mesh and
+checkpointed with the optimizer state."""
 
 import jax
 import numpy as np
@@ -72,19 +72,20 @@ def test_fp8_step_trains_and_keeps_the_scaling_state_apart(plain_steps):
         losses.append(float(metrics["loss"]))
         histories.append(_histories(state))
     assert losses[-1] < losses[0] - 0.05, losses
-    assert len(histories[0]) == 2 * 4 * 3 * 2  # layers x projections x tensors x (scale, hist)
-    for key, initial in histories[0].items():
-        if key.endswith("amax_history']"):
-            assert not initial.any()
-            assert (histories[1][key][0] > 0) and not histories[1][key][1:].any(), key
-            # newest in front: step t's entries are step t-1's, moved back by one
-            np.testing.assert_array_equal(histories[5][key][1:], histories[4][key][:-1])
-            assert (histories[5][key] > 0).all(), key
-        else:  # scale: 1 until a maximum is recorded, then max(history) / float8 max
-            assert initial == 1.0 and histories[1][key] == 1.0
-            hist = histories[4][key.replace("scale']", "amax_history']")]
-            limit = 57344.0 if "output_grad" in key else 448.0
-            np.testing.assert_allclose(histories[5][key], hist.max() / limit, rtol=1e-6)
+    scales = {k: v for k, v in histories[0].items() if k.startswith("['scale']")}
+    assert len(scales) == 2 * 4 * 3  # layers x projections x tensors
+    assert histories[0]["['amax_history']"].shape == (len(scales), 4)
+    assert not histories[0]["['amax_history']"].any()
+    assert all(v == 1.0 for v in scales.values())
+    hist = [h["['amax_history']"] for h in histories]
+    assert (hist[1][:, 0] > 0).all() and not hist[1][:, 1:].any()
+    # newest in front: step t's entries are step t-1's, moved back by one
+    np.testing.assert_array_equal(hist[5][:, 1:], hist[4][:, :-1])
+    assert (hist[5] > 0).all()
+    # each scale: max(history) / float8 max, in the order of the scale tree's leaves
+    for row, key in enumerate(scales):
+        limit = 57344.0 if "output_grad" in key else 448.0
+        np.testing.assert_allclose(histories[5][key], hist[5][row].max() / limit, rtol=1e-6)
 
     # a skipped update (non-finite loss) keeps the scaling state as it was
     bad = jax.device_get(batch)
@@ -98,7 +99,7 @@ def test_fp8_step_trains_and_keeps_the_scaling_state_apart(plain_steps):
 
 
 @pytest.mark.slow
-def test_microbatches_pass_the_scaling_state_on(plain_steps, scanned_microbatch_steps):
+def test_microbatches_record_their_largest_maxima(plain_steps, scanned_microbatch_steps):
     full, batch = plain_steps
     state_full = full.init_state(jax.random.PRNGKey(0))
     accum, _ = scanned_microbatch_steps
@@ -106,12 +107,26 @@ def test_microbatches_pass_the_scaling_state_on(plain_steps, scanned_microbatch_
     rng = jax.random.PRNGKey(1)
     state_full, m_full = full.train_step(state_full, batch, rng)
     state_accum, m_accum = accum.train_step(state_accum, batch, rng)
-    # quantized differently (each microbatch's own maxima), the same loss up to that
+    # the same scales (all 1 in a first step), the same loss
     np.testing.assert_allclose(m_accum["loss"], m_full["loss"], rtol=1e-2)
-    for key, value in _histories(state_accum).items():
-        if key.endswith("amax_history']"):  # two forward passes recorded, one after the other
-            assert value.shape == (2, 4)  # [layers, history]
-            assert (value[:, :2] > 0).all() and not value[:, 2:].any(), key
+    # one entry per step, the largest of the microbatches' maxima (not their sum): for the
+    # forward tensors the whole batch's (no dropout), up to rounding in a differently
+    # compiled (scanned) model that float8 at scale 1 amplifies after the first matmul
+    def forward_maxima(state):
+        scales = _histories(state)
+        rows, row = [], 0
+        for key, value in scales.items():
+            if key.startswith("['scale']"):
+                if "output_grad" not in key:
+                    rows.extend(range(row, row + value.size))
+                row += value.size
+        history = scales["['amax_history']"]
+        assert history.shape == (24, 4) and (history[:, 0] > 0).all()
+        assert not history[:, 1:].any()
+        return np.sort(history[rows, 0])
+
+    np.testing.assert_allclose(forward_maxima(state_accum), forward_maxima(state_full),
+                               rtol=0.1)
 
 
 def test_scaling_state_survives_a_checkpoint(tmp_path, scanned_microbatch_steps):
