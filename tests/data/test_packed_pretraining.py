@@ -15,16 +15,31 @@ tf = pytest.importorskip("tensorflow")
 SEQ, K = 64, 4
 
 
-def _packed_data(tmp_path):
-    write_corpus(tmp_path / "corpus", n_files=2, docs_per_file=10)
+def _packed_data(tmp_path, *options, name="out", pack=True):
+    if not (tmp_path / "corpus").exists():
+        write_corpus(tmp_path / "corpus", n_files=2, docs_per_file=10)
     vocab = write_vocab(str(tmp_path))
-    out = tmp_path / "out"
+    out = tmp_path / name
+    packing = ["--pack", "--max-examples-per-row", str(K)] if pack else []
     rc = main(["create-pretraining-data", "--input", str(tmp_path / "corpus"), "--tokenizer",
                vocab, "--output-dir", str(out), "--max-seq-length", str(SEQ),
                "--short-seq-prob", "0.7", "--num-shards", "1", "--num-workers", "1",
-               "--pack", "--max-examples-per-row", str(K), "--no-progress"])
+               *packing, *options, "--no-progress"])
     assert rc == 0
     return out, vocab
+
+
+def _records(out, features):
+    meta = json.loads((out / "metadata.json").read_text())
+    path = str(out / meta["splits"]["train"]["shards"][0]["file"])
+    return [{k: v.numpy() for k, v in tf.io.parse_single_example(record, features).items()}
+            for record in tf.data.TFRecordDataset(path)]
+
+
+def _renumbered(units):
+    """unit_ids numbered 1, 2, ... in order of appearance (0 stays 0)."""
+    order = {}
+    return tuple(order.setdefault(u, len(order) + 1) if u else 0 for u in units.tolist())
 
 
 def test_pack_writes_whole_examples_and_the_pipeline_reads_them(tmp_path):
@@ -85,3 +100,53 @@ def test_packed_data_trains(tmp_path):
     assert result["step"] == 3
     assert np.isfinite(result["loss"]) and np.isfinite(result["nsp_loss"])
     assert result["nsp_loss"] > 0 and result["mlm_loss"] > 0
+
+
+def test_packed_knowledge_units_stay_inside_examples_and_mask_whole(tmp_path):
+    from data.helpers import wordpiece
+
+    out, _ = _packed_data(tmp_path, "--knowledge-units")
+    flat, _ = _packed_data(tmp_path, "--knowledge-units", name="flat", pack=False)
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["knowledge_units"] and "numbered on" in meta["features"]["unit_ids"]
+    per_token = ("input_ids", "segment_ids", "example_ids", "unit_ids")
+    features = {name: tf.io.FixedLenFeature([SEQ], tf.int64) for name in per_token}
+    features.update({name: tf.io.FixedLenFeature([K], tf.int64)
+                     for name in ("next_sentence_label", "example_slots")})
+    rows = _records(out, features)
+    packed = []
+    for r in rows:
+        for u in np.unique(r["unit_ids"][r["unit_ids"] > 0]):
+            tokens = np.flatnonzero(r["unit_ids"] == u)  # one unit: one run in one example
+            assert np.array_equal(tokens, np.arange(tokens[0], tokens[-1] + 1))
+            assert len(set(r["example_ids"][tokens].tolist())) == 1
+        for slot in range(int(r["example_slots"].sum())):
+            tokens = r["example_ids"] == slot + 1
+            packed.append((tuple(r["input_ids"][tokens].tolist()),
+                           _renumbered(r["unit_ids"][tokens]),
+                           int(r["next_sentence_label"][slot])))
+    flat_features = {name: tf.io.FixedLenFeature([SEQ], tf.int64)
+                     for name in ("input_ids", "unit_ids")}
+    flat_features["next_sentence_label"] = tf.io.FixedLenFeature([1], tf.int64)
+    unpacked = [(tuple(r["input_ids"][r["input_ids"] != PAD].tolist()),
+                 _renumbered(r["unit_ids"][r["input_ids"] != PAD]),
+                 int(r["next_sentence_label"][0])) for r in _records(flat, flat_features)]
+    # Packing keeps every example once, with the units it has unpacked.
+    assert sorted(packed) == sorted(unpacked)
+    assert sum(max(units) for _, units, _ in packed) > len(packed)  # units to mask
+
+    it = PretrainingIterator.from_data_dir(
+        str(out), per_host_batch_size=len(rows), max_predictions_per_seq=12, shuffle_buffer=1,
+        tokenizer=wordpiece(str(tmp_path)), masking="knowledge", basic_fraction=0.0)
+    batch = next(it)  # the whole epoch, rows in file order
+    whole = 0
+    for r, row in enumerate(rows):
+        n = int(batch["masked_lm_weights"][r].sum())
+        selected = np.zeros(SEQ, bool)
+        selected[batch["masked_lm_positions"][r, :n]] = True
+        assert (row["example_ids"][selected] > 0).all()
+        for u in np.unique(row["unit_ids"][row["unit_ids"] > 0]):
+            inside = selected[row["unit_ids"] == u]
+            assert inside.all() or not inside.any()  # whole units only
+            whole += inside.all()
+    assert whole > len(rows) // 4  # units are masked, not only the words around them
