@@ -1,5 +1,6 @@
-"""`create-pretraining-data --pack`: packed rows of whole NSP examples, read by the pipeline
-with per-example NSP labels and masks inside examples, and trained for a few steps."""
+"""`create-pretraining-data --pack`: packed rows of whole NSP examples (with knowledge units
+kept inside their examples), read by the pipeline with per-example NSP labels and masks inside
+examples, materialized, and trained for a few steps from shards and from batches."""
 
 import json
 
@@ -78,28 +79,59 @@ def test_pack_writes_whole_examples_and_the_pipeline_reads_them(tmp_path):
     assert (hit[batch["masked_lm_weights"] > 0] > 0).all()
 
 
-def test_packed_data_trains(tmp_path):
-    from training.helpers import EXPERIMENT, SMALL
+def test_packed_data_trains_from_shards_and_from_materialized_batches(tmp_path):
+    """Materialized packed batches are the pipeline's, field by field, and a run trained from
+    them takes the same steps as one trained from the shards."""
+    from training.helpers import EXPERIMENT, SMALL, without_keys
 
+    from bert_jax.data.materialize import MaterializedBatches
     from bert_jax.training.config import load_config
+    from bert_jax.training.inputs import examples_per_row
     from bert_jax.training.loop import train_and_evaluate
 
     out, vocab = _packed_data(tmp_path)
-    overrides = [o for o in SMALL if not o.startswith(("--config.data.source",
-                                                        "--config.model.vocab_size",
-                                                        "--config.data.max_seq_length",
-                                                        "--config.model.max_position"))]
-    config = load_config(f"{EXPERIMENT}:tiny", [
-        *overrides, f"--config.data.directory={out}", f"--config.data.tokenizer={vocab}",
-        "--config.model.vocab_size=39", "--config.log_every=1",
-        f"--config.data.max_seq_length={SEQ}",
-        f"--config.model.max_position_embeddings={SEQ}", "--config.num_train_steps=3",
-        "--config.eval_steps=0", "--config.optimizer.warmup_steps=0",
-        "--config.data.shuffle_buffer=1"])
-    result = train_and_evaluate(config, str(tmp_path / "run"))
-    assert result["step"] == 3
+    steps, batch_size, preds = 3, 16, 5
+    settings = [
+        f"--config.data.tokenizer={vocab}", "--config.model.vocab_size=39",
+        "--config.log_every=1", f"--config.data.max_seq_length={SEQ}",
+        f"--config.model.max_position_embeddings={SEQ}", f"--config.num_train_steps={steps}",
+        f"--config.global_batch_size={batch_size}",
+        f"--config.data.max_predictions_per_seq={preds}", "--config.eval_steps=0",
+        "--config.optimizer.warmup_steps=0", "--config.data.shuffle_buffer=1"]
+    base = [o for o in without_keys(SMALL, settings)
+            if not o.startswith("--config.data.source")]
+
+    def train(directory, name):
+        config = load_config(f"{EXPERIMENT}:tiny", [
+            *base, *settings, f"--config.data.directory={directory}"])
+        assert examples_per_row(config) == K
+        return train_and_evaluate(config, str(tmp_path / name))
+
+    result = train(out, "run")
+    assert result["step"] == steps
     assert np.isfinite(result["loss"]) and np.isfinite(result["nsp_loss"])
     assert result["nsp_loss"] > 0 and result["mlm_loss"] > 0
+
+    mat = tmp_path / "mat"
+    assert main(["materialize-batches", "--data-dir", str(out), "--output", str(mat),
+                 "--steps", str(steps), "--batch-size", str(batch_size), "--max-predictions",
+                 str(preds), "--shuffle-buffer", "1", "--no-progress"]) == 0
+    manifest = json.loads((mat / "manifest.json").read_text())
+    assert manifest["packed"] and manifest["max_examples_per_row"] == K
+    assert manifest["keys"]["next_sentence_labels"]["shape"] == [steps, batch_size, K]
+    live = PretrainingIterator.from_data_dir(str(out), per_host_batch_size=batch_size,
+                                             max_predictions_per_seq=preds, shuffle_buffer=1)
+    for got in MaterializedBatches(str(mat)):
+        expected = next(live)
+        assert got.keys() == expected.keys() and set(PACKED_BATCH_KEYS) <= set(got)
+        for key, value in expected.items():
+            np.testing.assert_array_equal(got[key], value, err_msg=key)
+            assert got[key].dtype == value.dtype, key
+
+    replay = train(mat, "replay")
+    assert replay["step"] == steps
+    for key in ("loss", "mlm_loss", "nsp_loss"):
+        np.testing.assert_allclose(replay[key], result[key], rtol=1e-6, err_msg=key)
 
 
 def test_packed_knowledge_units_stay_inside_examples_and_mask_whole(tmp_path):
