@@ -15,7 +15,8 @@ order, 1 = random next / swapped; always 0 in full_sentences mode). Masking happ
 pipeline. With ``--pack`` each record is a packed row of up to ``--max-examples-per-row``
 examples (``bert_jax/data/packing.py``): ``input_ids``/``segment_ids`` left-aligned, plus
 ``example_ids`` and ``position_ids`` per token and ``cls_positions``, ``next_sentence_label``
-and ``example_slots`` per example slot (``examples`` counts rows then).
+and ``example_slots`` per example slot (``examples`` counts rows then); with
+``--knowledge-units`` a row's ``unit_ids`` number the units of all its examples in turn.
 
 ``metadata.json`` lists every shard with its example count, the settings, the tokenizer's
 fingerprint, vocab size and special ids, and the counts of repaired and skipped input.
@@ -73,9 +74,8 @@ class CreationConfig:
         if self.knowledge_units and self.output_format != "pairs":
             raise BertJaxError("--knowledge-units annotates finished examples: use --format "
                                "pairs")
-        if self.pack and (self.output_format != "pairs" or self.knowledge_units):
-            raise BertJaxError("--pack packs finished examples: use --format pairs, without "
-                               "--knowledge-units")
+        if self.pack and self.output_format != "pairs":
+            raise BertJaxError("--pack packs finished examples: use --format pairs")
         if self.max_examples_per_row < 1:
             raise BertJaxError(f"--max-examples-per-row {self.max_examples_per_row}: must be "
                                ">= 1")
@@ -135,9 +135,13 @@ def _serialize(examples: list[instances.Example], max_seq_length: int, pad_id: i
 
 
 def _serialize_packed(examples: list[instances.Example], config: CreationConfig, pad_id: int,
-                      encoder: ExampleEncoder, seed: int) -> list[bytes]:
+                      encoder: ExampleEncoder, seed: int, matcher=None) -> list[bytes]:
     """Packed rows of ``examples`` (best-fit decreasing, placement seeded by ``seed``), in an
-    order drawn from ``seed`` (best-fit makes them longest example first)."""
+    order drawn from ``seed`` (best-fit makes them longest example first).
+
+    With ``matcher`` (knowledge units) each row also carries ``unit_ids``, numbered across
+    the row: an example's units continue after the previous example's, so equal ids never
+    span two examples."""
     from bert_jax.data import packing
 
     k, length = config.max_examples_per_row, config.max_seq_length
@@ -145,21 +149,29 @@ def _serialize_packed(examples: list[instances.Example], config: CreationConfig,
     random.Random(seed).shuffle(rows)
     out = []
     for row in rows:
-        ids, segs, example_ids, positions = [], [], [], []
+        ids, segs, example_ids, positions, unit_ids = [], [], [], [], []
         cls_positions, labels = [0] * k, [0] * k
+        units_so_far = 0
         for slot, i in enumerate(row.tolist()):
             example_ids_i, segs_i, label = examples[i]
             cls_positions[slot], labels[slot] = len(ids), label
+            if matcher is not None:
+                units = matcher.annotate(example_ids_i)  # 0, or 1..m in order
+                unit_ids += [u + units_so_far if u else 0 for u in units]
+                units_so_far += max(units, default=0)
             ids += example_ids_i
             segs += segs_i
             example_ids += [slot + 1] * len(example_ids_i)
             positions += range(len(example_ids_i))
         pad = length - len(ids)
-        out.append(encoder.encode({
+        features = {
             "input_ids": ids + [pad_id] * pad, "segment_ids": segs + [0] * pad,
             "example_ids": example_ids + [0] * pad, "position_ids": positions + [0] * pad,
             "cls_positions": cls_positions, "next_sentence_label": labels,
-            "example_slots": [1] * len(row) + [0] * (k - len(row))}))
+            "example_slots": [1] * len(row) + [0] * (k - len(row))}
+        if matcher is not None:
+            features["unit_ids"] = unit_ids + [0] * pad
+        out.append(encoder.encode(features))
     return out
 
 
@@ -237,7 +249,7 @@ def process_unit(unit_index: int, paths: list[str]) -> dict[str, Any]:
             stats[f"{split}_packed_examples"] += len(examples)
             records[split] = _serialize_packed(examples, config, tokenizer.pad_id,
                                                _WORKER["encoder"],
-                                               config.seed * 1_000_003 + unit_index)
+                                               config.seed * 1_000_003 + unit_index, matcher)
             continue
         records[split] = _serialize(examples, config.max_seq_length, tokenizer.pad_id,
                                     _WORKER["encoder"], matcher)
@@ -404,6 +416,9 @@ def _packed_features(config: CreationConfig) -> dict[str, str]:
         "cls_positions": f"int64[{k}]: each slot's first token (0 for an empty slot)",
         "next_sentence_label": f"int64[{k}]: per slot, as unpacked (0 for an empty slot)",
         "example_slots": f"int64[{k}]: 1 where the slot holds an example",
+        **({"unit_ids": f"int64[{n}]: 0 outside phrases/entities, 1, 2, ... per unit, "
+                        "numbered on across the row's examples (a unit lies in one example)"}
+           if config.knowledge_units else {}),
     }
 
 

@@ -16,7 +16,8 @@ replaced or kept together (SpanBERT, Joshi et al. 2020, section 3.1).
 ``knowledge`` (ERNIE, Sun et al. 2019): units are the phrases and entities annotated when the
 data was created (``unit_ids``: int32 [B, S], 0 outside any unit, equal ids mark one unit) and
 whole words elsewhere; a fraction ``basic_fraction`` of the sequences uses basic (single
-token) masking instead, ERNIE's basic-level masking.
+token) masking instead, ERNIE's basic-level masking. In packed rows (``example_ids`` given)
+that choice is made per example, and a row's unit ids are distinct across its examples.
 
 The modes users select (``MASKING_MODES``) map onto these flags with :func:`mode_flags`.
 
@@ -108,8 +109,11 @@ def _shift_right(x, fill):
     return tf.concat([tf.fill([tf.shape(x)[0], 1], fill), x[:, :-1]], axis=1)
 
 
-def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed, unit_ids=None):
-    """bool[B, S]: True where a maskable unit (token, word, span or knowledge unit) begins."""
+def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed, unit_ids=None,
+                 example_ids=None):
+    """bool[B, S]: True where a maskable unit (token, word, span or knowledge unit) begins.
+    ``example_ids`` (packed rows, 0 at padding): knowledge masking draws the basic-level
+    choice per example rather than per row."""
     import tensorflow as tf
 
     prev_candidate = _shift_right(candidate, False)
@@ -124,9 +128,15 @@ def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed, unit
         starts = candidate & (~prev_candidate | (unit_ids != prev_unit)
                               | (~in_unit & starts))
         seeds = tf.random.experimental.stateless_split(seed, 2, alg="philox")
-        basic = tf.random.stateless_uniform([tf.shape(input_ids)[0]], seeds[0],
-                                            alg="philox") < config.basic_fraction
-        return tf.where(basic[:, None], candidate, starts)
+        if example_ids is None:
+            basic = tf.random.stateless_uniform([tf.shape(input_ids)[0]], seeds[0],
+                                                alg="philox")[:, None] < config.basic_fraction
+        else:  # one draw per example slot of each row, slot 0 (padding) unused
+            per_slot = tf.random.stateless_uniform(
+                [tf.shape(input_ids)[0], tf.shape(input_ids)[1] + 1], seeds[0],
+                alg="philox") < config.basic_fraction
+            basic = tf.gather(per_slot, example_ids, batch_dims=1)  # [B, S]
+        return tf.where(basic, candidate, starts)
     if not config.span_masking:
         return starts
     # A span boundary at each unit with probability p gives geometric span lengths; a boundary
@@ -145,11 +155,13 @@ def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed, unit
     return boundary | forced
 
 
-def mask_batch(input_ids, seed, config: MaskingConfig, tables, unit_ids=None):
+def mask_batch(input_ids, seed, config: MaskingConfig, tables, unit_ids=None,
+               example_ids=None):
     """Masks int32[B, S] ids. Returns (masked_ids, positions, ids, weights); see module doc.
 
     ``tables`` comes from :func:`make_tables` (built once, outside the per-batch function);
-    ``unit_ids`` int32[B, S] is required with ``knowledge``.
+    ``unit_ids`` int32[B, S] is required with ``knowledge``; ``example_ids`` int32[B, S]
+    marks the examples of packed rows (knowledge: basic-level masking per example).
     """
     import tensorflow as tf
 
@@ -167,7 +179,8 @@ def mask_batch(input_ids, seed, config: MaskingConfig, tables, unit_ids=None):
                            "with `bert-jax create-pretraining-data --knowledge-units`)")
     action = tf.random.stateless_uniform(tf.shape(input_ids), seeds[2], alg="philox")
     if config.whole_word or config.span_masking or config.knowledge:
-        starts = _unit_starts(input_ids, candidate, config, tables, seeds[0], unit_ids)
+        starts = _unit_starts(input_ids, candidate, config, tables, seeds[0], unit_ids,
+                              example_ids)
         # Units numbered 0.. per row; non-candidates go to a dummy unit ``seq_len``.
         unit = tf.where(candidate, tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1, seq_len)
         slots = seq_len + 1

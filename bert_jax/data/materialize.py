@@ -5,6 +5,10 @@ for N steps and writes one memory-mappable ``KEY.npy`` per batch key, stacked ``
 plus ``manifest.json``. :class:`MaterializedBatches` reads them back with numpy alone (machines
 without tensorflow train from these); each host takes its contiguous slice of every global
 batch. The masking is the pipeline's, so a materialized run sees the same batches as a live one.
+Packed data (``create-pretraining-data --pack``) adds the pipeline's packed keys
+(``example_ids``, ``position_ids``, ``cls_positions``, ``next_sentence_weights``, and
+``next_sentence_labels`` per example slot); the manifest then says ``"packed": true`` and
+``max_examples_per_row``.
 """
 
 from __future__ import annotations
@@ -24,17 +28,25 @@ MANIFEST_JSON = "manifest.json"
 _KEYS_AND_DTYPES = (("input_ids", "int32"), ("input_mask", "int32"), ("segment_ids", "int32"),
                     ("masked_lm_positions", "int32"), ("masked_lm_ids", "int32"),
                     ("masked_lm_weights", "float32"), ("next_sentence_labels", "int32"))
+_PACKED_KEYS_AND_DTYPES = (("example_ids", "int32"), ("position_ids", "int32"),
+                           ("cls_positions", "int32"), ("next_sentence_weights", "float32"))
 
 
-def storage_dtypes(vocab_size: int, seq_len: int) -> dict[str, str]:
+def storage_dtypes(vocab_size: int, seq_len: int, examples_per_row: int = 0) -> dict[str, str]:
     """The smallest exact on-disk dtype of each key (ids fit uint16 for vocabularies up to
-    65,536; masks, segments, weights and labels are 0/1). About 4x smaller than int32, which
-    matters when batches travel to an accelerator machine."""
+    65,536; masks, segments, weights and labels are 0/1; positions and example slots are
+    below ``seq_len``). About 4x smaller than int32, which matters when batches travel to an
+    accelerator machine."""
     ids = "uint16" if vocab_size <= 2 ** 16 else "int32"
     pos = "uint8" if seq_len <= 2 ** 8 else "uint16"
-    return {"input_ids": ids, "input_mask": "uint8", "segment_ids": "uint8",
-            "masked_lm_positions": pos, "masked_lm_ids": ids, "masked_lm_weights": "uint8",
-            "next_sentence_labels": "uint8"}
+    dtypes = {"input_ids": ids, "input_mask": "uint8", "segment_ids": "uint8",
+              "masked_lm_positions": pos, "masked_lm_ids": ids, "masked_lm_weights": "uint8",
+              "next_sentence_labels": "uint8"}
+    if examples_per_row:
+        dtypes.update({"example_ids": "uint8" if examples_per_row < 2 ** 8 else "uint16",
+                       "position_ids": pos, "cls_positions": pos,
+                       "next_sentence_weights": "uint8"})
+    return dtypes
 
 
 def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_size: int,
@@ -86,16 +98,19 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
         shuffle_buffer=shuffle_buffer, split=split, pairing=pairing,
         short_seq_prob=short_seq_prob, **options)
     seq = seq_len or meta.max_seq_length
-    shapes = {"input_ids": (seq,), "input_mask": (seq,), "segment_ids": (seq,),
-              "masked_lm_positions": (max_predictions,), "masked_lm_ids": (max_predictions,),
-              "masked_lm_weights": (max_predictions,), "next_sentence_labels": ()}
     os.makedirs(output_dir, exist_ok=True)
-    on_disk = storage_dtypes(meta.vocab_size, seq)
-    arrays = {k: np.lib.format.open_memmap(os.path.join(output_dir, f"{k}.npy.tmp"), mode="w+",
-                                           dtype=on_disk[k], shape=(steps, batch_size, *shapes[k]))
-              for k, _ in _KEYS_AND_DTYPES}
+    first = next(iterator)
+    # Packed rows (the pipeline's PACKED_BATCH_KEYS) carry their example slots along.
+    k = first["cls_positions"].shape[1] if "cls_positions" in first else 0
+    keys = dict(_KEYS_AND_DTYPES + (_PACKED_KEYS_AND_DTYPES if k else ()))
+    shapes = {key: first[key].shape[1:] for key in keys}
+    on_disk = storage_dtypes(meta.vocab_size, seq, k)
+    arrays = {key: np.lib.format.open_memmap(os.path.join(output_dir, f"{key}.npy.tmp"),
+                                             mode="w+", dtype=on_disk[key],
+                                             shape=(steps, batch_size, *shapes[key]))
+              for key in keys}
     for step in tqdm(range(steps), desc="materialize-batches", disable=not progress):
-        batch = next(iterator)
+        batch = first if step == 0 else next(iterator)
         for key, array in arrays.items():
             value = batch[key]
             if not np.array_equal(value.astype(array.dtype), value):
@@ -104,7 +119,7 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
     for array in arrays.values():
         array.flush()
     arrays.clear()  # close the memory maps before renaming
-    for key, _ in _KEYS_AND_DTYPES:
+    for key in keys:
         os.replace(os.path.join(output_dir, f"{key}.npy.tmp"),
                    os.path.join(output_dir, f"{key}.npy"))
     manifest = {
@@ -120,13 +135,35 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
         "short_seq_prob": short_seq_prob,
         "data_dir": os.path.abspath(data_dir),
         "tokenizer": meta.raw["tokenizer"],
-        "keys": {k: {"dtype": d, "storage_dtype": on_disk[k],
-                     "shape": [steps, batch_size, *shapes[k]]} for k, d in _KEYS_AND_DTYPES},
+        "packed": bool(k),
+        **({"max_examples_per_row": k} if k else {}),
+        "keys": {key: {"dtype": dtype, "storage_dtype": on_disk[key],
+                       "shape": [steps, batch_size, *shapes[key]]}
+                 for key, dtype in keys.items()},
         "next_state": iterator.state(),
     }
     with open(os.path.join(output_dir, MANIFEST_JSON), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
     return manifest
+
+
+def load_manifest(directory: str) -> dict[str, Any]:
+    """``directory``'s manifest.json; a missing or unreadable one is an error naming it."""
+    path = os.path.join(directory, MANIFEST_JSON)
+    if not os.path.exists(path):
+        raise BertJaxError(f"{path}: not found (run `bert-jax materialize-batches` first)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise BertJaxError(f"{path}: not a readable manifest ({e})") from None
+
+
+def examples_per_row(manifest: dict[str, Any]) -> int:
+    """Example slots per row of materialized packed batches (the width of their
+    ``cls_positions``), 0 for unpacked ones."""
+    spec = manifest.get("keys", {}).get("cls_positions")
+    return int(spec["shape"][-1]) if spec else 0
 
 
 class MaterializedBatches(Iterator[dict[str, np.ndarray]]):
@@ -137,10 +174,7 @@ class MaterializedBatches(Iterator[dict[str, np.ndarray]]):
     def __init__(self, directory: str, start_step: int = 0, process_index: int = 0,
                  process_count: int = 1, repeat: bool = False):
         path = os.path.join(directory, MANIFEST_JSON)
-        if not os.path.exists(path):
-            raise BertJaxError(f"{path}: not found (run `bert-jax materialize-batches` first)")
-        with open(path, encoding="utf-8") as f:
-            self.manifest = json.load(f)
+        self.manifest = load_manifest(directory)
         global_batch = self.manifest["batch_size"]
         if not 0 <= process_index < process_count or global_batch % process_count:
             raise BertJaxError(f"{path}: batch_size {global_batch} cannot be split over "

@@ -135,7 +135,8 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
     ``masking.MASKING_MODES``) overrides ``whole_word``/``span_masking``; ``knowledge`` reads
     the examples' ``unit_ids`` feature. ``examples_per_row`` > 0 reads packed rows of that
     many example slots and adds ``PACKED_BATCH_KEYS`` (the masking is per token, so every
-    masked position lies inside an example).
+    masked position lies inside an example; knowledge units are numbered across a row, so
+    each lies inside one example).
     """
     import tensorflow as tf
 
@@ -199,6 +200,8 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                          for name in ("example_ids", "position_ids")})
         features.update({name: tf.io.FixedLenFeature([k], tf.int64)
                          for name in ("cls_positions", "next_sentence_label", "example_slots")})
+    per_token_names = (["unit_ids"] if masking.knowledge else []) \
+        + (["example_ids", "position_ids"] if k else [])
     if pad_id is None:
         pad_id = masking.special_ids[0] if masking.special_ids else 0
 
@@ -210,15 +213,15 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
             extra = [[0, 0], [0, seq_len - stored_len]]
             input_ids = tf.pad(input_ids, extra, constant_values=pad_id)
             segment_ids = tf.pad(segment_ids, extra)
-        unit_ids = None
-        if masking.knowledge:
-            unit_ids = tf.cast(parsed["unit_ids"], tf.int32)
-            if seq_len > stored_len:
-                unit_ids = tf.pad(unit_ids, extra)
+        per_token = {}  # int32 [B, seq_len] features besides ids and segments
+        for name in per_token_names:
+            value = tf.cast(parsed[name], tf.int32)
+            per_token[name] = tf.pad(value, extra) if seq_len > stored_len else value
         input_ids = tf.ensure_shape(input_ids, [None, seq_len])
         batch_seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
-        masked, positions, ids, weights = mask_batch(input_ids, batch_seed, masking, tables,
-                                                     unit_ids)
+        masked, positions, ids, weights = mask_batch(
+            input_ids, batch_seed, masking, tables, per_token.get("unit_ids"),
+            per_token.get("example_ids"))
         batch = {"input_ids": masked,
                  "input_mask": tf.cast(input_ids != pad_id, tf.int32),
                  "segment_ids": segment_ids,
@@ -227,11 +230,8 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                  "masked_lm_weights": weights,
                  "next_sentence_labels": tf.cast(parsed["next_sentence_label"][:, 0], tf.int32)}
         if k:
-            for name in ("example_ids", "position_ids"):
-                value = tf.cast(parsed[name], tf.int32)
-                if seq_len > stored_len:
-                    value = tf.pad(value, extra)
-                batch[name] = value
+            batch["example_ids"] = per_token["example_ids"]
+            batch["position_ids"] = per_token["position_ids"]
             batch["cls_positions"] = tf.cast(parsed["cls_positions"], tf.int32)
             batch["next_sentence_labels"] = tf.cast(parsed["next_sentence_label"], tf.int32)
             batch["next_sentence_weights"] = tf.cast(parsed["example_slots"], tf.float32)

@@ -138,21 +138,35 @@ def describe_source(data) -> str:
 
 
 def examples_per_row(config) -> int:
-    """Example slots per row of packed training data (``create-pretraining-data --pack``),
-    0 for unpacked data. Packed rows need the TFRecord source (``data.source``)."""
+    """Example slots per row of packed training data (``create-pretraining-data --pack``,
+    or batches materialized from it), 0 for unpacked data. Materialized evaluation batches
+    (``data.eval_directory``) must be packed alike."""
+    from bert_jax.data import materialize
     from bert_jax.data.metadata import METADATA_JSON, load_metadata
 
     data = config.data
-    if data.source in ("synthetic", "materialized") or not data.directory \
-            or not os.path.exists(os.path.join(data.directory, METADATA_JSON)):
+    if data.source == "synthetic" or not data.directory:
+        return 0
+    has_metadata = os.path.exists(os.path.join(data.directory, METADATA_JSON))
+    has_manifest = os.path.exists(os.path.join(data.directory, materialize.MANIFEST_JSON))
+    if data.source == "materialized" or (data.source == "auto" and has_manifest
+                                         and not has_metadata):
+        if not has_manifest:
+            return 0  # resolve_source names the problem
+        k = materialize.examples_per_row(materialize.load_manifest(data.directory))
+        eval_dir = data.get("eval_directory")
+        if eval_dir and os.path.exists(os.path.join(eval_dir, materialize.MANIFEST_JSON)):
+            eval_k = materialize.examples_per_row(materialize.load_manifest(eval_dir))
+            if eval_k != k:
+                raise BertJaxError(
+                    f"data.eval_directory={eval_dir!r} holds batches with {eval_k} example "
+                    f"slots per row, data.directory={data.directory!r} {k} (0: unpacked); "
+                    "materialize both from the same kind of data")
+        return k
+    if not has_metadata:
         return 0
     raw = load_metadata(data.directory).raw
-    if not raw.get("packed"):
-        return 0
-    if data.source not in ("auto", "tfrecord"):
-        raise BertJaxError(f"{data.directory}: packed rows are read from TFRecord shards "
-                           f"(data.source=tfrecord), not data.source={data.source!r}")
-    return int(raw["max_examples_per_row"])
+    return int(raw["max_examples_per_row"]) if raw.get("packed") else 0
 
 
 def check_vocab(config, model_vocab_size: int, tokenizer) -> None:

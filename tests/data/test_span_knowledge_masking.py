@@ -141,6 +141,36 @@ def test_knowledge_units_are_masked_whole():
     assert partial > 0
 
 
+def test_packed_rows_choose_basic_masking_per_example():
+    """Two examples a row: each example is masked by its units or token by token on its own
+    draw, so one row may hold both."""
+    batch, half = 128, 32
+    ids = np.concatenate([make_rows(batch, half, 0.3, seed=2), make_rows(batch, half, 0.3, seed=3)],
+                         axis=1)
+    unit_ids = np.zeros_like(ids)
+    unit_ids[:, 2:5], unit_ids[:, half + 2:half + 5] = 1, 2
+    example_ids = np.repeat([[1, 2]], half, axis=1).repeat(batch, axis=0).astype(np.int32)
+    tf_ids, seed = tf.constant(ids), tf.constant([3, 9], tf.int64)
+
+    def starts(basic_fraction):
+        cfg = config("knowledge", 8, basic_fraction=basic_fraction)
+        tables = make_tables(cfg)
+        candidate = ~tf.gather(tables["special"], tf_ids)
+        return np.asarray(_unit_starts(tf_ids, candidate, cfg, tables, seed,
+                                       tf.constant(unit_ids), tf.constant(example_ids)))
+
+    units, tokens, mixed = starts(0.0), starts(1.0), starts(0.5)
+    assert (units != tokens).any(axis=1).all()
+    basic = np.zeros((batch, 2), bool)
+    for r in range(batch):
+        for e in range(2):
+            part = example_ids[r] == e + 1
+            basic[r, e] = np.array_equal(mixed[r, part], tokens[r, part])
+            assert basic[r, e] or np.array_equal(mixed[r, part], units[r, part])
+    assert 0.35 < basic.mean() < 0.65
+    assert (basic[:, 0] != basic[:, 1]).sum() > batch // 4
+
+
 def test_knowledge_masking_needs_unit_ids():
     cfg = config("knowledge", 4)
     with pytest.raises(BertJaxError, match="unit_ids"):

@@ -11,7 +11,7 @@ import pytest
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
 from bert_jax.training import loop
-from bert_jax.training.inputs import check_eval_data, check_vocab, resolve_source
+from bert_jax.training.inputs import check_eval_data, check_vocab, examples_per_row, resolve_source
 from bert_jax.training.loop import train_and_evaluate
 
 from .helpers import EXPERIMENT, SMALL, small_config
@@ -63,6 +63,23 @@ def test_source_follows_the_directory(tmp_path):
                                "--config.data.source=materialized").data)
     with pytest.raises(BertJaxError, match="neither metadata.json"):
         resolve_source(_config(f"--config.data.directory={tmp_path}").data)
+
+
+def test_packed_materialized_batches_give_their_example_slots(tmp_path):
+    def batches(name, keys):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "manifest.json").write_text(json.dumps({"keys": {
+            key: {"dtype": "int32", "shape": shape} for key, shape in keys.items()}}))
+        return str(path)
+
+    packed = batches("packed", {"input_ids": [2, 4, 32], "cls_positions": [2, 4, 3]})
+    flat = batches("flat", {"input_ids": [2, 4, 32]})
+    assert examples_per_row(_config(f"--config.data.directory={packed}")) == 3
+    assert examples_per_row(_config(f"--config.data.directory={flat}")) == 0
+    with pytest.raises(BertJaxError, match="eval_directory.*0 example slots"):
+        examples_per_row(_config(f"--config.data.directory={packed}",
+                                 f"--config.data.eval_directory={flat}"))
 
 
 def test_synthetic_only_by_name(tmp_path):
