@@ -13,6 +13,9 @@ few tokens fewer than the budget. Each chosen token becomes [MASK] with probabil
 (span and knowledge masking) the draw is made once per unit, so a whole span is masked,
 replaced or kept together (SpanBERT, Joshi et al. 2020, section 3.1).
 
+Packed rows (``bert_jax/data/packing.py``) pass ``example_ids``: a unit never continues from
+one example into the next, so every word and span lies inside one example.
+
 ``knowledge`` (ERNIE, Sun et al. 2019): units are the phrases and entities annotated when the
 data was created (``unit_ids``: int32 [B, S], 0 outside any unit, equal ids mark one unit) and
 whole words elsewhere; a fraction ``basic_fraction`` of the sequences uses basic (single
@@ -108,11 +111,14 @@ def _shift_right(x, fill):
     return tf.concat([tf.fill([tf.shape(x)[0], 1], fill), x[:, :-1]], axis=1)
 
 
-def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed, unit_ids=None):
+def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed, unit_ids=None,
+                 example_ids=None):
     """bool[B, S]: True where a maskable unit (token, word, span or knowledge unit) begins."""
     import tensorflow as tf
 
     prev_candidate = _shift_right(candidate, False)
+    if example_ids is not None:  # packed rows: an example's first token starts afresh
+        prev_candidate &= example_ids == _shift_right(example_ids, -1)
     starts = candidate
     if config.whole_word:
         word_start = tf.gather(tables["word_start"], input_ids)
@@ -145,11 +151,13 @@ def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed, unit
     return boundary | forced
 
 
-def mask_batch(input_ids, seed, config: MaskingConfig, tables, unit_ids=None):
+def mask_batch(input_ids, seed, config: MaskingConfig, tables, unit_ids=None,
+               example_ids=None):
     """Masks int32[B, S] ids. Returns (masked_ids, positions, ids, weights); see module doc.
 
     ``tables`` comes from :func:`make_tables` (built once, outside the per-batch function);
-    ``unit_ids`` int32[B, S] is required with ``knowledge``.
+    ``unit_ids`` int32[B, S] is required with ``knowledge``; ``example_ids`` int32[B, S]
+    (packed rows) keeps every unit inside one example.
     """
     import tensorflow as tf
 
@@ -167,7 +175,8 @@ def mask_batch(input_ids, seed, config: MaskingConfig, tables, unit_ids=None):
                            "with `bert-jax create-pretraining-data --knowledge-units`)")
     action = tf.random.stateless_uniform(tf.shape(input_ids), seeds[2], alg="philox")
     if config.whole_word or config.span_masking or config.knowledge:
-        starts = _unit_starts(input_ids, candidate, config, tables, seeds[0], unit_ids)
+        starts = _unit_starts(input_ids, candidate, config, tables, seeds[0], unit_ids,
+                              example_ids)
         # Units numbered 0.. per row; non-candidates go to a dummy unit ``seq_len``.
         unit = tf.where(candidate, tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1, seq_len)
         slots = seq_len + 1

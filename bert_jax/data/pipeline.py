@@ -216,9 +216,15 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
             if seq_len > stored_len:
                 unit_ids = tf.pad(unit_ids, extra)
         input_ids = tf.ensure_shape(input_ids, [None, seq_len])
+        packing = {}
+        if k:  # per token: the example slot and the position inside the example
+            for name in ("example_ids", "position_ids"):
+                packing[name] = tf.cast(parsed[name], tf.int32)
+                if seq_len > stored_len:
+                    packing[name] = tf.pad(packing[name], extra)
         batch_seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
         masked, positions, ids, weights = mask_batch(input_ids, batch_seed, masking, tables,
-                                                     unit_ids)
+                                                     unit_ids, packing.get("example_ids"))
         batch = {"input_ids": masked,
                  "input_mask": tf.cast(input_ids != pad_id, tf.int32),
                  "segment_ids": segment_ids,
@@ -227,11 +233,7 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                  "masked_lm_weights": weights,
                  "next_sentence_labels": tf.cast(parsed["next_sentence_label"][:, 0], tf.int32)}
         if k:
-            for name in ("example_ids", "position_ids"):
-                value = tf.cast(parsed[name], tf.int32)
-                if seq_len > stored_len:
-                    value = tf.pad(value, extra)
-                batch[name] = value
+            batch.update(packing)
             batch["cls_positions"] = tf.cast(parsed["cls_positions"], tf.int32)
             batch["next_sentence_labels"] = tf.cast(parsed["next_sentence_label"], tf.int32)
             batch["next_sentence_weights"] = tf.cast(parsed["example_slots"], tf.float32)
