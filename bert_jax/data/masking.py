@@ -13,6 +13,9 @@ few tokens fewer than the budget. Each chosen token becomes [MASK] with probabil
 (span and knowledge masking) the draw is made once per unit, so a whole span is masked,
 replaced or kept together (SpanBERT, Joshi et al. 2020, section 3.1).
 
+Packed rows (``bert_jax/data/packing.py``) pass ``example_ids``: a unit never continues from
+one example into the next, so every word and span lies inside one example.
+
 ``knowledge`` (ERNIE, Sun et al. 2019): units are the phrases and entities annotated when the
 data was created (``unit_ids``: int32 [B, S], 0 outside any unit, equal ids mark one unit) and
 whole words elsewhere; a fraction ``basic_fraction`` of the sequences uses basic (single
@@ -112,11 +115,13 @@ def _shift_right(x, fill):
 def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed, unit_ids=None,
                  example_ids=None):
     """bool[B, S]: True where a maskable unit (token, word, span or knowledge unit) begins.
-    ``example_ids`` (packed rows, 0 at padding): knowledge masking draws the basic-level
-    choice per example rather than per row."""
+    ``example_ids`` (packed rows, 0 at padding): an example's first token starts a unit, and
+    knowledge masking draws the basic-level choice per example rather than per row."""
     import tensorflow as tf
 
     prev_candidate = _shift_right(candidate, False)
+    if example_ids is not None:  # packed rows: an example's first token starts afresh
+        prev_candidate &= example_ids == _shift_right(example_ids, -1)
     starts = candidate
     if config.whole_word:
         word_start = tf.gather(tables["word_start"], input_ids)
@@ -161,7 +166,8 @@ def mask_batch(input_ids, seed, config: MaskingConfig, tables, unit_ids=None,
 
     ``tables`` comes from :func:`make_tables` (built once, outside the per-batch function);
     ``unit_ids`` int32[B, S] is required with ``knowledge``; ``example_ids`` int32[B, S]
-    marks the examples of packed rows (knowledge: basic-level masking per example).
+    marks the examples of packed rows: every unit stays inside one example (knowledge:
+    basic-level masking per example).
     """
     import tensorflow as tf
 

@@ -31,14 +31,17 @@ class ReplacedTokenHead(nn.Module):
 
 
 class BertForReplacedTokenDetection(nn.Module):
-    """Encoder (no pooler) + :class:`ReplacedTokenHead` (ELECTRA's discriminator)."""
+    """Encoder (no pooler) + :class:`ReplacedTokenHead` (ELECTRA's discriminator). Packed rows
+    pass ``example_ids`` and ``position_ids`` (``BertModel``); the head is per token."""
 
     config: BertConfig
 
     @nn.compact
     def __call__(self, input_ids, input_mask=None, segment_ids=None, *,
-                 deterministic: bool = True) -> dict[str, Any]:
+                 deterministic: bool = True, example_ids=None, position_ids=None
+                 ) -> dict[str, Any]:
         out = BertModel(self.config, add_pooler=False, name="bert")(
-            input_ids, input_mask, segment_ids, deterministic=deterministic)
+            input_ids, input_mask, segment_ids, deterministic=deterministic,
+            example_ids=example_ids, position_ids=position_ids)
         out["rtd_logits"] = ReplacedTokenHead(self.config, name="rtd")(out["sequence_output"])
         return out

@@ -3,6 +3,10 @@ boundary objective, ELECTRA's generator + discriminator, and DistilBERT's studen
 pair. Every model keeps its encoder under ``bert`` (for ELECTRA the discriminator, for
 DistilBERT the student), so ``bert-jax finetune`` starts from it; all new parameters name
 logical axes so they shard like BERT's.
+
+Packed rows (``bert_jax/data/packing.py``): every model takes the packing inputs
+(``heads.PACKING_KEYS``) and passes them to each of its encoders, so each example of a row
+is encoded as it would be alone; the span boundaries stay inside each example.
 """
 
 from __future__ import annotations
@@ -25,20 +29,29 @@ from bert_jax.modeling.heads import (
 )
 
 
-def span_boundaries(masked_lm_positions, masked_lm_weights, seq_len: int):
+def span_boundaries(masked_lm_positions, masked_lm_weights, seq_len: int, example_ids=None):
     """For each prediction [batch, P]: the positions of the unmasked tokens just left and right
     of its contiguous masked run, and its 1-based offset from the left boundary (SpanBERT's
     x_{s-1}, x_{e+1} and p_{i-s+1}). Adjacent masked spans form one run, as the model sees no
-    boundary between them."""
+    boundary between them. A run that reaches the row's first (last) position takes that
+    position as its left (right) boundary. Packed rows (``example_ids`` [batch, seq], 1..k per
+    example, 0 at padding): each example's first and last tokens are such edges, so a run
+    and its boundaries stay inside one example."""
     hits = jax.nn.one_hot(masked_lm_positions, seq_len, dtype=jnp.float32)  # [b, P, seq]
     masked = jnp.einsum("bps,bp->bs", hits, masked_lm_weights.astype(jnp.float32)) > 0
     index = jnp.arange(seq_len)[None, :]
-    left_of = jax.lax.cummax(jnp.where(masked, -1, index), axis=1)  # last unmasked <= s
-    right_of = jax.lax.cummin(jnp.where(masked, seq_len, index), axis=1, reverse=True)
+    if example_ids is None:
+        first, last = index == 0, index == seq_len - 1
+    else:  # [b, seq]: where the example changes from the token before / to the token after
+        edge = example_ids[:, 1:] != example_ids[:, :-1]
+        first = jnp.pad(edge, ((0, 0), (1, 0)), constant_values=True)
+        last = jnp.pad(edge, ((0, 0), (0, 1)), constant_values=True)
+    # the last unmasked token or example start <= s; the first unmasked token or example
+    # end >= s
+    left_of = jax.lax.cummax(jnp.where(masked & ~first, -1, index), axis=1)
+    right_of = jax.lax.cummin(jnp.where(masked & ~last, seq_len, index), axis=1, reverse=True)
     left = jnp.take_along_axis(left_of, masked_lm_positions, axis=1)
     right = jnp.take_along_axis(right_of, masked_lm_positions, axis=1)
-    left = jnp.clip(left, 0, seq_len - 1)
-    right = jnp.clip(right, 0, seq_len - 1)
     return left, right, masked_lm_positions - left
 
 
@@ -46,17 +59,18 @@ class SpanBoundaryHead(nn.Module):
     """SpanBERT's SBO: y_i = f(x_{s-1}, x_{e+1}, p_{i-s+1}) with f a 2-layer feed-forward
     network, GELU and LayerNorm after each layer (Joshi et al. 2020, eq. 1), decoded against
     the tied word embeddings with its own bias. Relative positions past
-    ``max_relative_position - 1`` share the last embedding."""
+    ``max_relative_position - 1`` share the last embedding. Packed rows pass ``example_ids``
+    (:func:`span_boundaries`)."""
 
     config: BertConfig
     max_relative_position: int = 32
 
     @nn.compact
-    def __call__(self, sequence, masked_lm_positions, masked_lm_weights, embedding_table
-                 ) -> MLMDecoder:
+    def __call__(self, sequence, masked_lm_positions, masked_lm_weights, embedding_table,
+                 example_ids=None) -> MLMDecoder:
         cfg = self.config
         left, right, offset = span_boundaries(masked_lm_positions, masked_lm_weights,
-                                              sequence.shape[1])
+                                              sequence.shape[1], example_ids)
         offset = jnp.clip(offset, 0, self.max_relative_position - 1)
         relative = nn.Embed(self.max_relative_position, cfg.hidden_size, dtype=cfg.param_dtype,
                             param_dtype=cfg.param_dtype,
@@ -82,16 +96,19 @@ class SpanBertForPreTraining(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
-                 masked_lm_weights, *, deterministic: bool = True) -> dict[str, Any]:
+                 masked_lm_weights, *, deterministic: bool = True, example_ids=None,
+                 position_ids=None, cls_positions=None) -> dict[str, Any]:
         bert = BertModel(self.config, name="bert")
-        out = bert(input_ids, input_mask, segment_ids, deterministic=deterministic)
+        out = bert(input_ids, input_mask, segment_ids, deterministic=deterministic,
+                   example_ids=example_ids, position_ids=position_ids,
+                   cls_positions=cls_positions)
         table = bert.word_embedding_table()
         seq = gather_positions(out["sequence_output"], masked_lm_positions)
         decoder = MaskedLMHead(self.config, name="mlm")(seq, table, logits=False)
         out["mlm_decoder"] = decoder
         out["mlm_logits"] = decoder_logits(decoder, self.config.vocab_size)
         sbo = SpanBoundaryHead(self.config, self.max_relative_position, name="sbo")(
-            out["sequence_output"], masked_lm_positions, masked_lm_weights, table)
+            out["sequence_output"], masked_lm_positions, masked_lm_weights, table, example_ids)
         out["sbo_decoder"] = sbo
         out["sbo_logits"] = decoder_logits(sbo, self.config.vocab_size)
         return out
@@ -154,9 +171,13 @@ class ElectraForPreTraining(nn.Module):
     @nn.compact
     def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
                  masked_lm_ids, masked_lm_weights, sample_rng, *,
-                 deterministic: bool = True) -> dict[str, Any]:
+                 deterministic: bool = True, example_ids=None, position_ids=None,
+                 cls_positions=None) -> dict[str, Any]:
+        packing = dict(example_ids=example_ids, position_ids=position_ids,
+                       cls_positions=cls_positions)
         gen = BertModel(self.generator, add_pooler=False, name="generator")
-        gen_out = gen(input_ids, input_mask, segment_ids, deterministic=deterministic)
+        gen_out = gen(input_ids, input_mask, segment_ids, deterministic=deterministic,
+                      **packing)
         seq = gather_positions(gen_out["sequence_output"], masked_lm_positions)
         decoder = MaskedLMHead(self.generator, name="generator_mlm")(
             seq, gen.word_embedding_table(), logits=False)
@@ -167,7 +188,7 @@ class ElectraForPreTraining(nn.Module):
                                   masked_lm_ids)
         corrupted = replace_masked(input_ids, masked_lm_positions, masked_lm_weights, sampled)
         out = BertModel(self.config, name="bert")(corrupted, input_mask, segment_ids,
-                                                  deterministic=deterministic)
+                                                  deterministic=deterministic, **packing)
         h = dense(self.config, self.config.hidden_size, ("embed", "mlp"), "rtd_dense",
                   activation=self.config.hidden_act)(out["sequence_output"])
         rtd = dense(self.config, 1, ("mlp", None), "rtd_output")(h)[..., 0]
@@ -188,16 +209,20 @@ class DistillationPair(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
-                 deterministic: bool = True) -> dict[str, Any]:
+                 deterministic: bool = True, example_ids=None, position_ids=None,
+                 cls_positions=None) -> dict[str, Any]:
+        packing = dict(example_ids=example_ids, position_ids=position_ids,
+                       cls_positions=cls_positions)
         bert = BertModel(self.config, add_pooler=False, name="bert")
-        out = bert(input_ids, input_mask, segment_ids, deterministic=deterministic)
+        out = bert(input_ids, input_mask, segment_ids, deterministic=deterministic, **packing)
         seq = gather_positions(out["sequence_output"], masked_lm_positions)
         decoder = MaskedLMHead(self.config, name="mlm")(seq, bert.word_embedding_table(),
                                                        logits=False)
         out["mlm_decoder"] = decoder
         out["mlm_logits"] = decoder_logits(decoder, self.config.vocab_size)
         teacher = BertForPreTraining(self.teacher, pair_head=False, name="teacher")(
-            input_ids, input_mask, segment_ids, masked_lm_positions, deterministic=True)
+            input_ids, input_mask, segment_ids, masked_lm_positions, deterministic=True,
+            **packing)
         out["teacher_mlm_logits"] = jax.lax.stop_gradient(teacher["mlm_logits"])
         out["teacher_sequence_output"] = jax.lax.stop_gradient(teacher["sequence_output"])
         return out

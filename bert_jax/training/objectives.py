@@ -13,6 +13,11 @@ loss adds) and the term's denominator (``mlm_weight`` or ``token_count``).
   temperature-softened KL divergence to the teacher's masked-LM distribution (times T^2, as
   Hinton et al. 2015) + ``alpha_cos`` times (1 - cosine) of the last hidden states.
   DistilBERT weighs them 5 : 2 : 1 (kd : mlm : cos); with MLM at 1 that is 2.5 and 0.5.
+
+Packed rows (``create-pretraining-data --pack``): the models take the batch's packing inputs
+(``heads.packing_inputs``) and every loss is per masked position or per real token, so a
+packed row's sums are those of its examples. None of these objectives has a sentence-pair
+head: the pair sums are zero.
 """
 
 from __future__ import annotations
@@ -81,7 +86,7 @@ def span_boundary_sums(model) -> SumsFn:
         out = model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
                           batch["segment_ids"], batch["masked_lm_positions"],
                           batch["masked_lm_weights"], deterministic=deterministic,
-                          rngs=_rngs(rng, deterministic))
+                          rngs=_rngs(rng, deterministic), **heads.packing_inputs(batch))
         loss, correct, weight = _mlm_sums(out, batch, model.config)
         sbo, sbo_correct, _ = _mlm_sums(out, batch, model.config, "sbo_decoder", "sbo_logits")
         sums = {"mlm_loss_sum": loss, "mlm_correct": correct, "mlm_weight": weight,
@@ -99,7 +104,7 @@ def electra_sums(model, rtd_weight: float) -> SumsFn:
                           batch["input_ids"], batch["input_mask"], batch["segment_ids"],
                           batch["masked_lm_positions"], batch["masked_lm_ids"],
                           batch["masked_lm_weights"], sample_rng, deterministic=deterministic,
-                          rngs=_rngs(dropout_rng, deterministic))
+                          rngs=_rngs(dropout_rng, deterministic), **heads.packing_inputs(batch))
         loss, correct, weight = _mlm_sums(out, batch, model.generator)
         real = batch["input_mask"].astype(jnp.float32)
         rtd, rtd_correct = rtd_loss(out["rtd_logits"], out["rtd_labels"])
@@ -119,7 +124,8 @@ def distill_sums(model, temperature: float, alpha_kd: float, alpha_cos: float) -
         params = {**params, "teacher": jax.lax.stop_gradient(params["teacher"])}
         out = model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
                           batch["segment_ids"], batch["masked_lm_positions"],
-                          deterministic=deterministic, rngs=_rngs(rng, deterministic))
+                          deterministic=deterministic, rngs=_rngs(rng, deterministic),
+                          **heads.packing_inputs(batch))
         loss, correct, weight = _mlm_sums(out, batch, model.config)
         weights = batch["masked_lm_weights"].astype(jnp.float32)
         real = batch["input_mask"].astype(jnp.float32)

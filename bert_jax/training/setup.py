@@ -102,9 +102,6 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
     replicated = parallel.replicated(mesh)
     fields = dict(BATCH_FIELDS)
     if examples_per_row(config):
-        if config.objective in ("sbo", "electra", "distill"):
-            raise BertJaxError(f"{config.data.directory}: packed rows train the MLM + NSP/SOP "
-                               f"objective; objective={config.objective!r} takes unpacked data")
         fields.update(PACKED_BATCH_FIELDS)
     batch_shardings = {name: parallel.batch_sharding(mesh, rules, ndim)
                        for name, ndim in fields.items()}

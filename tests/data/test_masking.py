@@ -1,9 +1,11 @@
 """Statistics of the vectorised dynamic masking (bert_jax.data.masking)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch
+from bert_jax.data.masking import MaskingConfig, _unit_starts, make_tables, mask_batch
 from bert_jax.errors import BertJaxError
 
 tf = pytest.importorskip("tensorflow")
@@ -114,6 +116,40 @@ def test_span_masking_contiguous_spans():
         runs += list(np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1))
     # spans, not scattered tokens: runs much longer than independent token masking gives
     assert np.mean(runs) > 2.0 and max(runs) <= 2 * 10
+
+
+def test_units_stay_inside_packed_examples():
+    """Packed rows (``example_ids``): each example's first token starts a new word and span,
+    even where no special token separates the examples; where one does (real packed data),
+    the masks are those of the rows without ``example_ids``."""
+    word_start = np.ones(VOCAB, bool)
+    word_start[100:] = False  # ids >= 100 continue the previous word
+    words = MaskingConfig(vocab_size=VOCAB, special_ids=SPECIAL, mask_id=MASK,
+                          max_predictions=P, whole_word=True, word_start_mask=word_start)
+    config = dataclasses.replace(words, span_masking=True, span_p=0.05)
+    tables = make_tables(config)
+    ids = np.random.default_rng(3).integers(5, VOCAB, (256, S)).astype(np.int32)
+    example_ids = np.repeat(np.arange(1, 5, dtype=np.int32), S // 4)[None].repeat(len(ids), 0)
+    firsts = np.arange(0, S, S // 4)
+    seed = tf.constant((4, 5), tf.int64)
+    candidate = tf.ones(ids.shape, tf.bool)
+    rest = np.ones(S, bool)
+    rest[firsts] = False
+    for cfg in (words, config):
+        unpacked, packed = (np.asarray(_unit_starts(tf.constant(ids), candidate, cfg, tables,
+                                                    seed, example_ids=e))
+                            for e in (None, tf.constant(example_ids)))
+        assert not unpacked[:, firsts].all()  # unpacked, words and spans run on
+        assert packed[:, firsts].all()
+        if cfg is words:  # the other words as unpacked (spans draw their ends afresh)
+            np.testing.assert_array_equal(packed[:, rest], unpacked[:, rest])
+
+    ids = make_ids(256)  # [CLS] a [SEP] b [SEP]: examples split after each [SEP]
+    example_ids = 1 + np.cumsum(np.pad(ids == 3, ((0, 0), (1, 0)))[:, :-1], 1)
+    masks = [mask_batch(tf.constant(ids), seed, config, tables, example_ids=e)
+             for e in (None, tf.constant(example_ids.astype(np.int32)))]
+    for unpacked, packed in zip(*masks, strict=True):
+        np.testing.assert_array_equal(np.asarray(packed), np.asarray(unpacked))
 
 
 def test_whole_word_needs_word_starts():
