@@ -138,21 +138,35 @@ def describe_source(data) -> str:
 
 
 def examples_per_row(config) -> int:
-    """Example slots per row of packed training data (``create-pretraining-data --pack``),
-    0 for unpacked data. Packed rows need the TFRecord source (``data.source``)."""
+    """Example slots per row of packed training data, 0 for unpacked data: pair shards
+    written with ``create-pretraining-data --pack`` (their metadata says how many), or
+    document shards with ``data.max_examples_per_row`` > 0. Packed rows need the TFRecord
+    source (``data.source``)."""
     from bert_jax.data.metadata import METADATA_JSON, load_metadata
 
     data = config.data
+    requested = int(data.get("max_examples_per_row", 0))
     if data.source in ("synthetic", "materialized") or not data.directory \
             or not os.path.exists(os.path.join(data.directory, METADATA_JSON)):
+        if requested:
+            raise BertJaxError(f"data.max_examples_per_row={requested} packs document shards "
+                               f"(TFRecord data.directory), not data.source={data.source!r}")
         return 0
-    raw = load_metadata(data.directory).raw
-    if not raw.get("packed"):
-        return 0
-    if data.source not in ("auto", "tfrecord"):
+    meta = load_metadata(data.directory)
+    if meta.format == "documents":
+        k = requested
+    else:
+        k = int(meta.raw["max_examples_per_row"]) if meta.raw.get("packed") else 0
+        if requested and requested != k:
+            raise BertJaxError(
+                f"{data.directory}: data.max_examples_per_row={requested} packs document "
+                "shards; pair shards are packed when created (create-pretraining-data --pack"
+                f"{f', here {k} examples a row' if k else '; these are not packed'}): drop "
+                "the override")
+    if k and data.source not in ("auto", "tfrecord"):
         raise BertJaxError(f"{data.directory}: packed rows are read from TFRecord shards "
                            f"(data.source=tfrecord), not data.source={data.source!r}")
-    return int(raw["max_examples_per_row"])
+    return k
 
 
 def check_vocab(config, model_vocab_size: int, tokenizer) -> None:
@@ -226,7 +240,7 @@ def make_batches(config, split: str, *, batch_size: int, vocab_size: int, proces
             seed=data.seed + (0 if split == "train" else 1),
             process_index=process_index, process_count=process_count,
             shuffle_buffer=data.shuffle_buffer, pairing=data.pairing,
-            short_seq_prob=data.short_seq_prob)
+            short_seq_prob=data.short_seq_prob, examples_per_row=examples_per_row(config))
     raise BertJaxError(f"data.source={data.source!r}: expected tfrecord, materialized or "
                        "synthetic")
 
