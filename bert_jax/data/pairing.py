@@ -206,6 +206,13 @@ def make_plan(table: DocumentTable, pairing: str, max_seq_length: int, short_seq
     return plan
 
 
+def example_lengths(plan: Plan) -> np.ndarray:
+    """int64 [E]: the tokens :func:`materialize` lays out for each example of ``plan``
+    ([CLS], then every piece followed by [SEP])."""
+    taken = np.append(0, np.cumsum(plan.piece_hi - plan.piece_lo + 1))
+    return 1 + taken[plan.example_pieces[1:]] - taken[plan.example_pieces[:-1]]
+
+
 def materialize(table: DocumentTable, plan: Plan, rows: np.ndarray, seq_len: int, cls_id: int,
                 sep_id: int, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """int32 input_ids [R, seq_len] ([CLS] piece [SEP] piece [SEP] ..., padded), segment_ids

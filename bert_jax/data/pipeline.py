@@ -308,7 +308,9 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
         ``pairing="static"`` reads pair shards; ``nsp``, ``sop``, ``full_sentences`` or
         ``doc_sentences`` pair document shards afresh every epoch (a
         :class:`~bert_jax.data.dynamic_pipeline.DocumentPretrainingIterator`); ``None``: static
-        for pair shards, nsp for document shards."""
+        for pair shards, nsp for document shards. ``examples_per_row`` > 0 packs document
+        shards' examples into rows of that many slots; pair shards are packed (or not) when
+        created, and a nonzero value must match their metadata."""
         meta: PretrainingDataConfig = load_metadata(data_dir)
         if pairing is None:
             pairing = "nsp" if meta.format == "documents" else "static"
@@ -333,8 +335,16 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
                 meta, files, state=state, per_host_batch_size=per_host_batch_size,
                 max_predictions_per_seq=max_predictions_per_seq, seq_len=seq_len,
                 pairing=pairing, short_seq_prob=short_seq_prob, **kwargs)
-        if meta.raw.get("packed"):
-            kwargs["examples_per_row"] = int(meta.raw["max_examples_per_row"])
+        stored = int(meta.raw["max_examples_per_row"]) if meta.raw.get("packed") else 0
+        requested = kwargs.pop("examples_per_row", 0)
+        if requested and requested != stored:
+            raise BertJaxError(
+                f"{os.path.join(meta.directory, METADATA_JSON)}: pair shards are packed when "
+                f"created (create-pretraining-data --pack; these hold "
+                f"{f'{stored} examples a row' if stored else 'one example a row'}); "
+                f"examples_per_row={requested} packs document shards only")
+        if stored:
+            kwargs["examples_per_row"] = stored
         return cls(files, state=state, per_host_batch_size=per_host_batch_size,
                    seq_len=seq_len or meta.max_seq_length,
                    max_predictions_per_seq=max_predictions_per_seq,

@@ -149,8 +149,9 @@ def _check_batch(config, mesh, rules) -> None:
 def abstract_batch(batch_shardings, batch: int, seq: int, predictions: int,
                    examples_per_row: int = 0) -> dict:
     """ShapeDtypeStructs of one global pretraining batch with its shardings; packed rows
-    (``examples_per_row`` > 0, ``create-pretraining-data --pack``) add the per-token example
-    ids and positions and the per-slot [CLS] positions, NSP labels and weights."""
+    (``examples_per_row`` > 0: ``create-pretraining-data --pack``, or document shards with
+    ``data.max_examples_per_row``) add the per-token example ids and positions and the
+    per-slot [CLS] positions, NSP labels and weights."""
     import jax
     import jax.numpy as jnp
 

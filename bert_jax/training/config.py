@@ -87,6 +87,10 @@ def base_config() -> ml_collections.ConfigDict:
     # afresh every epoch in the pipeline (docs/data.md).
     c.data.pairing = "static"
     c.data.short_seq_prob = 0.1  # nsp/sop pairing: chance of a shorter target length
+    # Document shards: pack up to this many examples (at their natural lengths) into each row
+    # of max_seq_length, attention confined to each example; 0: one example a row. Pair
+    # shards are packed when created (create-pretraining-data --pack) and say so themselves.
+    c.data.max_examples_per_row = 0
     # token | whole_word | span (SpanBERT: geometric span lengths in words, p=span_p, at most
     # max_span words, one 80/10/10 draw per span) | knowledge (ERNIE: phrases and entities
     # annotated by `create-pretraining-data --knowledge-units` masked as units, with

@@ -138,21 +138,28 @@ def describe_source(data) -> str:
 
 
 def examples_per_row(config) -> int:
-    """Example slots per row of packed training data (``create-pretraining-data --pack``,
-    or batches materialized from it), 0 for unpacked data. Materialized evaluation batches
+    """Example slots per row of packed training data, 0 for unpacked data: pair shards
+    written with ``create-pretraining-data --pack`` (their metadata says how many), batches
+    materialized from them (their manifest), or document shards with
+    ``data.max_examples_per_row`` > 0. Materialized evaluation batches
     (``data.eval_directory``) must be packed alike."""
     from bert_jax.data import materialize
     from bert_jax.data.metadata import METADATA_JSON, load_metadata
 
     data = config.data
-    if data.source == "synthetic" or not data.directory:
-        return 0
-    has_metadata = os.path.exists(os.path.join(data.directory, METADATA_JSON))
-    has_manifest = os.path.exists(os.path.join(data.directory, materialize.MANIFEST_JSON))
-    if data.source == "materialized" or (data.source == "auto" and has_manifest
-                                         and not has_metadata):
-        if not has_manifest:
-            return 0  # resolve_source names the problem
+    requested = int(data.get("max_examples_per_row", 0))
+    has_metadata = bool(data.directory) and os.path.exists(
+        os.path.join(data.directory, METADATA_JSON))
+    has_manifest = bool(data.directory) and os.path.exists(
+        os.path.join(data.directory, materialize.MANIFEST_JSON))
+    materialized = data.source == "materialized" or (
+        data.source == "auto" and has_manifest and not has_metadata)
+    if data.source == "synthetic" or materialized or not has_metadata:
+        if requested:
+            raise BertJaxError(f"data.max_examples_per_row={requested} packs document shards "
+                               f"(TFRecord data.directory), not data.source={data.source!r}")
+        if not (materialized and has_manifest):
+            return 0  # resolve_source names a missing folder
         k = materialize.examples_per_row(materialize.load_manifest(data.directory))
         eval_dir = data.get("eval_directory")
         if eval_dir and os.path.exists(os.path.join(eval_dir, materialize.MANIFEST_JSON)):
@@ -163,10 +170,21 @@ def examples_per_row(config) -> int:
                     f"slots per row, data.directory={data.directory!r} {k} (0: unpacked); "
                     "materialize both from the same kind of data")
         return k
-    if not has_metadata:
-        return 0
-    raw = load_metadata(data.directory).raw
-    return int(raw["max_examples_per_row"]) if raw.get("packed") else 0
+    meta = load_metadata(data.directory)
+    if meta.format == "documents":
+        k = requested
+    else:
+        k = int(meta.raw["max_examples_per_row"]) if meta.raw.get("packed") else 0
+        if requested and requested != k:
+            raise BertJaxError(
+                f"{data.directory}: data.max_examples_per_row={requested} packs document "
+                "shards; pair shards are packed when created (create-pretraining-data --pack"
+                f"{f', here {k} examples a row' if k else '; these are not packed'}): drop "
+                "the override")
+    if k and data.source not in ("auto", "tfrecord"):
+        raise BertJaxError(f"{data.directory}: packed rows are read from TFRecord shards "
+                           f"(data.source=tfrecord), not data.source={data.source!r}")
+    return k
 
 
 def check_vocab(config, model_vocab_size: int, tokenizer) -> None:
@@ -240,7 +258,7 @@ def make_batches(config, split: str, *, batch_size: int, vocab_size: int, proces
             seed=data.seed + (0 if split == "train" else 1),
             process_index=process_index, process_count=process_count,
             shuffle_buffer=data.shuffle_buffer, pairing=data.pairing,
-            short_seq_prob=data.short_seq_prob)
+            short_seq_prob=data.short_seq_prob, examples_per_row=examples_per_row(config))
     raise BertJaxError(f"data.source={data.source!r}: expected tfrecord, materialized or "
                        "synthetic")
 

@@ -29,7 +29,8 @@ from bert_jax.training.steps import make_eval_step, make_train_step
 BATCH_FIELDS = (("input_ids", 2), ("input_mask", 2), ("segment_ids", 2),
                 ("masked_lm_positions", 2), ("masked_lm_ids", 2), ("masked_lm_weights", 2),
                 ("next_sentence_labels", 1))
-# Packed rows (``create-pretraining-data --pack``): next_sentence_labels becomes [batch, k].
+# Packed rows (pair shards made with ``create-pretraining-data --pack``, or document shards
+# with ``data.max_examples_per_row``): next_sentence_labels becomes [batch, k].
 PACKED_BATCH_FIELDS = (("example_ids", 2), ("position_ids", 2), ("cls_positions", 2),
                        ("next_sentence_labels", 2), ("next_sentence_weights", 2))
 

@@ -35,6 +35,8 @@ def validate_pretraining(config) -> None:
     c.number("data.wait_timeout_s", 0.0)
     if "short_seq_prob" in config.data:
         c.probability("data.short_seq_prob")
+    if "max_examples_per_row" in config.data:
+        c.integer("data.max_examples_per_row", 0)
     batch = c.integer("global_batch_size", 1)
     micro = c.integer("microbatches", 1)
     if batch % micro:

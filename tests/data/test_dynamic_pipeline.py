@@ -1,6 +1,7 @@
 """Document shards and the pipeline that pairs them each epoch: round trip, exact resume,
-disjoint hosts, N -> M hosts, errors, materialized batches."""
+disjoint hosts, N -> M hosts, errors, materialized batches, packed rows."""
 
+import collections
 import json
 import os
 
@@ -13,9 +14,20 @@ from bert_jax.data.create_pretraining import CreationConfig, create_pretraining_
 from bert_jax.data.documents import load_document_table
 from bert_jax.data.dynamic_pipeline import DocumentStream
 from bert_jax.data.metadata import load_metadata
-from bert_jax.data.pipeline import BATCH_KEYS, PretrainingIterator
+from bert_jax.data.pairing import materialize
+from bert_jax.data.pipeline import BATCH_KEYS, PACKED_BATCH_KEYS, PretrainingIterator
 from bert_jax.errors import BertJaxError
-from data.helpers import PAD, SEP, unmasked, wordpiece, write_corpus, write_shards, write_vocab
+from data.helpers import (
+    CLS,
+    MASK,
+    PAD,
+    SEP,
+    unmasked,
+    wordpiece,
+    write_corpus,
+    write_shards,
+    write_vocab,
+)
 
 pytest.importorskip("tensorflow")
 
@@ -105,14 +117,15 @@ def table(data):
     return load_document_table(config.train_files, config.vocab_size)
 
 
-def host_streams(table, hosts, start=(0, 0, 0)):
+def host_streams(table, hosts, start=(0, 0, 0), pairing="nsp", examples_per_row=0):
     """One DocumentStream per host (global batch 16), from ``start`` = (step, epoch,
     position)."""
     step, epoch, position = start
-    return [DocumentStream(table, pairing="nsp", seq_len=SEQ, short_seq_prob=0.1, seed=1,
-                           cls_id=2, sep_id=SEP, pad_id=PAD, per_host_batch_size=16 // hosts,
+    return [DocumentStream(table, pairing=pairing, seq_len=SEQ, short_seq_prob=0.1, seed=1,
+                           cls_id=CLS, sep_id=SEP, pad_id=PAD, per_host_batch_size=16 // hosts,
                            process_index=i, process_count=hosts, start_step=step,
-                           start_epoch=epoch, start_position=position) for i in range(hosts)]
+                           start_epoch=epoch, start_position=position,
+                           examples_per_row=examples_per_row) for i in range(hosts)]
 
 
 def global_batches(streams, first, steps):
@@ -206,3 +219,124 @@ def test_training_config_reads_document_shards(data):
                           process_index=0, process_count=1, tokenizer=tokenizer)
     batch = next(source)
     assert batch["input_ids"].shape == (4, SEQ) and source.state()["pairing"] == "sop"
+
+
+K = 4  # examples per packed row
+
+
+def packed_examples(rows):
+    """(tokens, segments, label) of every example in packed rows (host_packed_batch's
+    arrays), checking the layout the model relies on."""
+    ids, segs, example_ids, position_ids, cls_positions, labels, slots = rows
+    found = []
+    for r in range(len(ids)):
+        n = int((example_ids[r] > 0).sum())  # left-aligned, padding after the last example
+        assert (example_ids[r, :n] > 0).all() and (ids[r, n:] == PAD).all()
+        filled = int(slots[r].sum())
+        assert 1 <= filled <= K and (slots[r, :filled] == 1).all()
+        assert not slots[r, filled:].any() and not labels[r, filled:].any()
+        assert set(example_ids[r, :n].tolist()) == set(range(1, filled + 1))
+        for slot in range(filled):
+            cols = np.flatnonzero(example_ids[r] == slot + 1)
+            assert cols[0] == cls_positions[r, slot]
+            np.testing.assert_array_equal(cols, np.arange(cols[0], cols[0] + len(cols)))
+            assert position_ids[r, cols].tolist() == list(range(len(cols)))
+            tokens = ids[r, cols]
+            assert tokens[0] == CLS and tokens[-1] == SEP and (tokens[1:] != CLS).all()
+            found.append((tuple(tokens.tolist()), tuple(segs[r, cols].tolist()),
+                          int(labels[r, slot])))
+    return found
+
+
+@pytest.mark.parametrize("pairing", ["nsp", "doc_sentences"])
+def test_packed_rows_hold_every_example_of_the_epoch_once(table, pairing):
+    packed = host_streams(table, 1, pairing=pairing, examples_per_row=K)[0]
+    rows = packed.epoch_size(0)
+    steps = -(-rows // 16)
+    found = [e for step in range(steps)
+             for e in packed_examples(packed.host_packed_batch(step, limit_epoch=0))]
+    # The unpacked stream of the same seed forms the same examples (the same plan).
+    plan = host_streams(table, 1, pairing=pairing)[0].epoch(0).plan
+    ids, segs, labels = materialize(table, plan, np.arange(plan.num_examples), SEQ, CLS, SEP,
+                                    PAD)
+    expected = [(tuple(i[i != PAD].tolist()), tuple(s[i != PAD].tolist()), int(label))
+                for i, s, label in zip(ids, segs, labels, strict=True)]
+    assert collections.Counter(found) == collections.Counter(expected)
+    assert rows < 0.9 * plan.num_examples  # rows hold several examples
+    # Hosts split the packed rows as they split examples, across an epoch end.
+    one = [packed.host_packed_batch(step) for step in range(steps - 1, steps + 2)]
+    two = host_streams(table, 2, pairing=pairing, examples_per_row=K)
+    for step, whole in zip(range(steps - 1, steps + 2), one, strict=True):
+        halves = [s.host_packed_batch(step) for s in two]
+        for i, array in enumerate(whole):
+            np.testing.assert_array_equal(np.concatenate([h[i] for h in halves]), array)
+
+
+def test_packed_batches_mask_inside_examples_and_resume_exactly(data):
+    _, out, tokenizer, _ = data
+    full = iterator(out, tokenizer, seed=3, examples_per_row=K)
+    steps = full.stream.epoch_size(0) // 16 + 3  # crosses into the second epoch
+    stream = [next(full) for _ in range(steps)]
+    for step, batch in enumerate(stream):
+        assert set(batch) == {*BATCH_KEYS, *PACKED_BATCH_KEYS}
+        assert batch["input_ids"].shape == (16, SEQ) and batch["cls_positions"].shape == (16, K)
+        ids, segs, example_ids, position_ids, cls_positions, labels, slots = \
+            full.stream.host_packed_batch(step)
+        np.testing.assert_array_equal(unmasked(batch), ids)
+        for key, value in (("segment_ids", segs), ("example_ids", example_ids),
+                           ("position_ids", position_ids), ("cls_positions", cls_positions),
+                           ("next_sentence_labels", labels), ("next_sentence_weights", slots)):
+            np.testing.assert_array_equal(batch[key], value)
+        np.testing.assert_array_equal(batch["input_mask"], example_ids > 0)
+        chosen = batch["masked_lm_weights"] > 0
+        assert chosen.sum(axis=1).min() > 0
+        at = np.take_along_axis(ids, batch["masked_lm_positions"], 1)[chosen]
+        assert (np.take_along_axis(example_ids, batch["masked_lm_positions"], 1)[chosen] > 0
+                ).all()
+        assert not np.isin(at, [PAD, CLS, SEP, MASK]).any()
+    assert full.state()["epoch"] == 1 and full.state()["examples_per_row"] == K
+    first = iterator(out, tokenizer, seed=3, examples_per_row=K)
+    for _ in range(steps - 3):
+        next(first)
+    state = json.loads(json.dumps(first.state()))
+    resumed = iterator(out, tokenizer, seed=3, examples_per_row=K, state=state)
+    for expected in stream[steps - 3:]:
+        got = next(resumed)
+        for key in expected:
+            np.testing.assert_array_equal(got[key], expected[key])
+    with pytest.raises(BertJaxError, match="does not match"):
+        iterator(out, tokenizer, seed=3, state=state)  # an unpacked run
+    with pytest.raises(BertJaxError, match="examples_per_row -1"):
+        iterator(out, tokenizer, examples_per_row=-1)
+
+
+def test_pretrain_on_packed_document_shards(data, tmp_path):
+    from training.helpers import EXPERIMENT, SMALL
+
+    from bert_jax.training.config import load_config
+    from bert_jax.training.inputs import examples_per_row
+    from bert_jax.training.loop import train_and_evaluate
+
+    root, out, _, _ = data
+    # The model, rows and steps of test_packed_pretraining.py's run (packed pair shards, 4
+    # examples a row of 64), so that the test run's XLA cache compiles the step once.
+    overrides = [o for o in SMALL if not o.startswith(("--config.data.source",
+                                                        "--config.model.vocab_size",
+                                                        "--config.data.max_seq_length",
+                                                        "--config.model.max_position"))]
+    config = load_config(f"{EXPERIMENT}:tiny", [
+        *overrides, f"--config.data.directory={out}",
+        f"--config.data.tokenizer={write_vocab(root)}", "--config.model.vocab_size=39",
+        "--config.log_every=1", "--config.data.max_seq_length=64",
+        "--config.model.max_position_embeddings=64", "--config.num_train_steps=3",
+        "--config.eval_steps=0", "--config.optimizer.warmup_steps=0",
+        "--config.data.pairing=nsp", f"--config.data.max_examples_per_row={K}"])
+    assert examples_per_row(config) == K
+    result = train_and_evaluate(config, str(tmp_path / "run"))
+    assert result["step"] == 3
+    assert np.isfinite(result["loss"]) and result["mlm_loss"] > 0 and result["nsp_loss"] > 0
+    # Pair shards are packed when created, not by this field.
+    write_shards(str(tmp_path / "pairs"), num_examples=20, num_shards=1)
+    config.data.directory = str(tmp_path / "pairs")
+    with pytest.raises(BertJaxError, match="packed when created"):
+        examples_per_row(config)
