@@ -257,11 +257,13 @@ def packed_data(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("objective", ["sbo", "electra", "distill"])
+@pytest.mark.parametrize("objective", ["sbo", "distill"])
 def test_build_training_trains_packed_rows(packed_data, objective):
-    """The pipeline's packed batches (SpanBERT's masked as spans) through one train step."""
+    """The pipeline's packed batches (SpanBERT's masked as spans) through one train step
+    (ELECTRA's packed sums: the equality test above; its generator and discriminator take
+    the packing inputs as SpanBERT's encoder does)."""
     data, vocab, teacher = packed_data
-    overrides = {"sbo": ["--config.data.masking=span"], "electra": [],
+    overrides = {"sbo": ["--config.data.masking=span"],
                  "distill": [f"--config.distill.teacher={teacher}"]}[objective]
     settings = [f"--config.objective={objective}", f"--config.data.directory={data}",
                 f"--config.data.tokenizer={vocab}", "--config.data.source=tfrecord",
@@ -290,4 +292,4 @@ def test_build_training_trains_packed_rows(packed_data, objective):
     if objective == "distill":  # the student, a copy of the teacher, reads rows as it does
         assert float(metrics["kd_loss"]) < 1e-6 and float(metrics["cos_loss"]) < 1e-6
     else:
-        assert float(metrics[{"sbo": "sbo_loss", "electra": "rtd_loss"}[objective]]) > 0
+        assert float(metrics["sbo_loss"]) > 0
