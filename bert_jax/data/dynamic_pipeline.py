@@ -303,9 +303,11 @@ def make_document_dataset(stream: DocumentStream, masking: MaskingConfig, *, see
 
     def mask(step, ids, segs, labels, packing=None):
         batch_seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
-        # Per token over the whole row: specials ([CLS], [SEP]) and padding are never
-        # chosen, so in a packed row every masked position lies inside one example.
-        masked, positions, lm_ids, weights = mask_batch(ids, batch_seed, masking, tables)
+        # Specials ([CLS], [SEP]) and padding are never chosen, and whole words and spans
+        # start afresh at each example (example_ids): every masked unit of a packed row lies
+        # inside one example.
+        masked, positions, lm_ids, weights = mask_batch(
+            ids, batch_seed, masking, tables, None, (packing or {}).get("example_ids"))
         return {"input_ids": masked,
                 "input_mask": tf.cast(ids != pad_id, tf.int32),
                 "segment_ids": segs,
