@@ -278,6 +278,25 @@ def check_training_data(meta: PretrainingDataConfig, objective: str, pairing: st
                            f"config.data.max_seq_length is {max_seq_length}")
 
 
+def examples_per_row(meta: PretrainingDataConfig, requested: int = 0) -> int:
+    """Example slots per row of ``meta``'s data given ``requested`` (``examples_per_row``, the
+    config's ``data.max_examples_per_row``): document shards pack at training time
+    (``requested``; 0: one example a row); pair shards are packed, or not, when created
+    (``create-pretraining-data --pack``, their metadata), and a nonzero ``requested`` must
+    match them."""
+    if meta.format == "documents":
+        return requested
+    stored = int(meta.raw["max_examples_per_row"]) if meta.raw.get("packed") else 0
+    if requested and requested != stored:
+        raise BertJaxError(
+            f"{os.path.join(meta.directory, METADATA_JSON)}: pair shards are packed when "
+            f"created (create-pretraining-data --pack; these hold "
+            f"{f'{stored} examples a row' if stored else 'one example a row'}); "
+            f"examples_per_row (data.max_examples_per_row) = {requested} packs document "
+            "shards only")
+    return stored
+
+
 class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
     """Numpy batches from :func:`make_pretraining_dataset`, with a resumable position.
 
@@ -335,14 +354,7 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
                 meta, files, state=state, per_host_batch_size=per_host_batch_size,
                 max_predictions_per_seq=max_predictions_per_seq, seq_len=seq_len,
                 pairing=pairing, short_seq_prob=short_seq_prob, **kwargs)
-        stored = int(meta.raw["max_examples_per_row"]) if meta.raw.get("packed") else 0
-        requested = kwargs.pop("examples_per_row", 0)
-        if requested and requested != stored:
-            raise BertJaxError(
-                f"{os.path.join(meta.directory, METADATA_JSON)}: pair shards are packed when "
-                f"created (create-pretraining-data --pack; these hold "
-                f"{f'{stored} examples a row' if stored else 'one example a row'}); "
-                f"examples_per_row={requested} packs document shards only")
+        stored = examples_per_row(meta, kwargs.pop("examples_per_row", 0))
         if stored:
             kwargs["examples_per_row"] = stored
         return cls(files, state=state, per_host_batch_size=per_host_batch_size,

@@ -143,7 +143,7 @@ def examples_per_row(config) -> int:
     materialized from them (their manifest), or document shards with
     ``data.max_examples_per_row`` > 0. Materialized evaluation batches
     (``data.eval_directory``) must be packed alike."""
-    from bert_jax.data import materialize
+    from bert_jax.data import materialize, pipeline
     from bert_jax.data.metadata import METADATA_JSON, load_metadata
 
     data = config.data
@@ -170,17 +170,7 @@ def examples_per_row(config) -> int:
                     f"slots per row, data.directory={data.directory!r} {k} (0: unpacked); "
                     "materialize both from the same kind of data")
         return k
-    meta = load_metadata(data.directory)
-    if meta.format == "documents":
-        k = requested
-    else:
-        k = int(meta.raw["max_examples_per_row"]) if meta.raw.get("packed") else 0
-        if requested and requested != k:
-            raise BertJaxError(
-                f"{data.directory}: data.max_examples_per_row={requested} packs document "
-                "shards; pair shards are packed when created (create-pretraining-data --pack"
-                f"{f', here {k} examples a row' if k else '; these are not packed'}): drop "
-                "the override")
+    k = pipeline.examples_per_row(load_metadata(data.directory), requested)
     if k and data.source not in ("auto", "tfrecord"):
         raise BertJaxError(f"{data.directory}: packed rows are read from TFRecord shards "
                            f"(data.source=tfrecord), not data.source={data.source!r}")
