@@ -86,12 +86,21 @@ def parse_args(argv) -> argparse.Namespace:
                          "the batches not held out, cycled)")
     ap.add_argument("--eval-batches", type=int, default=24, help="held-out batches")
     ap.add_argument("--learning-rate", type=float, default=1e-3)
+    ap.add_argument("--seeds", default="0",
+                    help="comma-separated initialisation seeds: a bf16 and an FP8 run each "
+                         "(two or more also give bf16's seed-to-seed spread)")
+    ap.add_argument("--amax-history", type=int, default=0,
+                    help="model.fp8_amax_history of the FP8 runs (0: the config's)")
     add_out_argument(ap)
     args = ap.parse_args(argv)
     args.parts = args.parts.split(",")
     if unknown := set(args.parts) - {"throughput", "parity"}:
         ap.error(f"--parts: unknown {sorted(unknown)}")
     args.shapes = [parse_shape(s) for s in args.shapes.split(",")]
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds {args.seeds!r}: expected comma-separated integers")
     if "parity" in args.parts and not (args.prepared or args.batches_dir):
         ap.error("the parity part needs --prepared DIR or --batches-dir DIR")
     if args.batches_dir and not args.vocab_size:
@@ -195,12 +204,16 @@ def parity_config(args, directory: str, manifest: dict, model: str, vocab: int, 
     return load_config(f"{EXPERIMENT}:tiny", [
         *common_overrides(settings, steps, directory, "", "materialized"),
         "--config.objective=nsp", f"--config.model.vocab_size={vocab}",
-        f"--config.model.fp8={'true' if fp8 else 'false'}"])
+        f"--config.model.fp8={'true' if fp8 else 'false'}",
+        *([f"--config.model.fp8_amax_history={args.amax_history}"]
+          if fp8 and args.amax_history else [])])
 
 
-def parity_run(args, directory: str, vocab: int, model: str, fp8: bool) -> dict:
+def parity_run(args, directory: str, vocab: int, model: str, fp8: bool, seed: int = 0
+               ) -> dict:
     """Trains ``args.parity_steps`` steps on the batches before the held-out ones (cycled),
-    then evaluates on the held-out ones."""
+    then evaluates on the held-out ones; ``seed`` draws the initial parameters and the
+    dropout masks (the batches are the same for every seed)."""
     import jax
     import numpy as np
 
@@ -222,8 +235,8 @@ def parity_run(args, directory: str, vocab: int, model: str, fp8: bool) -> dict:
     model_cfg = config_lib.model_config(config)
     mesh = select_mesh(config, 1)
     training = build_training(config, model_cfg, mesh)
-    state = training.init_state(jax.random.PRNGKey(0))
-    rng = jax.random.PRNGKey(1)
+    state = training.init_state(jax.random.PRNGKey(seed))
+    rng = jax.random.fold_in(jax.random.PRNGKey(1), seed)
     losses, started = [], time.perf_counter()
     for step in range(steps):
         if step % train_batches == 0:
@@ -248,10 +261,11 @@ def parity_run(args, directory: str, vocab: int, model: str, fp8: bool) -> dict:
         for name, sums in parts.items():
             for key, value in jax.device_get(sums).items():
                 totals[name][key] = totals[name].get(key, 0.0) + float(np.asarray(value))
-    record = {"part": "parity", "mode": "fp8" if fp8 else "bf16", "model": model,
+    record = {"part": "parity", "mode": "fp8" if fp8 else "bf16", "seed": seed, "model": model,
               "seq_len": manifest["seq_len"], "batch_size": manifest["batch_size"],
               "steps": steps, "train_batches": train_batches,
               "held_out_batches": args.eval_batches, "dtype": model_cfg.dtype,
+              **({"amax_history": model_cfg.fp8_amax_history} if fp8 else {}),
               "train_seconds": round(seconds, 1), "first_loss": losses[0][1],
               "last_loss": statistics.fmean(v for s, v in losses if s >= steps - 10)}
     for name, sums in totals.items():
@@ -264,19 +278,39 @@ def parity_run(args, directory: str, vocab: int, model: str, fp8: bool) -> dict:
 
 
 def parity(args) -> list[dict]:
+    """A bf16 and an FP8 run for each of ``args.seeds``, then the summary: FP8 − bf16 in
+    points of held-out MLM accuracy, per seed and their mean, and (two or more seeds) bf16's
+    own spread between seeds, the noise the difference is read against."""
     directory, vocab, model, _ = parity_data(args)
     records = []
-    for fp8 in (False, True):
-        _log(f"parity run {'fp8' if fp8 else 'bf16'}: {model}, {args.parity_steps or 'all'} "
-             "steps")
-        records.append(parity_run(args, directory, vocab, model, fp8))
-    bf16, fp8 = records
-    points = 100 * (fp8["heldout_mlm_accuracy"] - bf16["heldout_mlm_accuracy"])
-    summary = {"part": "parity_summary", "bf16_heldout_mlm_accuracy":
-               bf16["heldout_mlm_accuracy"], "fp8_heldout_mlm_accuracy":
-               fp8["heldout_mlm_accuracy"], "fp8_minus_bf16_points": points,
-               "within_half_point": abs(points) <= 0.5}
-    return [*records, summary]
+    for seed in args.seeds:
+        for fp8 in (False, True):
+            _log(f"parity run {'fp8' if fp8 else 'bf16'} seed {seed}: {model}, "
+                 f"{args.parity_steps or 'all'} steps")
+            records.append(parity_run(args, directory, vocab, model, fp8, seed))
+    return [*records, parity_summary(records)]
+
+
+def parity_summary(records: list[dict]) -> dict:
+    """FP8 − bf16 held-out MLM accuracy in points for each seed of the parity ``records``
+    (one bf16 and one FP8 run a seed) and their mean; with two or more seeds also bf16's
+    spread between seeds."""
+    accuracy = {(r["mode"], r["seed"]): r["heldout_mlm_accuracy"] for r in records}
+    seeds = sorted({seed for _, seed in accuracy})
+    if missing := [f"{mode} seed {s}" for s in seeds for mode in ("bf16", "fp8")
+                   if (mode, s) not in accuracy]:
+        raise ValueError(f"parity records lack {', '.join(missing)}")
+    points = [100 * (accuracy["fp8", s] - accuracy["bf16", s]) for s in seeds]
+    bf16 = [accuracy["bf16", s] for s in seeds]
+    mean = statistics.fmean(points)
+    summary = {"part": "parity_summary", "seeds": seeds,
+               "bf16_heldout_mlm_accuracy": statistics.fmean(bf16),
+               "fp8_heldout_mlm_accuracy": statistics.fmean(accuracy["fp8", s] for s in seeds),
+               "fp8_minus_bf16_points_per_seed": points, "fp8_minus_bf16_points": mean,
+               "within_half_point": abs(mean) <= 0.5}
+    if len(seeds) > 1:
+        summary["bf16_seed_spread_points"] = 100 * (max(bf16) - min(bf16))
+    return summary
 
 
 # ---- report ------------------------------------------------------------------------------
@@ -307,15 +341,20 @@ def tables(records: list[dict], header: str) -> str:
                   "held-out MLM acc, FP8 forward | train s |", "|---|---|---|---|---|---|---|"]
         for r in runs:
             fwd = r.get("heldout_mlm_accuracy_fp8_forward")
-            lines.append(f"| {r['mode']} ({r['model']}, {r['dtype']}) | {r['steps']} | "
+            lines.append(f"| {r['mode']} ({r['model']}, {r['dtype']}, seed {r['seed']}) | "
+                         f"{r['steps']} | "
                          f"{r['first_loss']:.3f} | {r['last_loss']:.3f} | "
                          f"{100 * r['heldout_mlm_accuracy']:.2f}% | "
                          f"{'–' if fwd is None else f'{100 * fwd:.2f}%'} | "
                          f"{r['train_seconds']:.0f} |")
         summary = next(r for r in records if r["part"] == "parity_summary")
+        seeds = len(summary["seeds"])
+        spread = summary.get("bf16_seed_spread_points")
         lines += ["", f"fp8 − bf16: {summary['fp8_minus_bf16_points']:+.2f} points of held-out "
-                  f"MLM accuracy ({'within' if summary['within_half_point'] else 'outside'} "
-                  "the 0.5-point target)."]
+                  f"MLM accuracy{f' (mean of {seeds} seeds)' if seeds > 1 else ''} "
+                  f"({'within' if summary['within_half_point'] else 'outside'} the 0.5-point "
+                  "target)" + ("." if spread is None else
+                               f"; bf16 between seeds: {spread:.2f} points.")]
     return "\n".join(lines) + "\n"
 
 

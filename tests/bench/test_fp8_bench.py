@@ -59,7 +59,7 @@ def test_fp8_suite_throughput_and_parity(tmp_path):
     steps = [json.loads(line) for line in (out / "step.jsonl").read_text().splitlines()]
     assert [s["fp8"] for s in steps] == [False, True]
     bf16, fp8, summary = records[1:]
-    assert (bf16["mode"], fp8["mode"]) == ("bf16", "fp8")
+    assert (bf16["mode"], fp8["mode"], bf16["seed"], fp8["seed"]) == ("bf16", "fp8", 0, 0)
     assert bf16["steps"] == fp8["steps"] == 4 and bf16["train_batches"] == 3
     assert "heldout_mlm_accuracy_fp8_forward" in fp8
     assert "heldout_mlm_accuracy_fp8_forward" not in bf16
@@ -69,3 +69,18 @@ def test_fp8_suite_throughput_and_parity(tmp_path):
                         100 * (fp8["heldout_mlm_accuracy"] - bf16["heldout_mlm_accuracy"]))
     table = (out / "fp8.md").read_text()
     assert "| tiny/32 | 8 |" in table and "held-out MLM acc" in table
+
+
+def test_parity_summary_averages_seeds_and_reports_bf16_spread():
+    runs = [{"part": "parity", "mode": mode, "seed": seed, "heldout_mlm_accuracy": acc}
+            for mode, seed, acc in [("bf16", 0, 0.30), ("fp8", 0, 0.29), ("bf16", 1, 0.32),
+                                    ("fp8", 1, 0.325)]]
+    summary = bench_fp8.parity_summary(runs)
+    assert summary["seeds"] == [0, 1]
+    assert summary["fp8_minus_bf16_points_per_seed"] == pytest.approx([-1.0, 0.5])
+    assert summary["fp8_minus_bf16_points"] == pytest.approx(-0.25)
+    assert summary["within_half_point"] is True
+    assert summary["bf16_seed_spread_points"] == pytest.approx(2.0)
+    assert "bf16_seed_spread_points" not in bench_fp8.parity_summary(runs[:2])
+    with pytest.raises(ValueError, match="fp8 seed 1"):
+        bench_fp8.parity_summary(runs[:3])
