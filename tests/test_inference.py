@@ -24,7 +24,8 @@ def checkpoint(tmp_path_factory):
     config = get_preset("tiny", vocab_size=len(vocab), num_hidden_layers=3)
     model = BertForPreTraining(config)
     ids = np.ones((1, 8), np.int32)
-    params = nn.unbox(model.init(jax.random.key(0), ids)["params"])
+    # Compiled: op by op, the init's many small ops cost more than one compile.
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), ids)["params"])
     path = str(tmp_path_factory.mktemp("ckpt"))
     store.save_model(path, params, config, tokenizer)
     return path, params, config, tokenizer
@@ -36,7 +37,7 @@ def test_fill_mask_matches_direct_apply(checkpoint):
     assert [len(r) for r in results] == [2, 0]
     ids = np.array([[2, 5, 6, 4, 8, 5, 4, 15, 3]], np.int32)  # unpadded
     assert [tokenizer.token_to_id(t) for t in ["the", "[MASK]", "."]] == [5, 4, 15]
-    logits = BertForPreTraining(config).apply({"params": params}, ids)["mlm_logits"]
+    logits = jax.jit(BertForPreTraining(config).apply)({"params": params}, ids)["mlm_logits"]
     probs = jax.nn.softmax(logits[0, 3, :config.vocab_size])
     best = int(np.argmax(probs))
     assert results[0][0][0]["id"] == best
@@ -44,11 +45,23 @@ def test_fill_mask_matches_direct_apply(checkpoint):
     assert results[0][0][0]["probability"] >= results[0][0][1]["probability"]
 
 
+TEXTS = ["the cat sat", "a big red dog ran on the mat ."]
+
+
+@pytest.fixture(scope="module")
+def direct_outputs(checkpoint):
+    """BertModel's outputs (with the hidden states) for TEXTS[0] alone, unpadded."""
+    _, params, config, tokenizer = checkpoint
+    enc = tokenizer.encode(TEXTS[0])
+    return jax.jit(BertModel(config).apply, static_argnames="output_hidden_states")(
+        {"params": params["bert"]}, np.array([enc.input_ids]), output_hidden_states=True)
+
+
 @pytest.mark.parametrize("layer,pooling", [("-1", "none"), ("0", "mean"), ("last4", "cls"),
                                            ("2", "pooled")])
-def test_embed_layers_and_pooling(checkpoint, layer, pooling):
+def test_embed_layers_and_pooling(checkpoint, direct_outputs, layer, pooling):
     path, params, config, tokenizer = checkpoint
-    texts = ["the cat sat", "a big red dog ran on the mat ."]
+    texts = TEXTS
     vectors, lengths = embed(path, texts, layer=layer, pooling=pooling)
     width = config.hidden_size * (4 if layer == "last4" else 1)
     assert lengths.tolist() == [5, 11]
@@ -56,9 +69,7 @@ def test_embed_layers_and_pooling(checkpoint, layer, pooling):
         assert vectors.shape == (2, 11, width)
     else:
         assert vectors.shape == (2, width)
-    enc = tokenizer.encode(texts[0])
-    out = BertModel(config).apply({"params": params["bert"]}, np.array([enc.input_ids]),
-                                  output_hidden_states=True)
+    out = direct_outputs
     if layer == "-1" and pooling == "none":
         np.testing.assert_allclose(vectors[0, :5], out["sequence_output"][0], atol=1e-5)
     if layer == "0" and pooling == "mean":

@@ -318,15 +318,17 @@ def test_pretrain_on_packed_document_shards(data, tmp_path):
     from bert_jax.training.loop import train_and_evaluate
 
     root, out, _, _ = data
-    # The model, rows and steps of test_packed_pretraining.py's run (packed pair shards, 4
-    # examples a row of 64), so that the test run's XLA cache compiles the step once.
+    # The model (one layer), rows and steps of test_packed_pretraining.py's run (packed pair
+    # shards, 4 examples a row of 64), so that the test run's XLA cache compiles the step once.
     overrides = [o for o in SMALL if not o.startswith(("--config.data.source",
                                                         "--config.model.vocab_size",
+                                                        "--config.model.num_hidden_layers",
                                                         "--config.data.max_seq_length",
                                                         "--config.model.max_position"))]
     config = load_config(f"{EXPERIMENT}:tiny", [
         *overrides, f"--config.data.directory={out}",
         f"--config.data.tokenizer={write_vocab(root)}", "--config.model.vocab_size=39",
+        "--config.model.num_hidden_layers=1",
         "--config.log_every=1", "--config.data.max_seq_length=64",
         "--config.model.max_position_embeddings=64", "--config.num_train_steps=3",
         "--config.eval_steps=0", "--config.optimizer.warmup_steps=0",

@@ -93,7 +93,8 @@ def test_packed_data_trains_from_shards_and_from_materialized_batches(tmp_path):
     steps, batch_size, preds = 3, 16, 5
     settings = [
         f"--config.data.tokenizer={vocab}", "--config.model.vocab_size=39",
-        "--config.log_every=1", f"--config.data.max_seq_length={SEQ}",
+        "--config.model.num_hidden_layers=1", "--config.log_every=1",
+        f"--config.data.max_seq_length={SEQ}",
         f"--config.model.max_position_embeddings={SEQ}", f"--config.num_train_steps={steps}",
         f"--config.global_batch_size={batch_size}",
         f"--config.data.max_predictions_per_seq={preds}", "--config.eval_steps=0",

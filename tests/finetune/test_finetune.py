@@ -60,26 +60,6 @@ def test_learns_toy_task_then_evaluate_and_predict(data, tmp_path, capsys):
     assert np.mean([p == y for p, y in zip(predicted, labels, strict=True)]) >= 0.8
 
 
-def test_regression_from_random_init_with_holdout(data, tmp_path):
-    """STS-B (MSE on one output) from random weights; dev held out from train by row."""
-    c = config("experiments/glue.py:stsb", "--config.init_checkpoint=",
-               f"--config.tokenizer={data['vocab_dir']}", "--config.model.preset=tiny",
-               "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
-               "--config.model.max_position_embeddings=64", "--config.epochs=1",
-               f"--config.data_dir={data['stsb']}", "--config.holdout_fraction=0.25",
-               "--config.global_batch_size=16")
-    result = finetune(c, str(tmp_path / "run"))
-    assert result["dev_examples"] == {"dev": 12} and result["train_examples"] == 36
-    assert result["report"][0].startswith("random initialisation")
-    assert set(result["final"]["dev"]) == {"pearson", "spearman", "corr"}
-    assert np.isfinite(result["final"]["train_loss"])
-    out = str(tmp_path / "pred")
-    assert main(["predict", "--workdir", str(tmp_path / "run"), "--split", "dev",
-                 "--output", out]) == 0
-    rows = open(os.path.join(out, "STS-B.dev.tsv")).read().splitlines()
-    assert len(rows) == 13 and all(len(r.split("\t")[1].split(".")[1]) == 3 for r in rows[1:])
-
-
 def test_ner_one_epoch_and_predictions(data, tmp_path):
     workdir = str(tmp_path / "run")
     c = config("experiments/ner.py:conll2003", f"--config.init_checkpoint={data['ckpt']}",
@@ -140,9 +120,10 @@ def test_freeze_encoder_leaves_encoder_unchanged(data, tmp_path):
     assert np.abs(tuned["classifier/bias"]).max() > 0  # bias starts at zero
 
 
-def test_finetuner_cache_shares_programs_across_runs_of_one_shape(data, tmp_path):
-    """Runs that differ only in seed (or data folder) reuse one Finetuner and give the same
-    results as runs that build their own; another schedule length gets its own."""
+def test_regression_from_random_init_and_finetuner_cache(data, tmp_path):
+    """STS-B (MSE on one output) from random weights; dev held out from train by row. Runs
+    that differ only in seed (or data folder) reuse one Finetuner and give the same results
+    as runs that build their own; another schedule length gets its own."""
     from bert_jax.tasks.trainer import FinetunerCache
 
     def stsb(*extra, epochs=1):
@@ -161,6 +142,18 @@ def test_finetuner_cache_shares_programs_across_runs_of_one_shape(data, tmp_path
     assert shared[1]["final"]["dev"] == fresh["final"]["dev"]
     assert shared[1]["final"]["train_loss"] == fresh["final"]["train_loss"]
     assert shared[0]["final"]["train_loss"] != fresh["final"]["train_loss"]  # its own seed
+
+    result = shared[0]
+    assert result["dev_examples"] == {"dev": 12} and result["train_examples"] == 36
+    assert result["report"][0].startswith("random initialisation")
+    assert set(result["final"]["dev"]) == {"pearson", "spearman", "corr"}
+    assert np.isfinite(result["final"]["train_loss"])
+    out = str(tmp_path / "pred")
+    assert main(["predict", "--workdir", str(tmp_path / "s0"), "--split", "dev",
+                 "--output", out]) == 0
+    rows = open(os.path.join(out, "STS-B.dev.tsv")).read().splitlines()
+    assert len(rows) == 13 and all(len(r.split("\t")[1].split(".")[1]) == 3 for r in rows[1:])
+
     finetune(stsb(epochs=2), str(tmp_path / "longer"), programs=programs)
     assert len(programs) == 2 and programs.hits == 1
 

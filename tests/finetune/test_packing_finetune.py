@@ -39,15 +39,17 @@ def test_packed_batch_loss_and_grads_equal_unpacked(kind, labels):
     packed = packing.pack_features(feats, rows, 3, (key,))
     unpacked = {**feats, trainer.WEIGHT_KEY: np.ones(6, np.float32)}
     packed[trainer.WEIGHT_KEY] = packed.pop("example_slots")
-    params = model.init(jax.random.PRNGKey(0), *(jnp.asarray(feats[k]) for k in (
+    # Compiled (one program per layout): op by op, the model's many small ops cost more.
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), *(jnp.asarray(feats[k]) for k in (
         "input_ids", "input_mask", "segment_ids")))["params"]
 
     def loss(params, batch):
-        batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "example_index"}
         return trainer.task_loss(kind, trainer._apply(model, params, batch), batch)
 
-    (loss_u, sums_u), grads_u = jax.value_and_grad(loss, has_aux=True)(params, unpacked)
-    (loss_p, sums_p), grads_p = jax.value_and_grad(loss, has_aux=True)(params, packed)
+    loss_and_grads = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    (loss_u, sums_u), grads_u = loss_and_grads(params, unpacked)
+    (loss_p, sums_p), grads_p = loss_and_grads(
+        params, {k: v for k, v in packed.items() if k != "example_index"})
     assert len(rows) < 6 and float(sums_p["count"]) == float(sums_u["count"]) == 6
     np.testing.assert_allclose(float(loss_p), float(loss_u), rtol=1e-5)
     for gp, gu in zip(jax.tree.leaves(grads_p), jax.tree.leaves(grads_u), strict=True):

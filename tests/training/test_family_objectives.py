@@ -1,6 +1,8 @@
 """SpanBERT's SBO, ELECTRA's RTD and DistilBERT's losses (bert_jax.modeling.family,
 bert_jax.training.objectives, bert_jax.training.family)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,13 +35,15 @@ def test_sbo_shapes_and_gradient_flow():
     model = family.SpanBertForPreTraining(CFG, max_relative_position=8)
     batch = next(SyntheticBatches(4, 32, 5, 200, seed=1))
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
-    params = model.init({"params": jax.random.PRNGKey(0)}, batch["input_ids"],
-                        batch["input_mask"], batch["segment_ids"], batch["masked_lm_positions"],
-                        batch["masked_lm_weights"])["params"]
+    # Compiled: op by op, a model's init and apply cost more than one compile each.
+    params = jax.jit(model.init)({"params": jax.random.PRNGKey(0)}, batch["input_ids"],
+                                 batch["input_mask"], batch["segment_ids"],
+                                 batch["masked_lm_positions"],
+                                 batch["masked_lm_weights"])["params"]
     params = jax.tree.map(lambda x: x, nn_unbox(params))
-    out = model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
-                      batch["segment_ids"], batch["masked_lm_positions"],
-                      batch["masked_lm_weights"])
+    out = jax.jit(model.apply)({"params": params}, batch["input_ids"], batch["input_mask"],
+                               batch["segment_ids"], batch["masked_lm_positions"],
+                               batch["masked_lm_weights"])
     assert out["sbo_logits"].shape == (4, 5, CFG.padded_vocab_size)
     assert out["sbo_decoder"].hidden.shape == (4, 5, CFG.hidden_size)
     sums_fn = objectives.span_boundary_sums(model)
@@ -63,15 +67,17 @@ def nn_unbox(tree):
     return nn.unbox(tree)
 
 
+@functools.cache
 def _electra():
+    """(model, params, batch), made once for the file (the tests only read them)."""
     gen = family.generator_config(CFG, 0.5)
     assert gen.hidden_size == 64 and gen.embedding_size == CFG.embedding_dim
     model = family.ElectraForPreTraining(CFG, gen)
     batch = {k: jnp.asarray(v) for k, v in next(SyntheticBatches(4, 32, 5, 200, seed=2)).items()}
-    params = model.init({"params": jax.random.PRNGKey(0)}, batch["input_ids"],
-                        batch["input_mask"], batch["segment_ids"], batch["masked_lm_positions"],
-                        batch["masked_lm_ids"], batch["masked_lm_weights"],
-                        jax.random.PRNGKey(0))["params"]
+    params = jax.jit(model.init)({"params": jax.random.PRNGKey(0)}, batch["input_ids"],
+                                 batch["input_mask"], batch["segment_ids"],
+                                 batch["masked_lm_positions"], batch["masked_lm_ids"],
+                                 batch["masked_lm_weights"], jax.random.PRNGKey(0))["params"]
     params = family.untie_generator_embeddings(nn_unbox(params))
     assert "word_embeddings" not in params["generator"]["embeddings"]
     return model, params, batch
@@ -79,10 +85,10 @@ def _electra():
 
 def test_electra_rtd_labels_match_replacements():
     model, params, batch = _electra()
-    out = model.apply({"params": family.tie_generator_embeddings(params)}, batch["input_ids"],
-                      batch["input_mask"], batch["segment_ids"], batch["masked_lm_positions"],
-                      batch["masked_lm_ids"], batch["masked_lm_weights"],
-                      jax.random.PRNGKey(5))
+    out = jax.jit(model.apply)({"params": family.tie_generator_embeddings(params)},
+                               batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                               batch["masked_lm_positions"], batch["masked_lm_ids"],
+                               batch["masked_lm_weights"], jax.random.PRNGKey(5))
     ids = np.asarray(batch["input_ids"])
     positions = np.asarray(batch["masked_lm_positions"])
     weights = np.asarray(batch["masked_lm_weights"])

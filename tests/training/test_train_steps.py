@@ -27,10 +27,21 @@ def _setup(*overrides, devices=2):
     return training, training.init_state(jax.random.PRNGKey(0)), batches
 
 
-def test_gradient_accumulation_equals_full_batch():
+@pytest.fixture(scope="module")
+def full_steps():
+    """The step on the whole batch (no warmup: the first update moves the parameters), over
+    two data-parallel devices, compiled once for the file (the step donates its state: each
+    test makes its own)."""
+    training, _, _ = _setup("--config.optimizer.warmup_steps=0")
+    return training
+
+
+def test_gradient_accumulation_equals_full_batch(full_steps):
     rng = jax.random.PRNGKey(1)
-    full, state_full, batches = _setup()
-    accum, state_accum, _ = _setup("--config.microbatches=4")
+    full = full_steps
+    state_full = full.init_state(jax.random.PRNGKey(0))
+    accum, state_accum, batches = _setup("--config.microbatches=4",
+                                         "--config.optimizer.warmup_steps=0")
     batch = full.global_batch(next(batches))
     state_full, m_full = full.train_step(state_full, batch, rng)
     state_accum, m_accum = accum.train_step(state_accum, batch, rng)
@@ -41,8 +52,10 @@ def test_gradient_accumulation_equals_full_batch():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_non_finite_step_is_skipped_and_counted():
-    training, state, batches = _setup("--config.optimizer.warmup_steps=0")
+def test_non_finite_step_is_skipped_and_counted(full_steps):
+    training = full_steps
+    state = training.init_state(jax.random.PRNGKey(0))
+    batches = SyntheticBatches(16, 32, 5, 200, seed=3)
     rng = jax.random.PRNGKey(1)
     before = jax.device_get(state.params)
     bad = next(batches)
