@@ -117,14 +117,28 @@ def run_all(commands: Sequence[Sequence[str]], timeout: float, devices_per_proce
         return outputs
 
 
+def pretrain_args(workdir: str, *overrides: str) -> list[str]:
+    """``bert-jax pretrain``'s arguments for SMALL with ``overrides`` (an override of a SMALL
+    key replaces it)."""
+    return ["--config", f"{EXPERIMENT}:tiny", "--workdir", str(workdir),
+            *without_keys(SMALL, overrides), *overrides]
+
+
 def pretrain_command(workdir: str, *overrides: str) -> list[str]:
     """The CLI's pretrain on SMALL with ``overrides`` (an override of a SMALL key replaces it)."""
-    return [sys.executable, "-m", "bert_jax", "pretrain", "--config", f"{EXPERIMENT}:tiny",
-            "--workdir", str(workdir), *without_keys(SMALL, overrides), *overrides]
+    return [sys.executable, "-m", "bert_jax", "pretrain", *pretrain_args(workdir, *overrides)]
 
 
 def worker_command(mode: str, *args: str) -> list[str]:
     return [sys.executable, WORKER, mode, *args]
+
+
+def split_runs(output: str) -> list[str]:
+    """The output of ``worker.py pretrain``, one string per run."""
+    from .worker import RUN_MARK
+
+    return [part.split("\n", 1)[1] if "\n" in part else ""
+            for part in output.split(RUN_MARK)[1:]]
 
 
 def train_losses(workdir) -> dict[int, float]:

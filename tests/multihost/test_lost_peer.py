@@ -45,7 +45,8 @@ def wait_for_steps(metrics, procs, steps: int, timeout: float) -> None:
 def test_survivor_exits_fast_with_a_clear_message(tmp_path, killed):
     logs = tmp_path / "logs"
     logs.mkdir()
-    cmd = pretrain_command(tmp_path / "run", "--config.data.source=synthetic",
+    cmd = pretrain_command(tmp_path / "run", "--config.model.num_hidden_layers=1",
+                           "--config.data.source=synthetic",
                            "--config.model.vocab_size=64", "--config.global_batch_size=8",
                            "--config.num_train_steps=100000",
                            "--config.checkpoint.every_steps=100000")

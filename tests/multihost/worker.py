@@ -5,6 +5,11 @@ this process feeds its rows ``[i*B/n, (i+1)*B/n)`` of a known global batch to
 ``parallel.global_batch``, then records (a) whether every addressable shard holds exactly the
 expected global rows and (b) the whole array gathered back with ``process_allgather``, in
 ``OUT/<process>.npz`` (or the error, for meshes that cannot split the batch over processes).
+
+``worker.py pretrain RUNS_JSON``: ``bert-jax pretrain ARGS`` (the CLI's ``main``) for each
+argument list in RUNS_JSON, one after another in this process, each run's output preceded by
+the line ``RUN_MARK<index>``; exits with the first non-zero status. A later run that resumes an
+earlier one's workdir restores its checkpoint from disk like a restarted process.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import os
 import sys
 
 import numpy as np
+
+RUN_MARK = "=== pretrain run "
 
 
 def expected_global_batch(batch_size: int, seq_len: int = 4) -> dict[str, np.ndarray]:
@@ -58,5 +65,15 @@ def global_batch(out: str, meshes_json: str) -> None:
     multihost_utils.sync_global_devices("done")
 
 
+def pretrain(runs_json: str) -> None:
+    from bert_jax.cli import main
+
+    for index, args in enumerate(json.loads(runs_json)):
+        print(f"{RUN_MARK}{index}", flush=True)
+        rc = main(["pretrain", *args])
+        if rc:
+            sys.exit(rc)
+
+
 if __name__ == "__main__":
-    {"global_batch": global_batch}[sys.argv[1]](*sys.argv[2:])
+    {"global_batch": global_batch, "pretrain": pretrain}[sys.argv[1]](*sys.argv[2:])

@@ -15,7 +15,7 @@ from bert_jax.checkpoint import store
 from bert_jax.checkpoint.manager import CheckpointManager
 from bert_jax.training import config as config_lib
 from bert_jax.training.loop import TrainingDiverged, _load_init_params, train_and_evaluate
-from bert_jax.training.metrics import read_metrics
+from bert_jax.training.metrics import read_metrics, truncate_metrics
 from bert_jax.training.setup import build_training
 from bert_jax.training.state import TrainState
 
@@ -31,11 +31,24 @@ def train_losses(workdir) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(workdir)}
 
 
-@pytest.mark.slow
-def test_resume_onto_another_mesh_matches_uninterrupted(tmp_path):
-    full = tmp_path / "full"
+# The two tests that read the uninterrupted run share it on one xdist worker.
+SHARED_RUN = pytest.mark.xdist_group("checkpointing_full_run")
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """An uninterrupted 6-step run (checkpoints at 3 and 6) with a configured peak and a
+    profiler trace over steps 2-3."""
+    full = tmp_path_factory.mktemp("full")
     train_and_evaluate(small_config(*RUN, "--config.num_train_steps=6", "--config.peak_tflops=1.0",
                                     "--config.profile_steps=(2, 3)"), str(full))
+    return full
+
+
+@pytest.mark.slow
+@SHARED_RUN
+def test_resume_onto_another_mesh_matches_uninterrupted(full_run, tmp_path):
+    full = full_run
     # Observability: TensorBoard events, MFU with a configured peak, a profiler trace.
     assert any(f.startswith("events") for f in os.listdir(full / "tensorboard"))
     with open(full / "metrics.jsonl") as f:
@@ -43,11 +56,13 @@ def test_resume_onto_another_mesh_matches_uninterrupted(tmp_path):
     assert {"mfu", "seq_per_sec", "tokens_per_sec", "grad_norm", "learning_rate",
             "skipped_steps"} <= set(last)
     assert any(files for _, _, files in os.walk(full / "profile"))
+    # The run as if it had stopped at step 3 (the later checkpoint and metric records
+    # dropped), resumed on FSDP x TP.
     part = tmp_path / "part"
-    first = train_and_evaluate(small_config(*RUN, "--config.num_train_steps=6"), str(part))
-    assert first["step"] == 6
-    # Pretend the run was stopped at step 3: drop the later checkpoint, resume on FSDP x TP.
+    shutil.copytree(full, part)
     shutil.rmtree(part / "checkpoints" / "6")
+    truncate_metrics(str(part / "metrics.jsonl"), after_step=3)
+    assert sorted(train_losses(part)) == [1, 2, 3]
     resumed = train_and_evaluate(small_config(
         *RUN, "--config.num_train_steps=6", "--config.parallel.mesh.data=1",
         "--config.parallel.mesh.fsdp=-1", "--config.parallel.mesh.tensor=2"), str(part))
@@ -63,9 +78,9 @@ def test_resume_onto_another_mesh_matches_uninterrupted(tmp_path):
 
 
 @pytest.mark.slow
-def test_init_checkpoint_loads_another_runs_params(tmp_path):
-    source = tmp_path / "phase1"
-    train_and_evaluate(small_config(*RUN, "--config.num_train_steps=3"), str(source))
+@SHARED_RUN
+def test_init_checkpoint_loads_another_runs_params(full_run):
+    source = full_run
     config = small_config(*RUN, f"--config.init_checkpoint={source}", "--config.seed=5")
     model_cfg = config_lib.model_config(config)
     training = build_training(config, model_cfg, parallel.create_mesh({"fsdp": -1}))
@@ -108,7 +123,8 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
 
 
 def test_non_finite_streak_stops_with_checkpoint(tmp_path):
-    config = small_config("--config.log_every=1", "--config.eval_steps=0",
+    config = small_config("--config.model.num_hidden_layers=1", "--config.log_every=1",
+                          "--config.eval_steps=0",
                           "--config.optimizer.warmup_steps=0",
                           "--config.optimizer.learning_rate=1e30",
                           "--config.optimizer.clip_norm=0.0", "--config.max_skipped_in_row=3",
