@@ -69,6 +69,24 @@ def _diff(a, b):
         jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True))
 
 
+def _pretraining_loss(cfg):
+    """A loss of every output of TINY's BertForPreTraining on _batch(TINY): pooled output,
+    NSP and (the real vocabulary's) MLM logits."""
+    def loss(p):
+        out = modeling.BertForPreTraining(cfg).apply({"params": p}, *_batch(TINY))
+        return (jnp.sum(out["pooled_output"] ** 2) + jnp.sum(out["nsp_logits"])
+                + jnp.mean(out["mlm_logits"][..., :cfg.vocab_size] ** 2))
+    return loss
+
+
+@functools.cache
+def _value_and_grads(scan_layers: bool):
+    """The loss and gradients of _init(TINY) (in the scan layout if ``scan_layers``) without
+    remat, computed once for the scan and the remat tests."""
+    cfg = TINY.replace(scan_layers=scan_layers)
+    return jax.jit(jax.value_and_grad(_pretraining_loss(cfg)))(to_layout(_init(TINY), cfg))
+
+
 def test_scan_and_unrolled_agree_forward_and_backward():
     params = _init(TINY)
     scan_cfg = TINY.replace(scan_layers=True)
@@ -85,12 +103,8 @@ def test_scan_and_unrolled_agree_forward_and_backward():
                 "hidden_states", "attentions"):
         assert _diff(a[key], b[key]) <= 1e-5, key
 
-    def loss(cfg, p):
-        out = modeling.BertForPreTraining(cfg).apply({"params": p}, *inputs)
-        return jnp.sum(out["pooled_output"] ** 2) + jnp.sum(out["nsp_logits"])
-
-    g_unrolled = jax.jit(jax.grad(lambda p: loss(TINY, p)))(params)
-    g_scan = jax.jit(jax.grad(lambda p: loss(scan_cfg, p)))(scan_params)
+    (v_unrolled, g_unrolled), (v_scan, g_scan) = _value_and_grads(False), _value_and_grads(True)
+    assert abs(float(v_unrolled) - float(v_scan)) <= 1e-5
     assert _diff(to_layout(g_scan, TINY), g_unrolled) <= 1e-5
 
 
@@ -98,16 +112,9 @@ def test_scan_and_unrolled_agree_forward_and_backward():
 def test_remat_matches_no_remat(policy, scan_layers):
     base = TINY.replace(scan_layers=scan_layers)
     params = to_layout(_init(TINY), base)
-    inputs = _batch(TINY)
-
-    def loss_fn(cfg):
-        def loss(p):
-            out = modeling.BertForPreTraining(cfg).apply({"params": p}, *inputs)
-            return jnp.mean(out["mlm_logits"][..., :cfg.vocab_size] ** 2)
-        return jax.jit(jax.value_and_grad(loss))
-
-    value, grads = loss_fn(base)(params)
-    value_r, grads_r = loss_fn(base.replace(remat_policy=policy))(params)
+    value, grads = _value_and_grads(scan_layers)
+    value_r, grads_r = jax.jit(jax.value_and_grad(_pretraining_loss(
+        base.replace(remat_policy=policy))))(params)
     assert abs(float(value) - float(value_r)) <= 1e-6
     assert _diff(grads, grads_r) <= 1e-6
 
