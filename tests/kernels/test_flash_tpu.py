@@ -31,7 +31,7 @@ def test_values_and_gradients_match_reference_fp32(rate, mask_hash):
             out = fn(q, k, v, lengths, salt=salt, dropout_rate=rate, mask_hash=mask_hash, **kw)
             return jnp.sum(out * jnp.cos(out)), out  # a loss with a non-trivial cotangent
 
-        (_, out), grads = jax.value_and_grad(loss, (0, 1, 2), has_aux=True)(q, k, v)
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
         return out, grads
 
     out, grads = run(flash_tpu.flash_attention, block_q=16)  # 4 query blocks
@@ -61,7 +61,7 @@ def test_segment_ids_match_reference_fp32():
             out = fn(q, k, v, lengths, salt=salt, dropout_rate=0.2, segment_ids=ids, **kw)
             return jnp.sum(out * jnp.cos(out)), out
 
-        (_, out), grads = jax.value_and_grad(loss, (0, 1, 2), has_aux=True)(q, k, v)
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
         return out, grads
 
     out, grads = run(flash_tpu.flash_attention, block_q=16)
@@ -227,7 +227,7 @@ def test_model_training_step_same_on_both_kernels():
                      attention_probs_dropout_prob=0.2)
     ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
     mask = jnp.stack([jnp.ones(32, jnp.int32), (jnp.arange(32) < 20).astype(jnp.int32)])
-    params = BertModel(cfg).init(jax.random.key(1), ids, mask)
+    params = jax.jit(BertModel(cfg).init)(jax.random.key(1), ids, mask)
     probe = jax.random.normal(jax.random.key(3), (2, 32, cfg.hidden_size))
 
     def loss(p, impl):
@@ -235,11 +235,13 @@ def test_model_training_step_same_on_both_kernels():
             p, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(2)})
         return jnp.mean(out["sequence_output"] * probe)
 
+    loss_and_grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the GPU kernel's interpret-mode note
-        gpu, gpu_grads = jax.value_and_grad(loss)(params, "flash")
-    tpu, tpu_grads = jax.value_and_grad(loss)(params, "flash_tpu")
-    explicit = loss(params, "explicit")  # a threefry mask: a different draw
+        gpu, gpu_grads = loss_and_grads(params, "flash")
+    tpu, tpu_grads = loss_and_grads(params, "flash_tpu")
+    # a threefry mask: a different draw
+    explicit = jax.jit(loss, static_argnums=1)(params, "explicit")
     np.testing.assert_allclose(tpu, gpu, rtol=1e-5)
     assert abs(float(explicit - gpu)) > 1e-6
     for a, b in zip(jax.tree.leaves(tpu_grads), jax.tree.leaves(gpu_grads), strict=True):

@@ -242,7 +242,7 @@ def test_model_with_fused_gelu_matches_xla():
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
     mask = jnp.ones_like(ids)
     positions = jnp.tile(jnp.arange(1, 4)[None], (2, 1))
-    params = modeling.BertForPreTraining(cfg).init(jax.random.key(1), ids, mask)
+    params = jax.jit(modeling.BertForPreTraining(cfg).init)(jax.random.key(1), ids, mask)
 
     def loss_of(config):
         def loss(p):

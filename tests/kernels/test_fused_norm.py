@@ -42,15 +42,18 @@ def test_values_and_gradients_match_jax(rate, recompute, sum_blocks):
     def loss(fn, *args):
         kwargs = ({"recompute": recompute, "sum_blocks": sum_blocks}
                   if fn is fused_norm.residual_dropout_layer_norm else {})
-        return jnp.sum(fn(*args, salt=salt, rate=rate, epsilon=1e-12, **kwargs) * probe)
+        out = fn(*args, salt=salt, rate=rate, epsilon=1e-12, **kwargs)
+        return jnp.sum(out * probe), out
 
-    got = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=rate)
-    want = fused_norm.reference(r, y, b, gamma, beta, salt=salt, rate=rate)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    def outputs_and_grads(fn):
+        (_, out), grads = jax.jit(jax.value_and_grad(
+            lambda *a: loss(fn, *a), range(5), has_aux=True))(*args)
+        return out, grads
+
     args = (r, y, b, gamma, beta)
-    grads = jax.grad(lambda *a: loss(fused_norm.residual_dropout_layer_norm, *a),
-                     range(5))(*args)
-    wants = jax.grad(lambda *a: loss(fused_norm.reference, *a), range(5))(*args)
+    got, grads = outputs_and_grads(fused_norm.residual_dropout_layer_norm)
+    want, wants = outputs_and_grads(fused_norm.reference)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     for name, g, w in zip(("residual", "y", "b", "gamma", "beta"), grads, wants, strict=True):
         scale = float(jnp.abs(w).max())
         assert float(jnp.abs(g - w).max()) <= 1e-5 * max(scale, 1.0), name
@@ -84,10 +87,10 @@ def test_split_output_adds_both_consumers_gradients(sum_blocks):
     a, c = fused_norm.residual_dropout_layer_norm(*args, salt=salt, rate=0.1,
                                                   split_output=True)
     assert a is c or bool(jnp.all(a == c))
-    got = jax.value_and_grad(split, range(5))(*args)
-    for want in (jax.value_and_grad(single(fused_norm.residual_dropout_layer_norm),
-                                    range(5))(*args),
-                 jax.value_and_grad(single(fused_norm.reference), range(5))(*args)):
+    got = jax.jit(jax.value_and_grad(split, range(5)))(*args)
+    for want in (jax.jit(jax.value_and_grad(single(fused_norm.residual_dropout_layer_norm),
+                                            range(5)))(*args),
+                 jax.jit(jax.value_and_grad(single(fused_norm.reference), range(5)))(*args)):
         np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
         for name, g, w in zip(("residual", "y", "b", "gamma", "beta"), got[1], want[1],
                               strict=True):
@@ -177,7 +180,7 @@ def test_split_norm_grads_in_the_encoder(remat):
     cfg = get_preset("tiny", vocab_size=128, layer_norm_impl="fused", remat_policy=remat)
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
     mask = jnp.ones_like(ids).at[1, 12:].set(0)
-    params = modeling.BertForPreTraining(cfg).init(jax.random.key(1), ids, mask)
+    params = jax.jit(modeling.BertForPreTraining(cfg).init)(jax.random.key(1), ids, mask)
 
     def loss_of(split):
         model = modeling.BertForPreTraining(cfg.replace(split_norm_grads=split))
@@ -199,7 +202,7 @@ def test_split_norm_grads_in_the_encoder(remat):
 
     results, counts = [], []
     for split in (False, True):
-        results.append(jax.value_and_grad(loss_of(split))(params))
+        results.append(jax.jit(jax.value_and_grad(loss_of(split)))(params))
         counts.append(adds(jax.make_jaxpr(jax.grad(loss_of(split)))(params).jaxpr))
     (v0, g0), (v1, g1) = results
     np.testing.assert_allclose(v1, v0, rtol=1e-6)
@@ -225,7 +228,7 @@ def test_train_step_with_fused_layer_norm_learns():
     mask = jnp.ones_like(ids)
     positions = jnp.tile(jnp.arange(1, 4)[None], (4, 1))
     labels = jnp.take_along_axis(ids, positions, axis=1)
-    params = model.init(jax.random.key(1), ids, mask)
+    params = jax.jit(model.init)(jax.random.key(1), ids, mask)
     tx = optax.adam(3e-3)
     opt = tx.init(params)
 
@@ -276,7 +279,7 @@ def test_config_tiles_reach_the_kernel():
 
     cfg = get_preset("tiny", vocab_size=128, layer_norm_impl="fused")
     ids = jnp.ones((2, 16), jnp.int32)
-    params = BertModel(cfg).init(jax.random.key(0), ids)
+    params = jax.jit(BertModel(cfg).init)(jax.random.key(0), ids)
 
     def grids(config):
         text = str(jax.make_jaxpr(lambda p: BertModel(config).apply(

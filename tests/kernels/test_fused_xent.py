@@ -33,7 +33,7 @@ def _loss_and_grads(fn, h, table, bias, ids, weights):
         nll, correct = fn(h, table, bias, ids)
         return jnp.sum(nll * weights), (nll, correct)
 
-    return jax.value_and_grad(loss, (0, 1, 2), has_aux=True)(h, table, bias)
+    return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(h, table, bias)
 
 
 def _close(got, want, tol, name):
@@ -227,7 +227,7 @@ def test_pretraining_loss_through_the_kernels_matches_xla():
              "masked_lm_ids": jax.random.randint(k[1], (2, 4), 0, 120),
              "masked_lm_weights": jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]]),
              "next_sentence_labels": jnp.array([0, 1])}
-    params = model.init(k[2], ids, batch["input_mask"])["params"]
+    params = jax.jit(model.init)(k[2], ids, batch["input_mask"])["params"]
 
     def loss_of(fused):
         config = cfg.replace(fused_mlm_loss=fused)

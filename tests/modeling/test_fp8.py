@@ -158,7 +158,7 @@ def test_without_the_scaling_state_the_model_computes_in_its_dtype():
 
 def test_fp8_off_has_no_scaling_state_and_no_float8():
     model, _, ids, mask = _model_and_batch()
-    variables = model.init(jax.random.key(1), ids, mask)
+    variables = jax.jit(model.init)(jax.random.key(1), ids, mask)
     assert set(variables) == {"params"}
     grad = jax.make_jaxpr(jax.grad(lambda v: jnp.sum(
         model.apply(v, ids, mask)["mlm_logits"].astype(jnp.float32))))(variables)

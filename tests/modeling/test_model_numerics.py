@@ -69,6 +69,24 @@ def _diff(a, b):
         jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True))
 
 
+def _pretraining_loss(cfg):
+    """A loss of every output of TINY's BertForPreTraining on _batch(TINY): pooled output,
+    NSP and (the real vocabulary's) MLM logits."""
+    def loss(p):
+        out = modeling.BertForPreTraining(cfg).apply({"params": p}, *_batch(TINY))
+        return (jnp.sum(out["pooled_output"] ** 2) + jnp.sum(out["nsp_logits"])
+                + jnp.mean(out["mlm_logits"][..., :cfg.vocab_size] ** 2))
+    return loss
+
+
+@functools.cache
+def _value_and_grads(scan_layers: bool):
+    """The loss and gradients of _init(TINY) (in the scan layout if ``scan_layers``) without
+    remat, computed once for the scan and the remat tests."""
+    cfg = TINY.replace(scan_layers=scan_layers)
+    return jax.jit(jax.value_and_grad(_pretraining_loss(cfg)))(to_layout(_init(TINY), cfg))
+
+
 def test_scan_and_unrolled_agree_forward_and_backward():
     params = _init(TINY)
     scan_cfg = TINY.replace(scan_layers=True)
@@ -85,12 +103,8 @@ def test_scan_and_unrolled_agree_forward_and_backward():
                 "hidden_states", "attentions"):
         assert _diff(a[key], b[key]) <= 1e-5, key
 
-    def loss(cfg, p):
-        out = modeling.BertForPreTraining(cfg).apply({"params": p}, *inputs)
-        return jnp.sum(out["pooled_output"] ** 2) + jnp.sum(out["nsp_logits"])
-
-    g_unrolled = jax.jit(jax.grad(lambda p: loss(TINY, p)))(params)
-    g_scan = jax.jit(jax.grad(lambda p: loss(scan_cfg, p)))(scan_params)
+    (v_unrolled, g_unrolled), (v_scan, g_scan) = _value_and_grads(False), _value_and_grads(True)
+    assert abs(float(v_unrolled) - float(v_scan)) <= 1e-5
     assert _diff(to_layout(g_scan, TINY), g_unrolled) <= 1e-5
 
 
@@ -98,18 +112,20 @@ def test_scan_and_unrolled_agree_forward_and_backward():
 def test_remat_matches_no_remat(policy, scan_layers):
     base = TINY.replace(scan_layers=scan_layers)
     params = to_layout(_init(TINY), base)
-    inputs = _batch(TINY)
-
-    def loss_fn(cfg):
-        def loss(p):
-            out = modeling.BertForPreTraining(cfg).apply({"params": p}, *inputs)
-            return jnp.mean(out["mlm_logits"][..., :cfg.vocab_size] ** 2)
-        return jax.jit(jax.value_and_grad(loss))
-
-    value, grads = loss_fn(base)(params)
-    value_r, grads_r = loss_fn(base.replace(remat_policy=policy))(params)
+    value, grads = _value_and_grads(scan_layers)
+    value_r, grads_r = jax.jit(jax.value_and_grad(_pretraining_loss(
+        base.replace(remat_policy=policy))))(params)
     assert abs(float(value) - float(value_r)) <= 1e-6
     assert _diff(grads, grads_r) <= 1e-6
+
+
+@functools.cache
+def _tiny_sequence_output(**fields):
+    """TINY's BertModel (with ``fields`` replaced) on _batch(TINY), the parameters of
+    _init(TINY): its sequence output, computed once per variant."""
+    params = {"params": _init(TINY)["bert"]}
+    model = modeling.BertModel(TINY.replace(**fields))
+    return jax.jit(lambda p: model.apply(p, *_batch(TINY))["sequence_output"])(params)
 
 
 def test_float32_residual_stream():
@@ -119,10 +135,7 @@ def test_float32_residual_stream():
     params = {"params": _init(TINY)["bert"]}
     inputs = _batch(TINY)
     valid = np.asarray(inputs[1], bool)
-
-    def seq(**fields):
-        out = modeling.BertModel(TINY.replace(**fields)).apply(params, *inputs)
-        return out["sequence_output"]
+    seq = _tiny_sequence_output
 
     f32 = np.asarray(seq())
     mixed = seq(dtype="bfloat16", residual_dtype="float32")
@@ -131,18 +144,16 @@ def test_float32_residual_stream():
     err_bf16 = np.abs(np.asarray(seq(dtype="bfloat16"), np.float32) - f32)[valid].max()
     assert err_mixed < 0.5 * err_bf16
     np.testing.assert_array_equal(np.asarray(seq(residual_dtype="float32")), f32)
-    grads = jax.grad(lambda p: jnp.mean(modeling.BertModel(
+    grads = jax.jit(jax.grad(lambda p: jnp.mean(modeling.BertModel(
         TINY.replace(dtype="bfloat16", residual_dtype="float32")).apply(
-            p, *inputs)["sequence_output"] ** 2))(params)
+            p, *inputs)["sequence_output"] ** 2)))(params)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
 
 
 def test_bfloat16_compute_close_to_float32():
-    params = _init(TINY)
     inputs = _batch(TINY)
-    f32 = modeling.BertModel(TINY).apply({"params": params["bert"]}, *inputs)
-    bf16 = modeling.BertModel(TINY.replace(dtype="bfloat16")).apply(
-        {"params": params["bert"]}, *inputs)
+    f32 = {"sequence_output": _tiny_sequence_output()}
+    bf16 = {"sequence_output": _tiny_sequence_output(dtype="bfloat16")}
     assert bf16["sequence_output"].dtype == jnp.bfloat16
     valid = np.asarray(inputs[1], bool)
     diff = np.abs(np.asarray(bf16["sequence_output"], np.float32)
@@ -188,8 +199,10 @@ def test_hidden_states_and_attention_probabilities(scan_layers):
     config = TINY.replace(scan_layers=scan_layers)
     params = to_layout(_init(TINY), config)
     ids, mask, segments = _batch(config)
-    out = modeling.BertModel(config).apply({"params": params["bert"]}, ids, mask, segments,
-                                           output_hidden_states=True, output_attentions=True)
+    apply = jax.jit(modeling.BertModel(config).apply,
+                    static_argnames=("output_hidden_states", "output_attentions"))
+    out = apply({"params": params["bert"]}, ids, mask, segments, output_hidden_states=True,
+                output_attentions=True)
     b, s = ids.shape
     assert len(out["hidden_states"]) == config.num_hidden_layers + 1
     assert all(h.shape == (b, s, config.hidden_size) for h in out["hidden_states"])
@@ -201,7 +214,7 @@ def test_hidden_states_and_attention_probabilities(scan_layers):
         assert probs.shape == (b, config.num_attention_heads, s, s)
         np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
         assert np.all(np.where(key_valid, 0.0, probs) == 0.0)  # no weight on padding
-    default = modeling.BertModel(config).apply({"params": params["bert"]}, ids, mask, segments)
+    default = apply({"params": params["bert"]}, ids, mask, segments)
     assert default["hidden_states"] is None and default["attentions"] is None
     assert _diff(default["sequence_output"], out["sequence_output"]) <= 1e-5
 
@@ -214,7 +227,7 @@ def test_padded_vocabulary_never_wins():
     table = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
     params["bert"]["embeddings"]["word_embeddings"]["embedding"] = table.at[v:].set(50.0)
     params["mlm"]["bias"] = params["mlm"]["bias"].at[v:].set(1e6)
-    out = modeling.BertForPreTraining(TINY).apply({"params": params}, *_batch(TINY))
+    out = jax.jit(modeling.BertForPreTraining(TINY).apply)({"params": params}, *_batch(TINY))
     logits = np.asarray(out["mlm_logits"])
     assert logits.shape[-1] == padded
     assert np.all(logits[..., v:] <= -1e8)
@@ -371,7 +384,7 @@ def test_two_stage_layer_norm_matches_flax(dtype):
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(np.asarray(got_y, np.float32), np.asarray(want_y, np.float32),
                                **tol)
-    want = jax.grad(functools.partial(loss, flax_ln), (0, 1))(params, x)
+    want = jax.jit(jax.grad(functools.partial(loss, flax_ln), (0, 1)))(params, x)
     got = jax.jit(jax.grad(functools.partial(loss, ours), (0, 1)))(params, x)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         scale = float(jnp.abs(b.astype(jnp.float32)).max())
@@ -390,18 +403,20 @@ def test_runtime_variants_agree(field, value, reference):
     cfg = get_preset("tiny", vocab_size=300)
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 300)
     mask = jnp.ones((2, 16), jnp.int32)
-    params = modeling.BertModel(cfg).init(jax.random.key(1), ids, mask)
+    params = jax.jit(modeling.BertModel(cfg).init)(jax.random.key(1), ids, mask)
 
     def loss(p, choice):
         out = modeling.BertModel(cfg.replace(**{field: choice})).apply(p, ids, mask)
         return jnp.mean(out["sequence_output"] ** 2)
 
-    assert abs(float(loss(params, value) - loss(params, reference))) < 1e-6
+    loss_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    (value_loss, got), (reference_loss, want) = (loss_and_grad(params, value),
+                                                 loss_and_grad(params, reference))
+    assert abs(float(value_loss - reference_loss)) < 1e-6
     # Two float32 summation orders (tests/float_sums.py): per layer, sums over the 32 tokens
     # (parameter gradients) and over hidden (LayerNorm).
     summands = cfg.num_hidden_layers * (ids.size + cfg.hidden_size)
-    got = jax.tree.leaves(jax.grad(loss)(params, value))
-    want = jax.tree.leaves(jax.grad(loss)(params, reference))
+    got, want = jax.tree.leaves(got), jax.tree.leaves(want)
     # The key bias's gradient is zero up to rounding (softmax ignores a per-key constant): its
     # rounding scales with the terms of the sum, bounded here by the largest gradient anywhere.
     scale = max(float(jnp.max(jnp.abs(w))) for w in want)
@@ -450,7 +465,7 @@ def test_direct_weight_gradients(dtype):
     cfg = get_preset("tiny", vocab_size=128, dtype=dtype)
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
     mask = jnp.ones_like(ids).at[0, 10:].set(0)
-    params = modeling.BertForPreTraining(cfg).init(jax.random.key(1), ids, mask)
+    params = jax.jit(modeling.BertForPreTraining(cfg).init)(jax.random.key(1), ids, mask)
 
     def loss_of(direct):
         model = modeling.BertForPreTraining(cfg.replace(direct_weight_grads=direct))
@@ -478,7 +493,7 @@ def test_direct_weight_gradients(dtype):
 
     results, transposes = [], []
     for direct in (False, True):
-        results.append(jax.value_and_grad(loss_of(direct))(params))
+        results.append(jax.jit(jax.value_and_grad(loss_of(direct)))(params))
         transposes.append(kernel_transposes(jax.make_jaxpr(jax.grad(loss_of(direct)))(params)))
     (v0, g0), (v1, g1) = results
     if dtype == "float32":

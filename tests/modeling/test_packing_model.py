@@ -103,8 +103,8 @@ def test_pretraining_outputs_losses_and_grads_match_unpacked(scan, explicit):
         mlm = jax.nn.logsumexp(out["mlm_logits"], -1) - out["mlm_logits"][..., 7]
         return jnp.sum(nsp * slots) + jnp.sum(mlm * slots), out
 
-    (loss_u, out_u), grads_u = jax.value_and_grad(unpacked_loss, has_aux=True)(params)
-    (loss_p, out_p), grads_p = jax.value_and_grad(packed_loss, has_aux=True)(params)
+    (loss_u, out_u), grads_u = jax.jit(jax.value_and_grad(unpacked_loss, has_aux=True))(params)
+    (loss_p, out_p), grads_p = jax.jit(jax.value_and_grad(packed_loss, has_aux=True))(params)
     filled = packed["example_index"] >= 0
     index = packed["example_index"][filled]
     assert sorted(index.tolist()) == list(range(len(LENGTHS)))
@@ -135,17 +135,18 @@ def test_sequence_classification_per_example_logits():
     packed = _packed(feats)
     unpacked = [jnp.asarray(feats[k]) for k in ("input_ids", "input_mask", "segment_ids")]
     params = _init(model, *unpacked)
-    logits_u = model.apply({"params": params}, *unpacked)["logits"]
-    logits_p = model.apply({"params": params}, *[jnp.asarray(packed[k]) for k in (
-        "input_ids", "input_mask", "segment_ids")], **_packing_kwargs(packed))["logits"]
+    apply = jax.jit(lambda *a, **kw: model.apply({"params": params}, *a, **kw)["logits"])
+    logits_u = apply(*unpacked)
+    logits_p = apply(*[jnp.asarray(packed[k]) for k in (
+        "input_ids", "input_mask", "segment_ids")], **_packing_kwargs(packed))
     assert logits_p.shape == (len(packed["input_ids"]), K, 3)
     filled = packed["example_index"] >= 0
     np.testing.assert_allclose(np.asarray(logits_p)[filled],
                                np.asarray(logits_u)[packed["example_index"][filled]],
                                atol=2e-5)
     # Without packing inputs, the same packed tokens attend across examples: other numbers.
-    mixed = model.apply({"params": params}, *[jnp.asarray(packed[k]) for k in (
-        "input_ids", "input_mask", "segment_ids")])["logits"]
+    mixed = apply(*[jnp.asarray(packed[k]) for k in ("input_ids", "input_mask",
+                                                     "segment_ids")])
     assert not np.allclose(np.asarray(mixed), np.asarray(logits_p)[:, 0], atol=1e-3)
 
 
