@@ -3,24 +3,12 @@
 Example-creation workers run in separate processes; importing tensorflow in each of them costs
 seconds and hundreds of MB, and only a few bytes of protobuf wire format are needed:
 ``Example{features=1: Features{feature=1: map<string, Feature>}}``,
-``Feature{int64_list=3: Int64List{value=1: packed varints}}``.
+``Feature{int64_list=3: Int64List{value=1: packed varints}}`` (``bert_jax/protowire.py``).
 """
 
 from __future__ import annotations
 
-
-def _varint(value: int) -> bytes:
-    if value < 0:
-        raise ValueError(f"negative value {value} in an int64 feature")
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+from bert_jax.protowire import varint as _varint
 
 
 class ExampleEncoder:

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from bert_jax import fileio
+from bert_jax.training.tensorboard import EventWriter
 
 # Dense bf16 peak TFLOP/s per device (vendor data sheets), keyed by jax device_kind prefix.
 PEAK_TFLOPS = {
@@ -80,7 +81,7 @@ def truncate_metrics(path: str, after_step: int) -> int:
 
 class MetricsWriter:
     """Appends one JSON object per line to ``metrics.jsonl`` and mirrors scalars to
-    TensorBoard event files (tensorboardX; no tensorflow). Only process 0 writes.
+    TensorBoard event files (``training/tensorboard.py``). Only process 0 writes.
     ``after_step`` (a resumed run's restored step) first drops later records, so every step
     appears once."""
 
@@ -88,13 +89,11 @@ class MetricsWriter:
         self.enabled = enabled
         if not enabled:
             return
-        from tensorboardX import SummaryWriter
-
         self.path = os.path.join(workdir, "metrics.jsonl")
         if after_step is not None:
             truncate_metrics(self.path, after_step)
         self._file = open(self.path, "a", encoding="utf-8")
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        self._tb = EventWriter(os.path.join(workdir, "tensorboard"))
 
     def write(self, step: int, metrics: dict[str, Any], prefix: str = "train") -> None:
         if not self.enabled:
@@ -102,14 +101,9 @@ class MetricsWriter:
         record = {"step": step, "split": prefix, **{k: _plain(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record, sort_keys=True) + "\n")
         self._file.flush()
-        for key, value in record.items():
-            if isinstance(value, int | float) and key != "step":
-                self._tb.add_scalar(f"{prefix}/{key}", value, step)
+        self._tb.scalars(step, {f"{prefix}/{key}": value for key, value in record.items()
+                                if isinstance(value, int | float) and key != "step"})
         self._tb.flush()
-
-    def write_text(self, tag: str, text: str) -> None:
-        if self.enabled:
-            self._tb.add_text(tag, text, 0)
 
     def close(self) -> None:
         if self.enabled:
