@@ -33,6 +33,8 @@ class finetune_command:  # noqa: N801 - the CLI registry names this attribute
         from bert_jax.tasks.finetune import finetune
 
         config = load_config(args.config, args.overrides)
+        if not config.get("triton_gemm", False):
+            compilation_cache.disable_triton_gemm()
         if config.compilation_cache:
             compilation_cache.enable()
         result = finetune(config, args.workdir, overwrite=args.overwrite)

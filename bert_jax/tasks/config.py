@@ -132,6 +132,17 @@ def base_config() -> ml_collections.ConfigDict:
     # epochs), else XLA's own ops: those pay for their tracing, lowering and loading (about
     # 5 s a run for all-MiniLM-L6-v2 on an H100) only over a long run. 0: always the kernels.
     c.kernel_min_sequences = 200_000
+    # A run that trains fewer sequences than this (rows x epochs) scans the encoder layers
+    # (one layer's code, compiled once) unless model.scan_layers is set: the first run of
+    # all-MiniLM-L6-v2 on MRPC compiles its train step in ~6 s instead of ~16 s (H200). Over
+    # a long run unrolled layers' faster steps pay more. The saved model keeps the
+    # checkpoint's layout. 0: never.
+    c.unroll_min_sequences = 200_000
+    # GPUs: cuBLAS for every matmul instead of XLA's Triton GEMM fusions, whose autotuning
+    # adds ~4 s to a first compilation of all-MiniLM-L6-v2 (H200) for no faster step.
+    # `bert-jax finetune` sets it in XLA_FLAGS before the backend starts, unless XLA_FLAGS
+    # already names --xla_gpu_enable_triton_gemm.
+    c.triton_gemm = False
     # Compiled programs kept in $BERT_JAX_CACHE/xla (bert_jax/compilation_cache.py).
     c.compilation_cache = True
     # Every program of the run (the train step and the predict step at each length bucket)

@@ -30,12 +30,13 @@ from bert_jax import parallel
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
 from bert_jax.fileio import WorkdirLock
+from bert_jax.modeling.params import to_layout
 from bert_jax.tasks.base import write_json
 from bert_jax.tasks.evaluate import score
 from bert_jax.tasks.inputs import featurize, train_and_dev
 from bert_jax.tasks.model_init import initial_model, merge_encoder
 from bert_jax.tasks.registry import get_task
-from bert_jax.tasks.trainer import FinetunerCache, build_finetuner, num_rows
+from bert_jax.tasks.trainer import FinetunerCache, build_finetuner, num_rows, run_model_config
 from bert_jax.training.metrics import MetricsWriter
 from bert_jax.training.workdir import check_run_kind
 
@@ -117,7 +118,9 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task,
     if pretrained is None:
         params = finetuner.init_params(init_rng)
     else:  # only what the checkpoint lacks is initialised
-        merged, lines = merge_encoder(finetuner.abstract_params, pretrained, model_cfg)
+        # in the layer layout of the run's programs (a short run scans the layers)
+        run_cfg = run_model_config(config, model_cfg, train_feats["input_mask"], config.epochs)
+        merged, lines = merge_encoder(finetuner.abstract_params, pretrained, run_cfg)
         report += lines
         params = finetuner.place_params(finetuner.fill_fresh(merged, init_rng))
     for line in report:
@@ -215,7 +218,8 @@ def _epoch(finetuner, state, train_feats, dev_feats, devs, task, config, epoch, 
     if best is None or (np.isfinite(value) and not value <= best["value"]):
         best = {"epoch": epoch + 1, "value": value, "metric": f"{first_split}/{main}",
                 "metrics": scores}
-        store.save_model(workdir, state.params, model_cfg, tokenizer,
+        # in the checkpoint's layer layout, whatever the layout the run trained in
+        store.save_model(workdir, to_layout(state.params, model_cfg), model_cfg, tokenizer,
                          extra={**extra_base, "best": best})
         log(f"saved epoch {epoch + 1} as best ({first_split} {main} {value:.4f})")
     return state, stats, best

@@ -534,15 +534,24 @@ def run_buckets(config: ml_collections.ConfigDict, input_mask=None, passes: int 
 
 def run_model_config(config: ml_collections.ConfigDict, model_cfg: BertConfig, input_mask=None,
                      passes: int = 1) -> BertConfig:
-    """``model_cfg`` for the run's programs: when the run has fewer than
-    ``kernel_min_sequences`` sequences to compute (the rows of ``input_mask`` x ``passes``),
-    the kernel choices it leaves to ``auto`` go to XLA's own ops
-    (:meth:`BertConfig.with_xla_kernels`): kernels pay for their tracing, lowering and
-    loading only over a long run. Same parameters either way."""
-    minimum = config.get("kernel_min_sequences", 0)
-    if input_mask is None or not minimum or len(input_mask) * passes >= minimum:
+    """``model_cfg`` for the run's programs. A run with fewer than ``kernel_min_sequences``
+    sequences to compute (the rows of ``input_mask`` x ``passes``) puts the kernel choices
+    it leaves to ``auto`` on XLA's own ops (:meth:`BertConfig.with_xla_kernels`): kernels
+    pay for their tracing, lowering and loading only over a long run. One with fewer than
+    ``unroll_min_sequences`` scans the encoder layers unless ``model.scan_layers`` is set
+    (one layer's code to compile instead of one per layer). Same parameters either way, in
+    the layer layout of the result (:func:`~bert_jax.modeling.params.to_layout`)."""
+    if input_mask is None:
         return model_cfg
-    return model_cfg.with_xla_kernels(only_auto=True)
+    sequences = len(input_mask) * passes
+    minimum = config.get("kernel_min_sequences", 0)
+    if minimum and sequences < minimum:
+        model_cfg = model_cfg.with_xla_kernels(only_auto=True)
+    minimum = config.get("unroll_min_sequences", 0)
+    chosen = config.model.get("scan_layers") if "model" in config else None
+    if minimum and sequences < minimum and chosen is None and not model_cfg.share_layers:
+        model_cfg = model_cfg.replace(scan_layers=True)
+    return model_cfg
 
 
 def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: BertConfig,
@@ -551,7 +560,7 @@ def build_finetuner(task: Task, config: ml_collections.ConfigDict, model_cfg: Be
     optimizer; without, prediction only. ``input_mask`` (the rows to be run, ``passes`` times)
     drops length buckets too small to pay for their compilation
     (``length_bucket_min_sequences``) and, in a short run, picks XLA's ops where the model
-    leaves the kernels to ``auto`` (:func:`run_model_config`)."""
+    leaves the kernels to ``auto`` and scans the layers (:func:`run_model_config`)."""
     model_cfg = run_model_config(config, model_cfg, input_mask, passes)
     if config.max_seq_length > model_cfg.max_sequence_length:
         raise BertJaxError(f"max_seq_length={config.max_seq_length} exceeds the model's "

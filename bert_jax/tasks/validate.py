@@ -24,6 +24,7 @@ def validate_finetuning(config) -> None:
     c.integer("length_bucket_min", 0)
     c.integer("length_bucket_min_sequences", 0)
     c.integer("kernel_min_sequences", 0)
+    c.integer("unroll_min_sequences", 0)
     c.integer("seed", 0)
     c.integer("log_every", 0)  # 0: no loss lines during an epoch
     check_optimizer(c, warmup_steps_allow=(-1,), warmup_proportion=True)

@@ -12,7 +12,7 @@ import pytest
 
 from bert_jax.checkpoint import store
 from bert_jax.cli import main
-from bert_jax.modeling.params import flatten_params
+from bert_jax.modeling.params import encoder_layout, flatten_params
 from bert_jax.tasks.config import load_config
 from bert_jax.tasks.finetune import finetune
 from tests.finetune import helpers as H
@@ -35,10 +35,12 @@ def test_learns_toy_task_then_evaluate_and_predict(data, tmp_path, capsys):
     assert metrics["dev_examples"] == {"dev": 80}
     assert metrics["best"]["value"] >= 0.9  # chance is 0.5
     # The workdir is a bert-jax model dir holding the best epoch.
-    _, cfg, tok, extra = store.load_model(workdir)
+    params, cfg, tok, extra = store.load_model(workdir)
     assert extra["task"] == "sst2" and extra["num_labels"] == 2
-    # The short run computed on XLA's ops (kernel_min_sequences); the model keeps `auto`.
+    # The short run computed on XLA's ops (kernel_min_sequences) with scanned layers
+    # (unroll_min_sequences); the model keeps `auto` and the checkpoint's unrolled layers.
     assert cfg.dropout_attention_impl == "auto" and cfg.fused_gelu == "auto"
+    assert not cfg.scan_layers and encoder_layout(params["bert"]["encoder"]) == "unrolled"
     assert extra["best"]["epoch"] == metrics["best"]["epoch"]
     # Monitoring: a progress bar over all steps; dev metrics per epoch to TensorBoard + jsonl.
     assert "finetune: 100%" in capsys.readouterr().err
@@ -189,7 +191,7 @@ def test_compile_ahead_compiles_each_program_once(data, tmp_path):
     assert np.isfinite(ahead["final"]["train_loss"])
 
 
-def test_short_runs_take_xla_ops_where_the_model_leaves_kernels_to_auto():
+def test_short_runs_take_xla_ops_and_scanned_layers_unless_the_user_chose():
     from bert_jax.config import BertConfig
     from bert_jax.tasks.config import base_config
     from bert_jax.tasks.trainer import run_model_config
@@ -197,6 +199,7 @@ def test_short_runs_take_xla_ops_where_the_model_leaves_kernels_to_auto():
     model = BertConfig(fused_gelu="force")  # set by the user: kept
     c = base_config()
     c.kernel_min_sequences = 3001
+    c.unroll_min_sequences = 0
     mask = np.ones((1000, 8), np.int32)
     short = run_model_config(c, model, mask, passes=3)
     assert (short.attention_impl, short.dropout_attention_impl, short.layer_norm_impl,
@@ -207,3 +210,12 @@ def test_short_runs_take_xla_ops_where_the_model_leaves_kernels_to_auto():
     c.kernel_min_sequences = 0
     assert run_model_config(c, model, mask, passes=3) == model
     assert run_model_config(base_config(), model) == model  # no rows to count
+
+    c.unroll_min_sequences = 3001
+    assert run_model_config(c, model, mask, passes=3) == model.replace(scan_layers=True)
+    assert run_model_config(c, model, mask, passes=4) == model  # 4000: long enough
+    c.model.scan_layers = False  # the user's choice is kept
+    assert run_model_config(c, model, mask, passes=3) == model
+    c.model.scan_layers = None
+    albert = model.replace(share_layers=True)  # one shared layer: nothing to scan
+    assert run_model_config(c, albert, mask, passes=3) == albert
