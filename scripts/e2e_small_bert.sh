@@ -125,12 +125,12 @@ cpu_prep() {
   fi
 }
 
-# GPU machines without ml_collections / tensorboardX / sentencepiece: install the wheels
+# GPU machines without ml_collections / sentencepiece: install the wheels
 # carried in .whl/ (no index, no network) into /tmp/site.
 ensure_deps() {
-  python -c "import ml_collections, tensorboardX, sentencepiece" 2>/dev/null && return 0
+  python -c "import ml_collections, sentencepiece" 2>/dev/null && return 0
   if ! ls "$here"/.whl/*.whl > /dev/null 2>&1; then
-    echo "error: ml_collections, tensorboardX or sentencepiece missing and no .whl/ carried" >&2
+    echo "error: ml_collections or sentencepiece missing and no .whl/ carried" >&2
     exit 1
   fi
   python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
