@@ -76,6 +76,11 @@ def save_model(directory: str, params, config: BertConfig, tokenizer=None,
     fileio.check_output_path(directory, directory=True)
     os.makedirs(directory, exist_ok=True)
     staging = os.path.join(directory, "." + PARAMS_ITEM + ".new")
+    if jax.process_count() == 1:
+        # Host copies: Orbax writes numpy arrays as they are, while for device arrays it first
+        # compiles a slice program per shape and device (never cached: ~110 compiles and 3.5 s
+        # for a small model on 8 CPU devices, every process).
+        params = jax.device_get(params)
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(staging, params, force=True)
         ckptr.wait_until_finished()

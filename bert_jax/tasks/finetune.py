@@ -115,11 +115,11 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task,
         else build_finetuner(task, config, model_cfg, total_steps, train_feats["input_mask"],
                              config.epochs)
     init_rng, dropout_rng = run_rngs(config.seed)
+    # the layer layout of the run's programs (a short run scans the layers)
+    run_cfg = run_model_config(config, model_cfg, train_feats["input_mask"], config.epochs)
     if pretrained is None:
         params = finetuner.init_params(init_rng)
     else:  # only what the checkpoint lacks is initialised
-        # in the layer layout of the run's programs (a short run scans the layers)
-        run_cfg = run_model_config(config, model_cfg, train_feats["input_mask"], config.epochs)
         merged, lines = merge_encoder(finetuner.abstract_params, pretrained, run_cfg)
         report += lines
         params = finetuner.place_params(finetuner.fill_fresh(merged, init_rng))
@@ -145,7 +145,8 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task,
             state, stats, best = _epoch(finetuner, state, train_feats, dev_feats, devs, task,
                                         config, epoch, dropout_rng, progress, writer,
                                         history, best, workdir, model_cfg, tokenizer,
-                                        extra_base, steps_per_epoch)
+                                        extra_base, steps_per_epoch,
+                                        _saved_layout(run_cfg, model_cfg))
             train_seconds += stats["seconds"]
             steady_seconds += stats["seconds"] - stats["first_step_seconds"]
             steady_sequences += stats["sequences"] * (1 - 1 / max(steps_per_epoch, 1))
@@ -163,6 +164,14 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task,
     if jax.process_index() == 0:
         write_json(os.path.join(workdir, METRICS_FILE), result)
     return result
+
+
+def _saved_layout(run_cfg, model_cfg):
+    """params in the run's layer layout -> in the checkpoint's (``model_cfg``), as one compiled
+    program: slicing a stacked layer stack op by op compiles a program per tensor and layer."""
+    if run_cfg.scan_layers == model_cfg.scan_layers:
+        return lambda params: params
+    return jax.jit(lambda params: to_layout(params, model_cfg))
 
 
 def _pack(task, config, train_feats):
@@ -190,7 +199,7 @@ def _progress_bar(config, total_steps: int):
 
 def _epoch(finetuner, state, train_feats, dev_feats, devs, task, config, epoch, dropout_rng,
            progress, writer, history, best, workdir, model_cfg, tokenizer, extra_base,
-           steps_per_epoch):
+           steps_per_epoch, saved_layout):
     """One epoch: train, score every dev split, log (stdout, TensorBoard, metrics.jsonl),
     keep the best. Returns (state, train stats, best)."""
     log = progress.write if progress is not None else _log
@@ -218,8 +227,7 @@ def _epoch(finetuner, state, train_feats, dev_feats, devs, task, config, epoch, 
     if best is None or (np.isfinite(value) and not value <= best["value"]):
         best = {"epoch": epoch + 1, "value": value, "metric": f"{first_split}/{main}",
                 "metrics": scores}
-        # in the checkpoint's layer layout, whatever the layout the run trained in
-        store.save_model(workdir, to_layout(state.params, model_cfg), model_cfg, tokenizer,
+        store.save_model(workdir, saved_layout(state.params), model_cfg, tokenizer,
                          extra={**extra_base, "best": best})
         log(f"saved epoch {epoch + 1} as best ({first_split} {main} {value:.4f})")
     return state, stats, best
