@@ -150,7 +150,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench scaling collectives",
                                  description=__doc__.splitlines()[0])
     add_common_arguments(ap, batch_size=128)
-    ap.add_argument("--layers", type=int, default=0, help="num_hidden_layers (0: preset's)")
     add_param_gather_argument(ap)
     ap.add_argument("--hlo", default=None,
                     help="an optimized HLO dump (.txt or .txt.gz) to read instead of compiling")
@@ -171,14 +170,12 @@ def main(argv=None) -> int:
     from bert_jax.training.config import model_config
     from bert_jax.training.setup import build_training
 
-    config = experiment_config(args)
-    if args.layers:
-        config.model.num_hidden_layers = args.layers
-    training = build_training(config, model_config(config, vocab_size=30522),
+    config = experiment_config(args)  # --layers and --vocab-size included
+    training = build_training(config, model_config(config),
                               select_mesh(config, args.devices))
     preds = masked_positions(args.seq_len)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in random_pretraining_batch(
-        np.random.default_rng(0), args.batch_size, args.seq_len, preds, 30522).items()}
+        np.random.default_rng(0), args.batch_size, args.seq_len, preds, args.vocab_size).items()}
     compiled = training.train_step.lower(training.abstract_state, batch,
                                          jax.random.PRNGKey(1)).compile()
     records = census(compiled.as_text())

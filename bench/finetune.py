@@ -43,14 +43,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 def model_config(args):
     from bert_jax.config import get_preset
 
-    return get_preset(args.model, dtype="bfloat16", param_dtype="float32",
+    layers = {"num_hidden_layers": int(args.layers)} if args.layers else {}
+    return get_preset(args.model, **layers, dtype="bfloat16", param_dtype="float32",
                       attention_impl=args.attention,
                       attention_probs_dropout_prob=float(args.attention_dropout),
                       hidden_dropout_prob=float(args.hidden_dropout_rate),
                       dropout_attention_impl=args.dropout_impl,
                       **model_choice_fields(args), **kernel_lever_fields(args),
                       scan_layers=bool(args.scan), remat_policy=args.remat,
-                      vocab_pad_multiple=int(args.vocab_pad))
+                      vocab_size=int(args.vocab_size), vocab_pad_multiple=int(args.vocab_pad))
 
 
 def random_classification_batch(rng, batch: int, seq_len: int, vocab: int):
@@ -122,13 +123,14 @@ def main(argv=None) -> dict:
     flops = train_flops_per_sequence(cfg.num_hidden_layers, cfg.hidden_size, args.seq_len,
                                      cfg.vocab_size, predictions=0)
     record = {
-        **environment(), "task": "classify", "model": args.model, "seq_len": args.seq_len,
+        **environment(), "task": "classify", "model": args.model,
+        "layers": cfg.num_hidden_layers, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "devices": n_dev, "attention": args.attention,
         "attention_dropout": args.attention_dropout,
         "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
         **model_choice_record(args), **kernel_lever_record(args), "scan": args.scan,
         "remat": args.remat,
-        "vocab_pad": args.vocab_pad,
+        "vocab_size": cfg.vocab_size, "vocab_pad": args.vocab_pad,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "mesh": args.mesh,
         "tag": args.tag, "compile_and_first_step_s": first,
         "step_time_s": median / args.steps, "seq_per_s": seq_per_s,

@@ -17,8 +17,8 @@ state) and the difference in points (target: within 0.5).
   python -m bench fp8 --prepared .gpu/variants_prep --out bench_out/fp8            # one GPU
   python -m bench fp8 --parts parity --prepared .gpu/variants_prep --out bench_out/fp8
   python -m bench fp8 --shapes tiny/32:8 --no-peer --batches-dir DIR --vocab-size 100 \\
-      --model tiny --parity-steps 4 --eval-batches 2 --steps 1 --repeats 1 --devices 1 \\
-      --out /tmp/f                                                                     # CPU
+      --model tiny --layers 1 --parity-steps 4 --eval-batches 2 --steps 1 --repeats 1 \\
+      --devices 1 --out /tmp/f                                                     # CPU
 
 ``--prepared`` is the folder ``python -m bench variants --prepare-only DIR`` writes
 (``prepared.json`` + ``variants_prep.tar.xz``, no tensorflow needed to read it);
@@ -81,6 +81,8 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--unpack-dir", help="--prepared: where the archive is unpacked")
     ap.add_argument("--vocab-size", type=int, help="--batches-dir: the tokenizer's vocabulary")
     ap.add_argument("--model", help="parity preset (default: the prepared one, else mini)")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="encoder layers of every model, both parts (0: the presets')")
     ap.add_argument("--parity-steps", type=int, default=0,
                     help="training steps of each parity run (0: the prepared steps, at most "
                          "the batches not held out, cycled)")
@@ -144,12 +146,14 @@ def throughput(args, out_dir: str) -> list[dict]:
                                     str(args.repeats), "--warmup", str(args.warmup),
                                     "--peak-size", str(args.peak_size),
                                     "--devices", str(args.devices),
+                                    "--layers", str(args.layers),
                                     "--tag", f"fp8-suite-{mode}", "--out", step_file,
                                     *(["--fp8"] if mode == "fp8" else [])])
             row[f"{mode}_seq_per_s"] = record["seq_per_s"]
             row[f"{mode}_mfu"] = record["mfu"]
             row[f"{mode}_peak_memory_gib"] = record["peak_memory_gib"]
             row[f"{mode}_loss"] = record["loss"]
+            row.setdefault("layers", record["layers"])
             row.setdefault("device", record.get("device"))
             row.setdefault("versions", {k: record.get(k) for k in ("jax", "flax", "jaxlib")
                                         if k in record})
@@ -205,6 +209,7 @@ def parity_config(args, directory: str, manifest: dict, model: str, vocab: int, 
         *common_overrides(settings, steps, directory, "", "materialized"),
         "--config.objective=nsp", f"--config.model.vocab_size={vocab}",
         f"--config.model.fp8={'true' if fp8 else 'false'}",
+        *([f"--config.model.num_hidden_layers={args.layers}"] if args.layers else []),
         *([f"--config.model.fp8_amax_history={args.amax_history}"]
           if fp8 and args.amax_history else [])])
 
@@ -262,6 +267,7 @@ def parity_run(args, directory: str, vocab: int, model: str, fp8: bool, seed: in
             for key, value in jax.device_get(sums).items():
                 totals[name][key] = totals[name].get(key, 0.0) + float(np.asarray(value))
     record = {"part": "parity", "mode": "fp8" if fp8 else "bf16", "seed": seed, "model": model,
+              "layers": model_cfg.num_hidden_layers,
               "seq_len": manifest["seq_len"], "batch_size": manifest["batch_size"],
               "steps": steps, "train_batches": train_batches,
               "held_out_batches": args.eval_batches, "dtype": model_cfg.dtype,

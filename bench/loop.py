@@ -98,7 +98,8 @@ def loop_overrides(args, data_dir: str, peak: float) -> list[str]:
         **{f"model.{field}": value for field, value in model_choice_fields(args).items()},
         **{f"model.{field}": value for field, value in kernel_lever_fields(args).items()},
         "model.scan_layers": args.scan, "model.remat_policy": args.remat,
-        "model.vocab_pad_multiple": args.vocab_pad,
+        "model.vocab_size": args.vocab_size, "model.vocab_pad_multiple": args.vocab_pad,
+        **({"model.num_hidden_layers": args.layers} if args.layers else {}),
         f"parallel.mesh.{mesh}": -1, f"parallel.mesh.{other}": 1,
         "data.source": args.source, "data.max_seq_length": args.seq_len,
         "data.max_predictions_per_seq": masked_positions(args.seq_len),
@@ -139,7 +140,7 @@ def main(argv=None) -> dict:
         data_dir = os.path.join(tmp, "data")
         if args.source == "materialized":
             write_materialized(data_dir, args.steps, args.batch_size, args.seq_len,
-                               masked_positions(args.seq_len), 30522)
+                               masked_positions(args.seq_len), args.vocab_size)
         peak = matmul_peak_tflops(args.peak_size)
         variant = "bert_large_phase1" if args.model == "large" else "bert_base_phase1"
         config = load_config(f"{EXPERIMENTS}:{variant}", loop_overrides(args, data_dir, peak))

@@ -14,8 +14,8 @@ of being compared with numbers from another machine:
 * the GELU as ``nn.gelu(approximate=False)`` (BERT's erf form), hidden dropout
   ``--hidden-dropout`` (default 0: the plain step trains without dropout);
 * the decoder tied to the word embeddings (``Embed.attend``) with an output bias, the
-  vocabulary unpadded (30,522), MLM cross-entropy over the gathered positions in float32,
-  NSP on the tanh pooler;
+  vocabulary unpadded (``--vocab-size``, default 30,522), MLM cross-entropy over the
+  gathered positions in float32, NSP on the tanh pooler;
 * ``optax.adamw`` (BERT's warmup + linear decay, weight decay 0.01), no clipping, no
   donation, ``jax.jit`` of the whole step on one device.
 
@@ -217,11 +217,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench peers flax",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="base", choices=sorted(MODELS))
+    ap.add_argument("--layers", type=int, default=0, help="encoder layers (0: the preset's)")
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps (first compiles)")
+    ap.add_argument("--vocab-size", type=int, default=VOCAB,
+                    help="vocabulary size (default: BERT's uncased WordPiece, 30,522)")
     ap.add_argument("--hidden-dropout", type=float, default=0.0,
                     help="hidden dropout rate (the plain step has no attention dropout)")
     ap.add_argument("--attention", default="auto", choices=["auto", "cudnn", "xla"])
@@ -237,13 +240,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     layers, hidden, heads, intermediate = MODELS[args.model]
+    layers = args.layers or layers
     model = PlainBertForPreTraining(layers, hidden, heads, intermediate,
-                                    dropout=args.hidden_dropout,
+                                    vocab=args.vocab_size, dropout=args.hidden_dropout,
                                     attention=attention_implementation(args.attention))
     p = masked_positions(args.seq_len)
     host_rng = np.random.default_rng(0)
     batches = [jax.device_put(random_pretraining_batch(host_rng, args.batch_size, args.seq_len,
-                                                       p, VOCAB)) for _ in range(2)]
+                                                       p, args.vocab_size))
+               for _ in range(2)]
     first = batches[0]
     params = jax.jit(lambda key: model.init(
         key, first["input_ids"], first["input_mask"], first["segment_ids"],
@@ -257,11 +262,12 @@ def main(argv=None) -> dict:
     peak_mem = peak_memory_gib()
     peak = matmul_peak_tflops(args.peak_size)
     seq_per_s = args.batch_size * args.steps / median
-    flops = train_flops_per_sequence(layers, hidden, args.seq_len, VOCAB, p)
+    flops = train_flops_per_sequence(layers, hidden, args.seq_len, args.vocab_size, p)
     record = {
         **environment(), "framework": "plain-flax", "task": "pretrain", "model": args.model,
         "seq_len": args.seq_len, "batch_size": args.batch_size, "predictions": p,
-        "devices": 1, "attention": args.attention, "attention_dropout": 0.0,
+        "layers": layers, "vocab_size": args.vocab_size, "devices": 1, "attention": args.attention,
+        "attention_dropout": 0.0,
         "hidden_dropout_rate": args.hidden_dropout, "tag": args.tag,
         "compile_and_first_step_s": compile_s, "step_time_s": median / args.steps,
         "seq_per_s": seq_per_s, "tokens_per_s": seq_per_s * args.seq_len,

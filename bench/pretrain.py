@@ -14,7 +14,8 @@ Levers (each at the engine's default unless given): --attention, --attention-dro
 --dropout-impl, the model choices (--layer-norm, --qkv, ...), the kernel levers
 (--fused-gelu, --fused-mlm-loss, --norm-blocks, ...), --scan, --remat, --vocab-pad,
 --microbatches, --xla-flags, --no-donate, --skip cond, --mesh fsdp. Records go to
-OUT/step.jsonl. CPU validation: --model tiny --steps 2 --repeats 1.
+OUT/step.jsonl. --layers and --vocab-size change the preset's depth and vocabulary (default:
+BERT's 30,522). CPU validation: --model tiny --steps 2 --repeats 1.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import argparse
 import time
 
 from bench.common import (
+    VOCAB,
     add_out_argument,
     environment,
     masked_positions,
@@ -47,6 +49,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     """Options shared by the bert-jax benchmarks (model, shapes, timing, numerics levers)."""
     ap.add_argument("--model", default="base",
                     choices=["tiny", "mini", "small", "medium", "base", "large"])
+    ap.add_argument("--layers", type=int, default=0,
+                    help="num_hidden_layers (0: the preset's): one layer of a large model, "
+                         "say, where the whole model does not fit")
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=batch_size,
                     help="global batch (sequences per optimizer step)")
@@ -69,6 +74,8 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
     ap.add_argument("--scan", action="store_true", help="scan over layers")
     ap.add_argument("--remat", default="none",
                     choices=["none", "full", "dots", "dots_no_batch", "offload_dots"])
+    ap.add_argument("--vocab-size", type=int, default=VOCAB,
+                    help="vocabulary size (default: BERT's uncased WordPiece, 30,522)")
     ap.add_argument("--vocab-pad", type=int, default=128, help="vocab_pad_multiple")
     ap.add_argument("--xla-flags", default="none", choices=sorted(XLA_FLAG_PRESETS))
     ap.add_argument("--no-donate", action="store_true", help="do not donate the state")
@@ -188,6 +195,8 @@ def experiment_config(args: argparse.Namespace):
 
     c = base_config()
     c.model.preset = args.model
+    if args.layers:
+        c.model.num_hidden_layers = int(args.layers)
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "float32"
     c.model.attention_impl = args.attention
@@ -199,6 +208,7 @@ def experiment_config(args: argparse.Namespace):
         c.model[field] = value
     c.model.scan_layers = bool(args.scan)
     c.model.remat_policy = args.remat
+    c.model.vocab_size = int(args.vocab_size)
     c.model.vocab_pad_multiple = int(args.vocab_pad)
     c.model.fp8 = bool(getattr(args, "fp8", False))
     c.data.source = "synthetic"
@@ -304,12 +314,13 @@ def main(argv=None) -> dict:
     flops = train_flops_per_sequence(model_cfg.num_hidden_layers, model_cfg.hidden_size,
                                      args.seq_len, model_cfg.vocab_size, p)
     record = {
-        **environment(), "task": "pretrain", "model": args.model, "seq_len": args.seq_len,
+        **environment(), "task": "pretrain", "model": args.model,
+        "layers": model_cfg.num_hidden_layers, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "predictions": p, "devices": n_dev,
         "attention": args.attention, "attention_dropout": args.attention_dropout,
         "hidden_dropout_rate": args.hidden_dropout_rate, "dropout_impl": args.dropout_impl,
         **model_choice_record(args), **kernel_lever_record(args), "scan": args.scan,
-        "remat": args.remat,
+        "remat": args.remat, "vocab_size": model_cfg.vocab_size,
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,
         "mesh": args.mesh, "param_gather": args.param_gather, "fp8": args.fp8,

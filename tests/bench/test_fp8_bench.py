@@ -1,5 +1,6 @@
 """Smoke test of ``python -m bench fp8`` on CPU: the throughput part (bf16 and fp8 steps of a
-tiny model) and the parity part on a small materialized batch folder, written here."""
+one-layer tiny model) and the parity part on a small materialized batch folder, written
+here."""
 
 from __future__ import annotations
 
@@ -48,19 +49,20 @@ def test_fp8_suite_throughput_and_parity(tmp_path):
     assert bench_fp8.main(["--shapes", "tiny/32:8", "--no-peer", "--steps", "1", "--repeats",
                            "1", "--warmup", "1", "--peak-size", "64", "--devices", "1",
                            "--batches-dir", str(batches), "--vocab-size", str(VOCAB),
-                           "--model", "tiny",
+                           "--model", "tiny", "--layers", "1",
                            "--parity-steps", "4", "--eval-batches", "2",
                            "--out", str(out)]) == 0
     records = [json.loads(line) for line in (out / "fp8.jsonl").read_text().splitlines()]
     assert [r["part"] for r in records] == ["throughput", "parity", "parity", "parity_summary"]
     row = records[0]
-    assert row["bf16_seq_per_s"] > 0 and row["fp8_seq_per_s"] > 0
+    assert row["bf16_seq_per_s"] > 0 and row["fp8_seq_per_s"] > 0 and row["layers"] == 1
     assert math.isclose(row["fp8_over_bf16"], row["fp8_seq_per_s"] / row["bf16_seq_per_s"])
     steps = [json.loads(line) for line in (out / "step.jsonl").read_text().splitlines()]
     assert [s["fp8"] for s in steps] == [False, True]
     bf16, fp8, summary = records[1:]
     assert (bf16["mode"], fp8["mode"], bf16["seed"], fp8["seed"]) == ("bf16", "fp8", 0, 0)
     assert bf16["steps"] == fp8["steps"] == 4 and bf16["train_batches"] == 3
+    assert bf16["layers"] == fp8["layers"] == 1
     assert "heldout_mlm_accuracy_fp8_forward" in fp8
     assert "heldout_mlm_accuracy_fp8_forward" not in bf16
     for r in (bf16, fp8):

@@ -111,7 +111,8 @@ def test_cpu_fallback_counts_leaf_ops_per_device():
 def test_profile_tiny_pretrain_step_on_cpu(tmp_path):
     summary = profile_step.main(["--task", "pretrain", "--model", "tiny", "--seq-len", "32",
                                  "--batch-size", "8", "--steps", "1", "--warmup", "1",
-                                 "--devices", "1", "--out", str(tmp_path)])
+                                 "--devices", "1", "--layers", "1", "--vocab-size", "100",
+                                 "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["source"] == "cpu" and saved["steps"] == 1
     assert saved["kernel_ms_per_step"] > 0 and 0 < saved["busy_ms_per_step"]
