@@ -70,8 +70,13 @@ def test_distillation_end_to_end(tmp_path):
                              intermediate_size=64, num_hidden_layers=2,
                              max_position_embeddings=32)
     ids = jnp.zeros((1, 8), jnp.int32)
-    teacher = unbox(BertForPreTraining(teacher_cfg).init(
-        jax.random.PRNGKey(7), ids, ids, ids, ids[:, :2])["params"])
+    # Random weights drawn in numpy (LayerNorm scales near 1): a Flax init costs a compile.
+    shapes = unbox(jax.eval_shape(BertForPreTraining(teacher_cfg).init, jax.random.PRNGKey(7),
+                                  ids, ids, ids, ids[:, :2])["params"])
+    rng = np.random.default_rng(7)
+    teacher = jax.tree_util.tree_map_with_path(lambda path, x: np.asarray(
+        (1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0)
+        + rng.normal(0, 0.02, x.shape), np.float32), shapes)
     store.save_model(teacher_dir, jax.device_get(teacher), teacher_cfg)
     config = config_without_depth("--config.objective=distill",
                                   f"--config.distill.teacher={teacher_dir}",
