@@ -41,7 +41,8 @@ def test_sequence_classifier_logits_loss_and_gradients_match(family, tmp_path):
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(labels))
         return loss.mean(), logits
 
-    (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    # Compiled: op by op, the forward and backward passes cost several times one compile.
+    (loss, logits), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
     kwargs = dict(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
                   labels=torch.tensor(labels))
     if family != "distilbert":

@@ -24,7 +24,7 @@ from tests.finetune import helpers as H
 pytestmark = pytest.mark.slow
 
 FAMILIES = ("roberta", "albert", "electra", "distilbert")
-SIZE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+SIZE = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48,
             attn_implementation="eager")
 FAST = ["--config.max_seq_length=24", "--config.log_every=0", "--config.eval_batch_size=16",
         "--config.global_batch_size=16", "--config.epochs=1"]
@@ -92,7 +92,7 @@ def _electra(root: Path, hf_dir: Path):
 
 
 def _distilbert(root: Path, hf_dir: Path):
-    config = transformers.DistilBertConfig(vocab_size=len(H.VOCAB), dim=32, n_layers=2,
+    config = transformers.DistilBertConfig(vocab_size=len(H.VOCAB), dim=32, n_layers=1,
                                            n_heads=4, hidden_dim=48, max_position_embeddings=32,
                                            attn_implementation="eager")
     model = randomize(transformers.DistilBertForMaskedLM(config))

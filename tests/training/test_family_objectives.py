@@ -17,8 +17,21 @@ from bert_jax.training.inputs import SyntheticBatches
 NO_DROPOUT = ("--config.model.hidden_dropout_prob=0.0",
               "--config.model.attention_probs_dropout_prob=0.0")
 CFG = get_preset("tiny", vocab_size=200, hidden_size=32, num_attention_heads=4,
-                 intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                 attention_probs_dropout_prob=0.0)
+                 intermediate_size=64, num_hidden_layers=1, max_position_embeddings=32,
+                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def _random_params(model, *args):
+    """Random float32 parameters of ``model`` (LayerNorm scales near 1), drawn in numpy: a
+    compiled Flax init costs a compile of its own."""
+    shapes = nn_unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), *args))["params"]
+    rng = np.random.default_rng(1)
+
+    def fill(path, x):
+        base = 1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0
+        return jnp.asarray(base + rng.normal(0, 0.1, x.shape), jnp.float32)
+
+    return jax.tree_util.tree_map_with_path(fill, shapes)
 
 
 def test_span_boundaries_by_hand():
@@ -35,15 +48,11 @@ def test_sbo_shapes_and_gradient_flow():
     model = family.SpanBertForPreTraining(CFG, max_relative_position=8)
     batch = next(SyntheticBatches(4, 32, 5, 200, seed=1))
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
-    # Compiled: op by op, a model's init and apply cost more than one compile each.
-    params = jax.jit(model.init)({"params": jax.random.PRNGKey(0)}, batch["input_ids"],
-                                 batch["input_mask"], batch["segment_ids"],
-                                 batch["masked_lm_positions"],
-                                 batch["masked_lm_weights"])["params"]
-    params = jax.tree.map(lambda x: x, nn_unbox(params))
-    out = jax.jit(model.apply)({"params": params}, batch["input_ids"], batch["input_mask"],
-                               batch["segment_ids"], batch["masked_lm_positions"],
-                               batch["masked_lm_weights"])
+    inputs = (batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+              batch["masked_lm_positions"], batch["masked_lm_weights"])
+    params = _random_params(model, *inputs)
+    # Shapes only: abstract evaluation, nothing compiled.
+    out = jax.eval_shape(model.apply, {"params": params}, *inputs)
     assert out["sbo_logits"].shape == (4, 5, CFG.padded_vocab_size)
     assert out["sbo_decoder"].hidden.shape == (4, 5, CFG.hidden_size)
     sums_fn = objectives.span_boundary_sums(model)
@@ -74,11 +83,11 @@ def _electra():
     assert gen.hidden_size == 64 and gen.embedding_size == CFG.embedding_dim
     model = family.ElectraForPreTraining(CFG, gen)
     batch = {k: jnp.asarray(v) for k, v in next(SyntheticBatches(4, 32, 5, 200, seed=2)).items()}
-    params = jax.jit(model.init)({"params": jax.random.PRNGKey(0)}, batch["input_ids"],
-                                 batch["input_mask"], batch["segment_ids"],
-                                 batch["masked_lm_positions"], batch["masked_lm_ids"],
-                                 batch["masked_lm_weights"], jax.random.PRNGKey(0))["params"]
-    params = family.untie_generator_embeddings(nn_unbox(params))
+    params = _random_params(model, batch["input_ids"], batch["input_mask"],
+                            batch["segment_ids"], batch["masked_lm_positions"],
+                            batch["masked_lm_ids"], batch["masked_lm_weights"],
+                            jax.random.PRNGKey(0))
+    params = family.untie_generator_embeddings(params)
     assert "word_embeddings" not in params["generator"]["embeddings"]
     return model, params, batch
 
@@ -112,14 +121,14 @@ def test_electra_samples_carry_no_gradient():
     model, params, batch = _electra()
     sums_fn = objectives.electra_sums(model, rtd_weight=50.0)
 
-    def rtd_only(p):
-        return sums_fn(p, batch, jax.random.PRNGKey(3), True)["rtd_loss_sum"]
+    def rtd_and_mlm(p):
+        sums = sums_fn(p, batch, jax.random.PRNGKey(3), True)
+        return jnp.stack([sums["rtd_loss_sum"], sums["mlm_loss_sum"]])
 
-    def mlm_only(p):
-        return sums_fn(p, batch, jax.random.PRNGKey(3), True)["mlm_loss_sum"]
-
-    rtd = flatten_params(jax.jit(jax.grad(rtd_only))(params))
-    mlm = flatten_params(jax.jit(jax.grad(mlm_only))(params))
+    # Each loss's gradient (one row of the Jacobian), both from one compiled program.
+    rows = jax.jit(jax.jacrev(rtd_and_mlm))(params)
+    rtd = flatten_params(jax.tree.map(lambda g: g[0], rows))
+    mlm = flatten_params(jax.tree.map(lambda g: g[1], rows))
     generator = [k for k in rtd if k.startswith(("generator/", "generator_mlm/"))]
     assert generator
     for name in generator:  # nothing reaches the generator through its samples

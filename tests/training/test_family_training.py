@@ -1,5 +1,5 @@
-"""Each family objective trains a tiny model on the CPU with falling loss (SpanBERT, ELECTRA,
-DistilBERT from a saved teacher)."""
+"""Each family objective trains a tiny model on the CPU with falling loss (ELECTRA, DistilBERT
+from a saved teacher; SpanBERT on packed rows in test_family_packing.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -46,11 +46,6 @@ def _losses_fall(*overrides, steps=6):
     return metrics
 
 
-def test_spanbert_trains():
-    metrics = _losses_fall("--config.objective=sbo")
-    assert "sbo_loss" in metrics and float(metrics["nsp_loss"]) == 0
-
-
 def test_electra_trains():
     metrics = _losses_fall("--config.objective=electra", "--config.electra.rtd_weight=50")
     assert 0 < float(metrics["rtd_replaced_fraction"]) < 1
@@ -70,8 +65,13 @@ def test_distillation_end_to_end(tmp_path):
                              intermediate_size=64, num_hidden_layers=2,
                              max_position_embeddings=32)
     ids = jnp.zeros((1, 8), jnp.int32)
-    teacher = unbox(BertForPreTraining(teacher_cfg).init(
-        jax.random.PRNGKey(7), ids, ids, ids, ids[:, :2])["params"])
+    # Random weights drawn in numpy (LayerNorm scales near 1): a Flax init costs a compile.
+    shapes = unbox(jax.eval_shape(BertForPreTraining(teacher_cfg).init, jax.random.PRNGKey(7),
+                                  ids, ids, ids, ids[:, :2])["params"])
+    rng = np.random.default_rng(7)
+    teacher = jax.tree_util.tree_map_with_path(lambda path, x: np.asarray(
+        (1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0)
+        + rng.normal(0, 0.02, x.shape), np.float32), shapes)
     store.save_model(teacher_dir, jax.device_get(teacher), teacher_cfg)
     config = config_without_depth("--config.objective=distill",
                                   f"--config.distill.teacher={teacher_dir}",

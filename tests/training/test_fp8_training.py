@@ -20,7 +20,7 @@ from .helpers import small_config
 FP8 = ("--config.model.hidden_dropout_prob=0.0", "--config.model.attention_probs_dropout_prob=0.0",
        "--config.model.dtype=bfloat16", "--config.model.fp8=true",
        "--config.model.fp8_amax_history=4", "--config.optimizer.warmup_steps=0",
-       "--config.optimizer.learning_rate=3e-3")
+       "--config.optimizer.learning_rate=3e-3", "--config.model.num_hidden_layers=1")
 
 
 def _setup(*overrides):
@@ -73,7 +73,7 @@ def test_fp8_step_trains_and_keeps_the_scaling_state_apart(plain_steps):
         histories.append(_histories(state))
     assert losses[-1] < losses[0] - 0.05, losses
     scales = {k: v for k, v in histories[0].items() if k.startswith("['scale']")}
-    assert len(scales) == 2 * 4 * 3  # layers x projections x tensors
+    assert len(scales) == 1 * 4 * 3  # layers x projections x tensors
     assert histories[0]["['amax_history']"].shape == (len(scales), 4)
     assert not histories[0]["['amax_history']"].any()
     assert all(v == 1.0 for v in scales.values())
@@ -121,7 +121,7 @@ def test_microbatches_record_their_largest_maxima(plain_steps, scanned_microbatc
                     rows.extend(range(row, row + value.size))
                 row += value.size
         history = scales["['amax_history']"]
-        assert history.shape == (24, 4) and (history[:, 0] > 0).all()
+        assert history.shape == (12, 4) and (history[:, 0] > 0).all()
         assert not history[:, 1:].any()
         return np.sort(history[rows, 0])
 
