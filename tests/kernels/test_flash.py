@@ -195,7 +195,7 @@ def test_flat_hash_matches_reference(blocks):
     out, g_ours = _outputs_and_grads(ours, q, k, v, cot=cot)
     want, g_ref = _outputs_and_grads(ref, q, k, v, cot=cot)
     np.testing.assert_allclose(out, want, **close(atol=2e-6, rtol=1e-5))
-    assert float(jnp.abs(out - flash.flash_attention(
+    assert float(jnp.abs(out - flash.reference_attention(
         q, k, v, lengths, salt=salt, dropout_rate=0.3)).max()) > 1e-2  # rowcol differs
     for a, b in zip(g_ours, g_ref, strict=True):
         np.testing.assert_allclose(a, b, **close(atol=1e-5, rtol=1e-4))
@@ -288,9 +288,9 @@ def test_packed_split_over_mesh_equals_one_device():
     np.testing.assert_allclose(explicit, ref, **close(atol=2e-6, rtol=1e-5))
 
 
-# Loss and gradients of two float32 summation orders (tests/float_sums.py): per layer, the
-# parameter gradients' sums over 64 tokens and the sums over hidden.
-_SUMMANDS = 2 * (64 + 128)
+# Loss and gradients of two float32 summation orders (tests/float_sums.py): in the one layer,
+# the parameter gradients' sums over 64 tokens and the sums over hidden.
+_SUMMANDS = 64 + 128
 
 
 def _tiny_training_loss(cfg, mask=None):
@@ -314,9 +314,9 @@ def _tiny_training_loss(cfg, mask=None):
 @pytest.fixture(scope="module")
 def flash_model_runs():
     """(config, params, {(qkv_projection, flash_bias_grads): (loss, gradients)}): the tiny
-    model trained through the flash kernel, each way of projecting and of summing the bias
-    gradients."""
-    cfg = get_preset("tiny", vocab_size=300, dropout_attention_impl="flash")
+    model (one layer) trained through the flash kernel, each way of projecting and of summing
+    the bias gradients."""
+    cfg = get_preset("tiny", vocab_size=300, num_hidden_layers=1, dropout_attention_impl="flash")
     params, loss = _tiny_training_loss(cfg)
     runs = {(projection, bias_grads): jax.jit(jax.value_and_grad(functools.partial(
         loss, qkv_projection=projection, flash_bias_grads=bias_grads)))(params)
@@ -361,7 +361,7 @@ def test_model_trains_through_flash():
     """The encoder's training path with dropout_attention_impl=flash: dropout is active
     (output differs from eval), gradients are finite and close to the explicit path's
     without dropout noise (same parameters, attention dropout only differs by its mask)."""
-    cfg = get_preset("tiny", vocab_size=300, hidden_dropout_prob=0.0)
+    cfg = get_preset("tiny", vocab_size=300, num_hidden_layers=1, hidden_dropout_prob=0.0)
     ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
     mask = jnp.stack([jnp.ones(32, jnp.int32), (jnp.arange(32) < 20).astype(jnp.int32)])
     params = jax.jit(BertModel(cfg).init)(jax.random.key(1), ids, mask)
@@ -451,8 +451,9 @@ def test_segment_ids_match_reference(blocks):
         return flash.flash_attention(q, k, v, lengths, qkv_bias=(bq, bk, bv), **kw,
                                      **BLOCKS[blocks])
 
-    def ref(q, k, v, bq, bk, bv):
-        return flash.reference_attention(q + bq, k + bk, v + bv, lengths, **kw)
+    def ref(q, k, v, bq, bk, bv, **overrides):
+        return flash.reference_attention(q + bq, k + bk, v + bv, lengths,
+                                         **{**kw, **overrides})
 
     args = (q, k, v, *biases)
     out, grads = _outputs_and_grads(ours, *args, cot=cot)
@@ -464,8 +465,7 @@ def test_segment_ids_match_reference(blocks):
     assert float(jnp.abs(out[padding]).max()) == 0.0
     assert float(jnp.abs(grads[0][padding]).max()) == 0.0
     # the masks differ from lengths alone: the first row's examples do not see each other
-    plain = flash.flash_attention(q, k, v, lengths, salt=salt, dropout_rate=rate,
-                                  qkv_bias=biases, **BLOCKS[blocks])
+    plain = ref(*args[:3], *biases, segment_ids=None)
     assert float(jnp.abs(plain[0, :50] - out[0, :50]).max()) > 1e-2
 
 
@@ -520,17 +520,17 @@ def test_reference_with_segment_ids_is_attention_per_example():
     output 0, and one example per row (ids 1 up to the length) equals lengths alone on the
     real queries."""
     q, k, v, lengths, _ = _inputs(95, heads=2)
+    reference = jax.jit(flash.reference_attention)  # one program per call, not per operation
     ids = segment_ids(PACKED, 64)
-    out = flash.reference_attention(q, k, v, jnp.sum(ids != 0, axis=1), segment_ids=ids)
+    out = reference(q, k, v, jnp.sum(ids != 0, axis=1), segment_ids=ids)
     for row, start, n in ((0, 10, 27), (1, 20, 44)):
-        alone = flash.reference_attention(q[row:row + 1, start:start + n],
-                                          k[row:row + 1, start:start + n],
-                                          v[row:row + 1, start:start + n], jnp.array([n]))
+        alone = reference(q[row:row + 1, start:start + n], k[row:row + 1, start:start + n],
+                          v[row:row + 1, start:start + n], jnp.array([n]))
         np.testing.assert_allclose(out[row, start:start + n], alone[0], **close(atol=1e-6))
     assert float(jnp.abs(out[0, 50:]).max()) == 0.0
     single = (jnp.arange(64)[None, :] < lengths[:, None]).astype(jnp.int32)
-    with_ids = flash.reference_attention(q, k, v, lengths, segment_ids=single)
-    plain = flash.reference_attention(q, k, v, lengths)
+    with_ids = reference(q, k, v, lengths, segment_ids=single)
+    plain = reference(q, k, v, lengths)
     real = np.asarray(single, bool)
     np.testing.assert_allclose(with_ids[real], plain[real], **close(atol=1e-6))
     assert float(jnp.abs(with_ids[~real]).max()) == 0.0

@@ -223,7 +223,7 @@ def test_model_training_step_same_on_both_kernels():
     from bert_jax.config import get_preset
     from bert_jax.modeling import BertModel
 
-    cfg = get_preset("tiny", vocab_size=300, hidden_dropout_prob=0.0,
+    cfg = get_preset("tiny", vocab_size=300, num_hidden_layers=1, hidden_dropout_prob=0.0,
                      attention_probs_dropout_prob=0.2)
     ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
     mask = jnp.stack([jnp.ones(32, jnp.int32), (jnp.arange(32) < 20).astype(jnp.int32)])
