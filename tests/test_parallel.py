@@ -1,5 +1,6 @@
 """Meshes from config, logical-axis rules, and the same training on every layout."""
 
+import functools
 import re
 
 import jax
@@ -107,12 +108,22 @@ def _fsdp_config(*overrides):
         "--config.model.dtype=bfloat16", *overrides])
 
 
-def _fsdp_train_step(*overrides):
-    config = _fsdp_config(*overrides)
-    mesh = parallel.create_mesh({"data": 1, "fsdp": -1})
-    training = build_training(config, config_lib.model_config(config), mesh)
+@functools.cache
+def _fsdp_step(gather: str):
+    """The FSDP train step of ``_fsdp_config`` with ``parallel.param_gather=gather``: the
+    lowered step, its compiled program, and the loss after two compiled steps from the same
+    initial state on the same batch (one lowering and one compile, shared by the gather
+    tests)."""
+    config = _fsdp_config(f"--config.parallel.param_gather={gather}")
+    training = build_training(config, config_lib.model_config(config),
+                              parallel.create_mesh({"data": 1, "fsdp": -1}))
     batch = training.global_batch(next(SyntheticBatches(16, 32, 5, 200, seed=7)))
-    return training.train_step.lower(training.abstract_state, batch, jax.random.PRNGKey(1))
+    lowered = training.train_step.lower(training.abstract_state, batch, jax.random.PRNGKey(1))
+    step = lowered.compile()
+    state = training.init_state(jax.random.PRNGKey(0))
+    for _ in range(2):
+        state, metrics = step(state, batch, jax.random.PRNGKey(1))
+    return lowered, step, float(metrics["loss"])
 
 
 def test_fsdp_gathers_parameters_not_activations():
@@ -121,7 +132,7 @@ def test_fsdp_gathers_parameters_not_activations():
     activation constraints reaching the partitioner (``parallel.constrain``), XLA followed the
     fsdp-sharded kernels, gathered the whole batch's activations and all-reduced matmul
     outputs."""
-    hlo = _fsdp_train_step().compile().as_text()
+    hlo = _fsdp_step("param_dtype")[1].as_text()
     gathered = [tuple(int(d) for d in dims.split(",") if d)
                 for dims in re.findall(r"= [a-z0-9]+\[([0-9,]*)\][^ ]* all-gather(?:-start)?\(",
                                        hlo)]
@@ -136,24 +147,15 @@ def test_param_gather_in_compute_dtype():
     """parallel.param_gather=compute_dtype: matmul kernels are cast to bf16 under their own
     (fsdp) sharding before use, so the gathers move bf16; embeddings stay float32; the loss is
     the one of the default path (the same bf16 values reach the matmuls)."""
-    default = _fsdp_train_step().as_text()
-    cast = _fsdp_train_step("--config.parallel.param_gather=compute_dtype").as_text()
+    (default, _, default_loss), (cast, _, cast_loss) = (
+        _fsdp_step("param_dtype"), _fsdp_step("compute_dtype"))
+    default, cast = default.as_text(), cast.as_text()
     constrained = re.compile(r"sdy\.sharding_constraint[^\n]*tensor<([0-9x]+)xbf16>")
     assert "64x64" in constrained.findall(cast) and "64x64" not in constrained.findall(default)
     assert "200x64" not in constrained.findall(cast)  # the word embeddings (vocab 200 x 64)
     with pytest.raises(BertJaxError, match="param_gather"):
         parallel.param_gather_cast({}, "bfloat16", "int8")
-    losses = {}
-    for gather in ("param_dtype", "compute_dtype"):
-        config = _fsdp_config(f"--config.parallel.param_gather={gather}")
-        training = build_training(config, config_lib.model_config(config),
-                                  parallel.create_mesh({"data": 1, "fsdp": -1}))
-        state = training.init_state(jax.random.PRNGKey(0))
-        batch = training.global_batch(next(SyntheticBatches(16, 32, 5, 200, seed=7)))
-        for _ in range(2):
-            state, metrics = training.train_step(state, batch, jax.random.PRNGKey(1))
-        losses[gather] = float(metrics["loss"])
-    assert abs(losses["param_dtype"] - losses["compute_dtype"]) < 1e-3
+    assert abs(default_loss - cast_loss) < 1e-3
 
 
 def test_entered_mesh_only_inside_traced_in_mesh():
@@ -257,13 +259,15 @@ def test_explicit_reduction_sums_kernels_in_the_compute_dtype():
                               f"--config.parallel.grad_reduce={choice}")
         training = build_training(config, config_lib.model_config(config), mesh)
         batch = training.global_batch(next(SyntheticBatches(16, 32, 5, 200, seed=7)))
+        lowered = training.train_step.lower(training.abstract_state, batch,
+                                            jax.random.PRNGKey(1))
         if choice == "explicit":
-            text = training.train_step.lower(training.abstract_state, batch,
-                                             jax.random.PRNGKey(1)).as_text()
-            summed = re.findall(r"all_reduce.*\n\s*\^bb0\(%\w+: tensor<(\w+)>", text)
+            summed = re.findall(r"all_reduce.*\n\s*\^bb0\(%\w+: tensor<(\w+)>",
+                                lowered.as_text())
             assert "bf16" in summed and "f32" in summed, sorted(set(summed))
+        step = lowered.compile()
         state = training.init_state(jax.random.PRNGKey(0))
         for _ in range(2):
-            state, metrics = training.train_step(state, batch, jax.random.PRNGKey(1))
+            state, metrics = step(state, batch, jax.random.PRNGKey(1))
         losses[choice] = float(metrics["loss"])
     assert abs(losses["explicit"] - losses["partitioner"]) < 2e-3 * losses["partitioner"]

@@ -400,7 +400,8 @@ def test_runtime_variants_agree(field, value, reference):
     matmul then slices; the two-stage LayerNorm backward and the fused bias + residual +
     LayerNorm kernel (Pallas, interpret mode here) vs nn.LayerNorm's autodiff. Same outputs
     and gradients."""
-    cfg = get_preset("tiny", vocab_size=300)
+    # One layer: the variants differ alike in every layer.
+    cfg = get_preset("tiny", vocab_size=300, num_hidden_layers=1)
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 300)
     mask = jnp.ones((2, 16), jnp.int32)
     params = jax.jit(modeling.BertModel(cfg).init)(jax.random.key(1), ids, mask)
@@ -462,7 +463,8 @@ def test_direct_weight_gradients(dtype):
     """``BertConfig.direct_weight_grads``: every projection's weight gradient is one
     dot_general in the kernel's [in..., out...] layout (JAX's rule computes [out..., in...]
     and transposes it); loss and all gradients are unchanged."""
-    cfg = get_preset("tiny", vocab_size=128, dtype=dtype)
+    # One layer: every projection kind is in it.
+    cfg = get_preset("tiny", vocab_size=128, dtype=dtype, num_hidden_layers=1)
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
     mask = jnp.ones_like(ids).at[0, 10:].set(0)
     params = jax.jit(modeling.BertForPreTraining(cfg).init)(jax.random.key(1), ids, mask)
