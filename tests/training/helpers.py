@@ -2,6 +2,11 @@
 
 import os
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.modeling.params import unbox
 from bert_jax.training.config import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,3 +33,16 @@ def without_keys(base, overrides) -> list[str]:
     """The ``--config.key=value`` entries of ``base`` whose key ``overrides`` does not set."""
     keys = {o.split("=", 1)[0] for o in overrides}
     return [b for b in base if b.split("=", 1)[0] not in keys]
+
+
+def random_params(model, *args):
+    """Random float32 parameters of ``model`` for inputs ``args`` (LayerNorm scales near 1),
+    drawn in numpy: a compiled Flax init costs a compile of its own."""
+    shapes = unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), *args))["params"]
+    rng = np.random.default_rng(1)
+
+    def fill(path, x):
+        base = 1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0
+        return jnp.asarray(base + rng.normal(0, 0.1, x.shape), jnp.float32)
+
+    return jax.tree_util.tree_map_with_path(fill, shapes)

@@ -14,24 +14,13 @@ from bert_jax.training import objectives
 from bert_jax.training.family import every_other_layer
 from bert_jax.training.inputs import SyntheticBatches
 
+from .helpers import random_params
+
 NO_DROPOUT = ("--config.model.hidden_dropout_prob=0.0",
               "--config.model.attention_probs_dropout_prob=0.0")
 CFG = get_preset("tiny", vocab_size=200, hidden_size=32, num_attention_heads=4,
                  intermediate_size=64, num_hidden_layers=1, max_position_embeddings=32,
                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-
-
-def _random_params(model, *args):
-    """Random float32 parameters of ``model`` (LayerNorm scales near 1), drawn in numpy: a
-    compiled Flax init costs a compile of its own."""
-    shapes = nn_unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), *args))["params"]
-    rng = np.random.default_rng(1)
-
-    def fill(path, x):
-        base = 1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0
-        return jnp.asarray(base + rng.normal(0, 0.1, x.shape), jnp.float32)
-
-    return jax.tree_util.tree_map_with_path(fill, shapes)
 
 
 def test_span_boundaries_by_hand():
@@ -50,7 +39,7 @@ def test_sbo_shapes_and_gradient_flow():
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
     inputs = (batch["input_ids"], batch["input_mask"], batch["segment_ids"],
               batch["masked_lm_positions"], batch["masked_lm_weights"])
-    params = _random_params(model, *inputs)
+    params = random_params(model, *inputs)
     # Shapes only: abstract evaluation, nothing compiled.
     out = jax.eval_shape(model.apply, {"params": params}, *inputs)
     assert out["sbo_logits"].shape == (4, 5, CFG.padded_vocab_size)
@@ -70,12 +59,6 @@ def test_sbo_shapes_and_gradient_flow():
     assert float(jnp.abs(grads["mlm/bias"]).sum()) == 0  # SBO alone never touches the MLM head
 
 
-def nn_unbox(tree):
-    import flax.linen as nn
-
-    return nn.unbox(tree)
-
-
 @functools.cache
 def _electra():
     """(model, params, batch), made once for the file (the tests only read them)."""
@@ -83,7 +66,7 @@ def _electra():
     assert gen.hidden_size == 64 and gen.embedding_size == CFG.embedding_dim
     model = family.ElectraForPreTraining(CFG, gen)
     batch = {k: jnp.asarray(v) for k, v in next(SyntheticBatches(4, 32, 5, 200, seed=2)).items()}
-    params = _random_params(model, batch["input_ids"], batch["input_mask"],
+    params = random_params(model, batch["input_ids"], batch["input_mask"],
                             batch["segment_ids"], batch["masked_lm_positions"],
                             batch["masked_lm_ids"], batch["masked_lm_weights"],
                             jax.random.PRNGKey(0))

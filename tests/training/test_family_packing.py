@@ -15,7 +15,6 @@ from bert_jax.config import get_preset
 from bert_jax.data import packing
 from bert_jax.modeling import family, heads
 from bert_jax.modeling.heads import BertForPreTraining
-from bert_jax.modeling.params import unbox
 from bert_jax.tokenization import load_tokenizer
 from bert_jax.training import config as config_lib
 from bert_jax.training import objectives
@@ -23,7 +22,7 @@ from bert_jax.training.config import load_config
 from bert_jax.training.inputs import make_batches
 from bert_jax.training.setup import PACKED_BATCH_FIELDS, build_training
 
-from .helpers import EXPERIMENT, SMALL, without_keys
+from .helpers import EXPERIMENT, SMALL, random_params, without_keys
 
 SEQ, K, P_EXAMPLE, P_ROW = 32, 4, 4, 12
 CLS, SEP, MASK = 2, 3, 4
@@ -103,19 +102,6 @@ def _per_example(values, batch, per_token: bool):
     return out
 
 
-def _random_params(model, *args):
-    """Random float32 parameters of ``model`` (LayerNorm scales near 1), drawn in numpy: a
-    compiled Flax init costs more than the whole test."""
-    shapes = unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), *args))["params"]
-    rng = np.random.default_rng(1)
-
-    def fill(path, x):
-        base = 1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0
-        return jnp.asarray(base + rng.normal(0, 0.1, x.shape), jnp.float32)
-
-    return jax.tree_util.tree_map_with_path(fill, shapes)
-
-
 def _mlm_nll(out, batch, cfg, decoder="mlm_decoder", logits="mlm_logits"):
     return heads.mlm_cross_entropy({"mlm_decoder": out[decoder], "mlm_logits": out[logits]},
                                    batch["masked_lm_ids"], cfg)[0]
@@ -125,7 +111,7 @@ def _sbo():
     model = family.SpanBertForPreTraining(CFG, max_relative_position=8)
 
     def init(b):
-        return _random_params(model, b["input_ids"], b["input_mask"], b["segment_ids"],
+        return random_params(model, b["input_ids"], b["input_mask"], b["segment_ids"],
                               b["masked_lm_positions"], b["masked_lm_weights"])
 
     def terms(params, b):
@@ -142,7 +128,7 @@ def _electra():
     model = family.ElectraForPreTraining(CFG, family.generator_config(CFG, 0.5))
 
     def init(b):
-        params = family.untie_generator_embeddings(_random_params(
+        params = family.untie_generator_embeddings(random_params(
             model, b["input_ids"], b["input_mask"], b["segment_ids"],
             b["masked_lm_positions"], b["masked_lm_ids"], b["masked_lm_weights"],
             jax.random.PRNGKey(0)))
@@ -174,7 +160,7 @@ def _distill():
     model = family.DistillationPair(CFG, CFG.replace(num_hidden_layers=2))
 
     def init(b):
-        return _random_params(model, b["input_ids"], b["input_mask"], b["segment_ids"],
+        return random_params(model, b["input_ids"], b["input_mask"], b["segment_ids"],
                               b["masked_lm_positions"])
 
     def terms(params, b):
@@ -252,7 +238,7 @@ def packed_data(tmp_path_factory):
                              max_position_embeddings=64)
     teacher = BertForPreTraining(teacher_cfg, pair_head=False)
     store.save_model(str(tmp / "teacher"), jax.device_get(
-        _random_params(teacher, *[jnp.zeros((1, 8), jnp.int32)] * 3)), teacher_cfg)
+        random_params(teacher, *[jnp.zeros((1, 8), jnp.int32)] * 3)), teacher_cfg)
     return str(out), vocab, str(tmp / "teacher")
 
 
