@@ -14,6 +14,9 @@ from bert_jax.inference import embed, fill_mask
 from bert_jax.modeling import BertForPreTraining, BertModel
 from bert_jax.tokenization.wordpiece import WordPieceTokenizer
 
+# One worker runs the module: its module fixtures are computed once (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("inference")
+
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "a", "big", "red", ".", ",", "##s"]
 
 

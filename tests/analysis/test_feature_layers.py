@@ -23,6 +23,9 @@ from bert_jax.modeling.feature_heads import (
 )
 from bert_jax.tokenization.wordpiece import WordPieceTokenizer
 
+# One worker runs the module: its module fixtures are computed once (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("feature_layers")
+
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "a", "big", "red", "."]
 
 

@@ -24,6 +24,9 @@ from bert_jax.modeling.attention import (
     resolve_dropout_implementation,
 )
 
+# One worker runs the module: its module fixtures are computed once (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("flash")
+
 
 def _inputs(seed, batch=2, seq=64, heads=3, dim=16, dtype=jnp.float32):
     ks = jax.random.split(jax.random.key(seed), 4)
