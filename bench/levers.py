@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from bert_jax.xla_flags import COLLECTIVE_OVERLAP, TRITON_GEMM_OFF
+
 # bench option -> BertConfig field it sets (choices and default come from bert_jax.config).
 MODEL_CHOICES = {"hidden_dropout": "hidden_dropout_impl", "dropout_hash": "dropout_hash",
                  "qkv": "qkv_projection", "layer_norm": "layer_norm_impl",
@@ -48,22 +50,16 @@ XLA_FLAG_PRESETS: dict[str, tuple[str, ...]] = {
     # Overlaps independent work (collectives, copies) with compute; the default on TPU.
     "lhs": ("--xla_gpu_enable_latency_hiding_scheduler=true",),
     # cuBLAS for every GEMM instead of Triton-generated GEMM fusions.
-    "no_triton_gemm": ("--xla_gpu_enable_triton_gemm=false",),
+    "no_triton_gemm": TRITON_GEMM_OFF,
     # cuBLAS-Lt for every GEMM: XLA's GemmRewriter folds vector biases (and matrix addends)
     # into cuBLAS-Lt epilogues only for cuBLAS-Lt calls.
     "cublaslt": ("--xla_gpu_enable_cublaslt=true",),
     # Every kernel of the step into CUDA graphs (XLA command buffers): fewer launch gaps.
     "graphs": ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN",
                "--xla_gpu_graph_min_graph_size=1"),
-    # Multi-GPU: overlap collectives with compute (FSDP all-gathers / reduce-scatters).
-    "collectives": ("--xla_gpu_enable_latency_hiding_scheduler=true",
-                    "--xla_gpu_enable_pipelined_all_gather=true",
-                    "--xla_gpu_enable_pipelined_reduce_scatter=true",
-                    "--xla_gpu_enable_pipelined_all_reduce=true",
-                    "--xla_gpu_enable_while_loop_double_buffering=true",
-                    "--xla_gpu_all_reduce_combine_threshold_bytes=134217728",
-                    "--xla_gpu_all_gather_combine_threshold_bytes=134217728",
-                    "--xla_gpu_reduce_scatter_combine_threshold_bytes=134217728"),
+    # Multi-GPU: overlap collectives with compute (FSDP all-gathers / reduce-scatters); what
+    # pretraining's parallel.collective_overlap adds (bert_jax/xla_flags.py).
+    "collectives": COLLECTIVE_OVERLAP,
     # Data parallel: the gradient all-reduces (one psum of the whole tree, parallel.grad_reduce)
     # start as soon as their bucket's gradients exist and run under the rest of the backward
     # pass: the latency-hiding scheduler, 64 MiB buckets (Large's 1.25 GiB of float32

@@ -1,5 +1,4 @@
-"""JAX's persistent compilation cache, bert-jax's cache folder, and the GPU matmul choice that
-shortens a first compilation (:func:`disable_triton_gemm`).
+"""JAX's persistent compilation cache and bert-jax's cache folder.
 
 Compiled XLA programs are written to disk and reused by later runs of the same program on the
 same backend, so a second ``bert-jax finetune`` with the same model and shapes skips
@@ -56,19 +55,3 @@ def enable(directory: str | None = None) -> str | None:
         except AttributeError:  # an option this jax version does not have
             pass
     return directory
-
-
-TRITON_GEMM_FLAG = "--xla_gpu_enable_triton_gemm"
-
-
-def disable_triton_gemm() -> bool:
-    """Appends ``--xla_gpu_enable_triton_gemm=false`` to ``XLA_FLAGS`` unless they already
-    name that flag; returns whether it did. GPUs then run every matmul through cuBLAS, whose
-    autotuning tries a few library algorithms instead of searching Triton tilings (other
-    platforms ignore the flag). jax reads ``XLA_FLAGS`` when it starts its backend: call
-    before the first computation of the process."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if TRITON_GEMM_FLAG in flags:
-        return False
-    os.environ["XLA_FLAGS"] = f"{flags} {TRITON_GEMM_FLAG}=false".strip()
-    return True

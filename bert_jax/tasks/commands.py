@@ -28,13 +28,13 @@ class finetune_command:  # noqa: N801 - the CLI registry names this attribute
 
     @staticmethod
     def run(args) -> int:
-        from bert_jax import compilation_cache
+        from bert_jax import compilation_cache, xla_flags
         from bert_jax.tasks.config import load_config
         from bert_jax.tasks.finetune import finetune
 
         config = load_config(args.config, args.overrides)
         if not config.get("triton_gemm", False):
-            compilation_cache.disable_triton_gemm()
+            xla_flags.add(xla_flags.TRITON_GEMM_OFF)
         if config.compilation_cache:
             compilation_cache.enable()
         result = finetune(config, args.workdir, overwrite=args.overwrite)

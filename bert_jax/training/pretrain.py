@@ -23,10 +23,13 @@ class command:  # noqa: N801 - the CLI registry names this attribute
 
     @staticmethod
     def run(args) -> int:
+        from bert_jax import xla_flags
         from bert_jax.training.config import load_config
         from bert_jax.training.loop import train_and_evaluate
 
         config = load_config(args.config, args.overrides)
+        if config.parallel.collective_overlap:
+            xla_flags.add(xla_flags.COLLECTIVE_OVERLAP)
         result = train_and_evaluate(config, args.workdir, overwrite=args.overwrite)
         print_result({"workdir": args.workdir, **result}, sort_keys=True)
         return 0

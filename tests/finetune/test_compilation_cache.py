@@ -1,9 +1,6 @@
-"""The persistent compilation cache: its folder from $BERT_JAX_CACHE, and the off switch; the
-Triton GEMM flag that fine-tuning adds to XLA_FLAGS."""
+"""The persistent compilation cache: its folder from $BERT_JAX_CACHE, and the off switch."""
 
 from __future__ import annotations
-
-import os
 
 import jax
 
@@ -33,17 +30,3 @@ def test_default_root(monkeypatch):
     monkeypatch.delenv(compilation_cache.CACHE_ENV, raising=False)
     monkeypatch.setenv("HOME", "/home/someone")
     assert compilation_cache.xla_cache_dir() == "/home/someone/.cache/bert_jax/xla"
-
-
-def test_triton_gemm_flag_added_once_and_never_over_the_users(monkeypatch):
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    assert compilation_cache.disable_triton_gemm()
-    assert compilation_cache.disable_triton_gemm() is False
-    assert (os.environ["XLA_FLAGS"]
-            == "--xla_force_host_platform_device_count=8 --xla_gpu_enable_triton_gemm=false")
-    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")
-    assert compilation_cache.disable_triton_gemm() is False
-    assert os.environ["XLA_FLAGS"] == "--xla_gpu_enable_triton_gemm=true"
-    monkeypatch.delenv("XLA_FLAGS")
-    assert compilation_cache.disable_triton_gemm()
-    assert os.environ["XLA_FLAGS"] == "--xla_gpu_enable_triton_gemm=false"
