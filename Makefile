@@ -33,9 +33,8 @@ demo: $(VENV)/.installed-demo-$(CKSUM)
 LINT_DIRS := bert_jax tests bench experiments scripts
 
 ## make test: style (ruff) on every Python folder, then the whole test suite on the CPU
-## (8 simulated devices)
-## (three workers on two cores: while one waits on the processes a test starts, the others
-## compute)
+## (8 simulated devices; three workers on two cores: while one waits on the processes a test
+## starts, the others compute)
 test: lint
 	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -n 3 --dist loadgroup --durations=30 tests
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import linen as nn
+from training.helpers import random_variables
 
 from bert_jax import modeling
 from bert_jax.config import BertConfig, get_preset
@@ -98,22 +98,6 @@ def _model_and_batch(**overrides):
     return modeling.BertForPreTraining(cfg), cfg, ids, mask
 
 
-def _init(model, ids, mask):
-    """``model``'s variables without compiling its init: parameters drawn in numpy like
-    BERT's (normal, std 0.02; LayerNorm scales 1), every FP8 scale 1 as the init sets it."""
-    shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(1), ids, mask))
-    rng = np.random.default_rng(1)
-
-    def fill(path, x):
-        name = jax.tree_util.keystr(path)
-        if not name.startswith("['params']"):
-            return jnp.ones(x.shape, x.dtype)
-        base = 1.0 if name.endswith("['scale']") else 0.0
-        return jnp.asarray(base + rng.normal(0, 0.02, x.shape), x.dtype)
-
-    return jax.tree_util.tree_map_with_path(fill, shapes)
-
-
 def _float8_dots(jaxpr) -> int:
     """dot_generals with float8 operands, inside nested jaxprs too."""
     count, eqns = 0, list(jaxpr.eqns)
@@ -134,7 +118,7 @@ def _float8_dots(jaxpr) -> int:
 def test_encoder_layers_run_in_fp8_close_to_bfloat16(scan_layers):
     model, cfg, ids, mask = _model_and_batch(fp8=True, fp8_amax_history=8,
                                              scan_layers=scan_layers)
-    variables = _init(model, ids, mask)
+    variables = random_variables(model, ids, mask, std=0.02)
     state = variables[FP8_COLLECTION]
     layers = cfg.num_hidden_layers
     names = ({"layers"} if scan_layers else {f"layer_{i}" for i in range(layers)})
@@ -165,7 +149,7 @@ def test_encoder_layers_run_in_fp8_close_to_bfloat16(scan_layers):
 
 def test_without_the_scaling_state_the_model_computes_in_its_dtype():
     model, cfg, ids, mask = _model_and_batch(fp8=True)
-    params = _init(model, ids, mask)["params"]
+    params = random_variables(model, ids, mask, std=0.02)["params"]
     jaxpr = jax.make_jaxpr(lambda p: model.apply({"params": p}, ids, mask))(params)
     assert _float8_dots(jaxpr.jaxpr) == 0
     plain = modeling.BertForPreTraining(cfg.replace(fp8=False))
@@ -175,7 +159,7 @@ def test_without_the_scaling_state_the_model_computes_in_its_dtype():
 
 def test_fp8_off_has_no_scaling_state_and_no_float8():
     model, _, ids, mask = _model_and_batch()
-    variables = _init(model, ids, mask)
+    variables = random_variables(model, ids, mask, std=0.02)
     assert set(variables) == {"params"}
     grad = jax.make_jaxpr(jax.grad(lambda v: jnp.sum(
         model.apply(v, ids, mask)["mlm_logits"].astype(jnp.float32))))(variables)

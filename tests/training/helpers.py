@@ -35,14 +35,24 @@ def without_keys(base, overrides) -> list[str]:
     return [b for b in base if b.split("=", 1)[0] not in keys]
 
 
-def random_params(model, *args):
-    """Random float32 parameters of ``model`` for inputs ``args`` (LayerNorm scales near 1),
-    drawn in numpy: a compiled Flax init costs a compile of its own."""
-    shapes = unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), *args))["params"]
+def random_variables(model, *args, std: float = 0.1):
+    """Every variable collection of ``model`` for inputs ``args`` without compiling its init
+    (a compiled Flax init costs a compile of its own): parameters drawn in numpy (normal with
+    ``std``, LayerNorm scales near 1, float32), the leaves of every other collection 1 (the
+    FP8 scales' initial value)."""
+    shapes = unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), *args))
     rng = np.random.default_rng(1)
 
     def fill(path, x):
-        base = 1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0
-        return jnp.asarray(base + rng.normal(0, 0.1, x.shape), jnp.float32)
+        name = jax.tree_util.keystr(path)
+        if not name.startswith("['params']"):
+            return jnp.ones(x.shape, x.dtype)
+        base = 1.0 if name.endswith("['scale']") else 0.0
+        return jnp.asarray(base + rng.normal(0, std, x.shape), jnp.float32)
 
     return jax.tree_util.tree_map_with_path(fill, shapes)
+
+
+def random_params(model, *args):
+    """Random float32 parameters of ``model`` for inputs ``args`` (:func:`random_variables`)."""
+    return random_variables(model, *args)["params"]
