@@ -141,6 +141,10 @@ class BertConfig:
     # pretraining step keeps the scales; elsewhere the matmuls run in ``dtype``.
     fp8: bool = False
     fp8_amax_history: int = 1024
+    # Under ``fp8`` with the fused GELU kernels: the GELU kernels write the MLP's activation,
+    # and its gradient, directly in float8 (``modeling/fp8.py: fp8_gelu_mlp``) instead of XLA
+    # quantizing their bf16 outputs in separate passes.
+    fp8_gelu_quantize: bool = True
 
     def __post_init__(self):
         def bad(key, msg):
@@ -170,7 +174,8 @@ class BertConfig:
         for key, choices in CHOICE_FIELDS.items():
             if getattr(self, key) not in choices:
                 bad(key, f"{getattr(self, key)!r} is not one of {choices}")
-        for key in ("split_norm_grads", "direct_weight_grads", "flash_bias_grads", "fp8"):
+        for key in ("split_norm_grads", "direct_weight_grads", "flash_bias_grads", "fp8",
+                    "fp8_gelu_quantize"):
             if not isinstance(getattr(self, key), bool):
                 bad(key, f"expected true or false, got {getattr(self, key)!r}")
         for key, (types, entries) in BLOCK_FIELDS.items():

@@ -51,6 +51,11 @@ anyway (Base/128 +1.3% on an H100, docs/performance.md): ``BertConfig.fused_gelu
 Under a device mesh the kernels run per batch shard (``shard_map``), the intermediate axis
 unsplit; the partial sums of all shards are summed by XLA. On the CPU the kernels run in
 Pallas interpret mode (tests).
+
+For FP8 pretraining (``BertConfig.fp8`` and ``fp8_gelu_quantize``) a second pair,
+:func:`forward_fp8` and :func:`backward_fp8`, writes the activation (e4m3) and the
+pre-activation's gradient (e5m2) scaled and saturated in float8, with one absolute maximum per
+program: the operands of the MLP's next FP8 matmuls (``modeling/fp8.py: fp8_gelu_mlp``).
 """
 
 from __future__ import annotations
@@ -305,6 +310,17 @@ def bias_gelu(y, b, *, block_rows: int | None = None, block_cols: int | None = N
     ``num_stages`` > 1 (default :data:`BACKWARD_STAGES`) software-pipelines the backward's
     loop over row blocks. ``interpret``
     (Pallas interpret mode) defaults to "not on a GPU"."""
+    s = tile_settings(y, b, block_rows=block_rows, block_cols=block_cols, num_warps=num_warps,
+                      sum_blocks=sum_blocks, num_stages=num_stages, interpret=interpret)
+    return _bias_gelu(y, b, s)
+
+
+def tile_settings(y, b, *, block_rows: int | None = None, block_cols: int | None = None,
+                  num_warps: int | None = None, sum_blocks: int | None = None,
+                  num_stages: int | None = None, interpret: bool | None = None
+                  ) -> TileSettings:
+    """The kernels' settings for ``y`` [..., width] and bias ``b`` [width] (see
+    :func:`bias_gelu` for the arguments), after checking the shapes."""
     if y.ndim < 2:
         raise ValueError(f"bias_gelu needs y of shape [..., width] with a leading (row) axis; "
                          f"got y {y.shape}")
@@ -319,9 +335,129 @@ def bias_gelu(y, b, *, block_rows: int | None = None, block_cols: int | None = N
     block_rows, block_cols, num_warps, sum_blocks, num_stages = fit_tile(
         blocks_for(rows, (block_rows, block_cols, num_warps), sum_blocks), rows, width,
         (None, None, None, None, BACKWARD_STAGES if num_stages is None else num_stages))
-    s = TileSettings(block_rows, block_cols, num_warps, interpret, sum_blocks,
-                     num_stages, COLS_FASTEST)
-    return _bias_gelu(y, b, s)
+    return TileSettings(block_rows, block_cols, num_warps, interpret, sum_blocks,
+                        num_stages, COLS_FASTEST)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 outputs (``modeling/fp8.py``'s MLP): the forward writes the activation, and the backward
+# the pre-activation's gradient, straight in float8 (``x / scale`` saturated to the format's
+# range) instead of in ``y.dtype``, with one absolute maximum per program of the unquantized
+# float32 values (the tensor's maximum for the scaling history: the largest of them). Each
+# replaces a kernel's bf16 write plus XLA's separate quantizing pass (a read of the bf16
+# array, a maximum and a float8 write). The backward's bias-gradient sums stay float32 sums
+# of the unquantized gradient. ``inv_ref``: ``1 / scale`` broadcast over the columns.
+
+def _quantized(v, inv, dtype):
+    limit = float(jnp.finfo(dtype).max)
+    return jnp.clip(v * inv[None, :], -limit, limit).astype(dtype)
+
+
+def _tile_amax(v):
+    """[1, 1] absolute maximum of a float32 tile."""
+    return jnp.max(jnp.max(jnp.abs(v), axis=1, keepdims=True), axis=0, keepdims=True)
+
+
+def _forward_fp8_kernel(y_ref, b_ref, inv_ref, q_ref, amax_ref):
+    out = _gelu(_pre_activation(y_ref[...], b_ref[...]))
+    q_ref[...] = _quantized(out, inv_ref[...], q_ref.dtype)
+    amax_ref[...] = _tile_amax(out)
+
+
+def _backward_fp8_kernel(g_ref, y_ref, b_ref, inv_ref, dq_ref, sums_ref, amax_ref, *,
+                         s: TileSettings):
+    from jax.experimental import pallas as pl
+
+    b, inv = b_ref[...], inv_ref[...]
+
+    def step(j, carry):
+        acc, peak = carry
+        rs = slice(None) if s.sum_blocks == 1 else pl.ds(j * s.block_rows, s.block_rows)
+        x = _pre_activation(y_ref[rs, :], b)
+        cdf, gauss = _cdf_and_gauss(x)
+        dx = g_ref[rs, :].astype(jnp.float32) * (cdf + x * (_INV_SQRT_2PI * gauss))
+        dq_ref[rs, :] = _quantized(dx, inv, dq_ref.dtype)
+        return acc + dx, jnp.maximum(peak, jnp.abs(dx))
+
+    zeros = jnp.zeros((s.block_rows, s.block_cols), jnp.float32)
+    if s.sum_blocks == 1:
+        acc, peak = step(0, (zeros, zeros))
+    else:
+        acc, peak = jax.lax.fori_loop(0, s.sum_blocks, step, (zeros, zeros))
+    sums_ref[...] = jnp.sum(acc, axis=0)[None, :]
+    amax_ref[...] = _tile_amax(peak)
+
+
+def _amax_spec(at):
+    from jax.experimental import pallas as pl
+
+    return pl.BlockSpec((1, 1), at.order(lambda i, j: (i, j)))
+
+
+def _forward_fp8_call(y, b, inv, dtype, s: TileSettings):
+    from jax.experimental import pallas as pl
+
+    n, width = y.shape
+    at = layout(n, width, s.block_rows, s)
+    return pl.pallas_call(
+        _forward_fp8_kernel,
+        grid=at.grid,
+        in_specs=[at.tile, at.column, at.column],
+        out_specs=[at.tile, _amax_spec(at)],
+        out_shape=[jax.ShapeDtypeStruct((n, width), dtype),
+                   jax.ShapeDtypeStruct((n // s.block_rows, width // s.block_cols),
+                                        jnp.float32)],
+        interpret=s.interpret, name="bert_bias_gelu_forward_fp8", **compiler_params(s),
+    )(y, b, inv)
+
+
+def _backward_fp8_call(g, y, b, inv, dtype, s: TileSettings):
+    from jax.experimental import pallas as pl
+
+    n, width = y.shape
+    rows = s.block_rows * s.sum_blocks
+    at = layout(n, width, rows, s)
+    return pl.pallas_call(
+        functools.partial(_backward_fp8_kernel, s=s),
+        grid=at.grid,
+        in_specs=[at.tile, at.tile, at.column, at.column],
+        out_specs=[at.tile, at.sums, _amax_spec(at)],
+        out_shape=[jax.ShapeDtypeStruct((n, width), dtype), at.sums_shape,
+                   jax.ShapeDtypeStruct((n // rows, width // s.block_cols), jnp.float32)],
+        interpret=s.interpret, name="bert_bias_gelu_backward_fp8",
+        **compiler_params(s, s.num_stages),
+    )(g, y, b, inv)
+
+
+def _inverse_columns(scale, width: int):
+    return jnp.full((width,), 1.0, jnp.float32) / jnp.asarray(scale, jnp.float32)
+
+
+def forward_fp8(y, b, scale, dtype, s: TileSettings):
+    """``gelu_erf(y + b) / scale`` in float8 ``dtype`` (saturated), shaped like ``y``, and the
+    absolute maximum of ``gelu_erf(y + b)`` (float32 scalar). ``s``: :func:`tile_settings`."""
+    inv = _inverse_columns(scale, y.shape[-1])
+
+    def local(y, b, inv):
+        q, amax = _forward_fp8_call(_flat(y), b, inv, dtype, s)
+        return q.reshape(y.shape), amax
+
+    q, amax = per_shard(local, (y,), (b, inv), (y.ndim, 2), _row_spec)
+    return q, jnp.max(amax)
+
+
+def backward_fp8(g, y, b, scale, dtype, s: TileSettings):
+    """The gradient of ``gelu_erf(y + b)`` for output gradient ``g``: (``dx / scale`` in float8
+    ``dtype``, saturated, shaped like ``y``; the bias gradient, float32 [width]; the absolute
+    maximum of ``dx``, float32)."""
+    inv = _inverse_columns(scale, y.shape[-1])
+
+    def local(g, y, b, inv):
+        dq, sums, amax = _backward_fp8_call(_flat(g), _flat(y), b, inv, dtype, s)
+        return dq.reshape(y.shape), sums, amax
+
+    dq, sums, amax = per_shard(local, (g, y), (b, inv), (y.ndim, 2, 2), _row_spec)
+    return dq, jnp.sum(sums, axis=0), jnp.max(amax)
 
 
 def reference(y, b):

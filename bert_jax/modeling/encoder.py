@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
+from bert_jax.kernels import fused_gelu
 from bert_jax.kernels.dropout import Dropout, salt_from_rng
 from bert_jax.modeling.attention import (
     dropout_attention,
@@ -29,8 +30,13 @@ from bert_jax.modeling.attention import (
     fused_attention,
     resolve_dropout_implementation,
 )
-from bert_jax.modeling.fp8 import FP8_COLLECTION, fp8_matmul, meta_variables
-from bert_jax.modeling.ops import TwoStageLayerNorm, add_bias, add_bias_activate
+from bert_jax.modeling.fp8 import FP8_COLLECTION, fp8_gelu_mlp, fp8_matmul, meta_variables
+from bert_jax.modeling.ops import (
+    TwoStageLayerNorm,
+    add_bias,
+    add_bias_activate,
+    use_fused_gelu,
+)
 from bert_jax.modeling.ops import activation as activation_fn
 from bert_jax.parallel import constrain
 
@@ -199,15 +205,20 @@ class Projection(nn.Module):
     fp8: bool = False
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, *, operands: bool = False):
+        """The projection of ``x``; with ``operands``, (kernel, bias, FP8 scales or None) as
+        stored instead, for a caller that computes it (``x``: anything with the input's
+        ``shape``)."""
         cfg = self.config
-        in_shape = x.shape[x.ndim - self.in_dims:]
+        in_shape = x.shape[len(x.shape) - self.in_dims:]
         kernel = self.param("kernel", initializer(cfg, self.axes),
                             (*in_shape, *self.features), cfg.param_dtype)
         bias = self.param("bias", zeros(self.axes[self.in_dims:]), self.features,
                           cfg.param_dtype)
-        x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
         meta = meta_variables(self) if self.fp8 and cfg.fp8 else None
+        if operands:
+            return kernel, bias, meta
+        x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
         if self.split_output is not None and meta is not None:
             # One FP8 matmul (one set of scales) over the whole kernel, then the slices.
             axis = self.split_output
@@ -416,6 +427,29 @@ def _handles(x):
     return x if isinstance(x, tuple) else (x, x)
 
 
+def _fp8_gelu_mlp(cfg: BertConfig, mlp_in: Projection, x):
+    """The MLP as ``fp8.fp8_gelu_mlp`` (the GELU kernels writing float8): (its output without
+    ``mlp_out``'s bias, that bias), when the apply carries the FP8 scales, the activation is
+    the GELU and its kernels apply (``BertConfig.fp8_gelu_quantize``); else None, before
+    ``mlp_out`` exists."""
+    if not (cfg.fp8 and cfg.fp8_gelu_quantize):
+        return None
+    kernel_in, bias_in, meta_in = mlp_in(x, operands=True)
+    h = jax.ShapeDtypeStruct((*x.shape[:-1], cfg.intermediate_size), cfg.dtype)
+    if meta_in is None or not use_fused_gelu(h, bias_in.astype(cfg.dtype), cfg.hidden_act,
+                                             cfg.fused_gelu):
+        return None
+    kernel_out, bias_out, meta_out = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out",
+                                           skip_bias_add=True, fp8=True)(h, operands=True)
+    x, kernel_in, bias_in, kernel_out, bias_out = nn.dtypes.promote_dtype(
+        x, kernel_in, bias_in, kernel_out, bias_out, dtype=cfg.dtype)
+    rows, cols, warps = (None, None, None) if cfg.gelu_blocks is None else cfg.gelu_blocks
+    tiles = fused_gelu.tile_settings(h, bias_in, block_rows=rows, block_cols=cols,
+                                     num_warps=warps, sum_blocks=cfg.gelu_sum_blocks)
+    return (fp8_gelu_mlp(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles),
+            bias_out)
+
+
 class BertLayer(nn.Module):
     """One post-LayerNorm Transformer block, as in the original BERT.
 
@@ -444,15 +478,19 @@ class BertLayer(nn.Module):
         else:
             x = residual = layer_norm(cfg, "attention_norm")(
                 residual + drop(attn, deterministic=self.deterministic))
-        h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
-                  activation=cfg.hidden_act, fp8=True)(x)
-        h = constrain(h, MLP_AXES)
+        mlp_in = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
+                       activation=cfg.hidden_act, fp8=True)
         if fused:
-            h, b = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out",
-                         skip_bias_add=True, fp8=True)(h)
+            # (output, mlp_out's bias): the FP8 MLP whose GELU kernels write float8, else the
+            # two projections
+            quantized = _fp8_gelu_mlp(cfg, mlp_in, x)
+            h, b = quantized if quantized is not None else dense(
+                cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out", skip_bias_add=True,
+                fp8=True)(constrain(mlp_in(x), MLP_AXES))
             x = FusedResidualNorm(cfg, split_output=self.split_output, name="output_norm")(
                 residual, constrain(h, ACTIVATION_AXES), b, self.deterministic)
         else:
+            h = constrain(mlp_in(x), MLP_AXES)
             h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out", fp8=True)(h)
             h = constrain(h, ACTIVATION_AXES)
             x = layer_norm(cfg, "output_norm")(

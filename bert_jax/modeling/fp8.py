@@ -18,6 +18,10 @@ step's maxima and sets each scale to ``max(history) / float8_max`` (delayed scal
 NVIDIA's Transformer Engine recipe; the previous scale while the history holds only zeros):
 a handful of operations on two arrays per step, whatever the number of matmuls.
 
+:func:`fp8_gelu_mlp` is the MLP (two such matmuls around the GELU) for the fused GELU
+kernels, which then write the activation and its gradient in float8 themselves
+(``BertConfig.fp8_gelu_quantize``).
+
 An apply without the collection multiplies in the compute dtype (evaluation, fine-tuning,
 export of a model pretrained in FP8).
 """
@@ -30,6 +34,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from bert_jax.kernels import fused_gelu
 
 FP8_COLLECTION = "_overwrite_with_gradient"
 FORWARD_DTYPE = jnp.float8_e4m3fn  # activations and weights
@@ -114,6 +120,61 @@ def _fp8_matmul_bwd(in_dims, residuals, g):
 
 
 fp8_matmul.defvjp(_fp8_matmul_fwd, _fp8_matmul_bwd)
+
+
+# ---- the MLP with its activation quantized by the GELU kernels ----------------------------
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def fp8_gelu_mlp(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles):
+    """``gelu_erf(x @ kernel_in + bias_in) @ kernel_out`` (no output bias) as two
+    :func:`fp8_matmul`'s with the scales ``meta_in`` and ``meta_out``, where the fused GELU
+    kernels (``kernels/fused_gelu.py``, settings ``tiles``) write the activation, and in the
+    backward pass the pre-activation's gradient, directly in float8 with their maxima. That
+    removes XLA's two largest quantizing passes ([tokens, intermediate] each way) and the
+    bfloat16 copies they read. ``x`` [..., hidden], ``kernel_in`` [hidden, intermediate],
+    ``kernel_out`` [intermediate, hidden]; the result in ``x.dtype``."""
+    return _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles)[0]
+
+
+def _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles):
+    h, (qx, qk_in, sx, sk_in) = _forward(x, kernel_in, meta_in, 1)
+    sa, sk_out = meta_out["input_scale"], meta_out["kernel_scale"]
+    qa, amax_a = fused_gelu.forward_fp8(h, bias_in, sa, FORWARD_DTYPE, tiles)
+    qk_out = _quantize(kernel_out, sk_out, FORWARD_DTYPE)
+    forward, _, _ = _dims(qa.ndim, qk_out.ndim, 1)
+    y = jax.lax.dot_general(qa, qk_out, forward, preferred_element_type=x.dtype)
+    y = y * (sa * sk_out).astype(x.dtype)
+    residuals = (qx, qk_in, h, bias_in, qa, qk_out,
+                 (sx, sk_in, meta_in["output_grad_scale"]),
+                 (sa, sk_out, meta_out["output_grad_scale"]),
+                 (_amax(x), _amax(kernel_in), amax_a, _amax(kernel_out)),
+                 jnp.zeros((0,), kernel_in.dtype), jnp.zeros((0,), kernel_out.dtype))
+    return y, residuals
+
+
+def _fp8_gelu_mlp_fwd(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles):
+    return _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles)
+
+
+def _fp8_gelu_mlp_bwd(tiles, residuals, g):
+    (qx, qk_in, h, bias_in, qa, qk_out, (sx, sk_in, sh), (sa, sk_out, sg),
+     (amax_x, amax_k_in, amax_a, amax_k_out), like_in, like_out) = residuals
+    _, input_grad, weight_grad = _dims(qa.ndim, qk_out.ndim, 1)
+    qg = _quantize(g, sg, GRADIENT_DTYPE)
+    da = jax.lax.dot_general(qg, qk_out, input_grad, preferred_element_type=g.dtype)
+    da = da * (sg * sk_out).astype(g.dtype)
+    dk_out = jax.lax.dot_general(qa, qg, weight_grad, preferred_element_type=g.dtype)
+    dk_out = (dk_out * (sa * sg).astype(g.dtype)).astype(like_out.dtype)
+    qdh, dbias, amax_dh = fused_gelu.backward_fp8(da, h, bias_in, sh, GRADIENT_DTYPE, tiles)
+    dx = jax.lax.dot_general(qdh, qk_in, input_grad, preferred_element_type=g.dtype)
+    dx = dx * (sh * sk_in).astype(g.dtype)
+    dk_in = jax.lax.dot_general(qx, qdh, weight_grad, preferred_element_type=g.dtype)
+    dk_in = (dk_in * (sx * sh).astype(g.dtype)).astype(like_in.dtype)
+    return (dx, dk_in, dbias.astype(bias_in.dtype), dk_out,
+            {"input_scale": amax_x, "kernel_scale": amax_k_in, "output_grad_scale": amax_dh},
+            {"input_scale": amax_a, "kernel_scale": amax_k_out, "output_grad_scale": _amax(g)})
+
+
+fp8_gelu_mlp.defvjp(_fp8_gelu_mlp_fwd, _fp8_gelu_mlp_bwd)
 
 
 # ---- the training step's scaling state -----------------------------------------------------

@@ -72,7 +72,7 @@ def _add_bias_bwd(like, g):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
-def _use_fused_gelu(y, bias, name: str, fused: str) -> bool:
+def use_fused_gelu(y, bias, name: str, fused: str) -> bool:
     """Whether ``add_bias_activate`` runs ``fused_gelu.py``'s kernel pair: ``fused`` is
     ``BertConfig.fused_gelu`` (auto: on GPUs where the kernels apply, the intermediate axis
     not split over a mesh; off; force: wherever they apply, any backend)."""
@@ -95,7 +95,7 @@ def add_bias_activate(y, bias, name: str, *, fused: str = "off", blocks: tuple |
     (``BertConfig.fused_gelu``: auto | off | force; default off, XLA's fusions) runs the erf GELU as
     ``fused_gelu.bias_gelu``'s kernels instead, with tiles ``blocks`` and ``sum_blocks``
     (``BertConfig.gelu_blocks``, ``gelu_sum_blocks``; None: the kernel's defaults)."""
-    if _use_fused_gelu(y, bias, name, fused):
+    if use_fused_gelu(y, bias, name, fused):
         rows, cols, warps = (None, None, None) if blocks is None else blocks
         return fused_gelu.bias_gelu(y, bias, block_rows=rows, block_cols=cols,
                                     num_warps=warps, sum_blocks=sum_blocks)

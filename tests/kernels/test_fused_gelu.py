@@ -261,3 +261,97 @@ def test_model_with_fused_gelu_matches_xla():
     got = jax.jit(jax.value_and_grad(loss_of(fused)))(params)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         _close(g, w, 1e-5, "model")
+
+
+# ---- float8 outputs (modeling/fp8.py's MLP) --------------------------------------------------
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+
+
+def _fp8_settings(y, b, **tiles):
+    return fused_gelu.tile_settings(y, b, interpret=True, **tiles)
+
+
+@pytest.mark.parametrize("tiles", [dict(block_rows=4, block_cols=128, sum_blocks=2),
+                                   dict(block_rows=8, block_cols=64, sum_blocks=1)])
+def test_float8_outputs_are_the_quantized_values_with_their_maxima(tiles):
+    """forward_fp8 writes gelu(y + b) / scale in e4m3 and backward_fp8 dy / scale in e5m2, each
+    equal to quantizing the float32 values (saturated at the format's maximum, never NaN), with
+    the exact absolute maximum of the unquantized values; the bias gradient is the float32 sum
+    of the unquantized dy."""
+    y, b, g = _inputs((2, 32, 256))
+    out, dy, db = _reference_vjp(y, b, g)
+    s = _fp8_settings(y, b, **tiles)
+
+    def quantize(v, scale, dtype):
+        limit = float(jnp.finfo(dtype).max)
+        return jnp.clip(v / scale, -limit, limit).astype(dtype)
+
+    # a scale that fits the maximum, and one 4x too small (the largest values saturate)
+    for fit in (1.0, 0.25):
+        scale = fit * float(jnp.abs(out).max()) / 448.0
+        q, amax = jax.jit(lambda y, b, sc: fused_gelu.forward_fp8(y, b, sc, E4M3, s))(
+            y, b, scale)
+        assert q.dtype == E4M3 and q.shape == y.shape
+        np.testing.assert_allclose(amax, jnp.abs(out).max(), rtol=1e-6)
+        want = quantize(out, scale, E4M3).astype(jnp.float32)
+        got = q.astype(jnp.float32)
+        assert not jnp.isnan(got).any()
+        assert float(jnp.mean(got == want)) > 0.99  # rounding ties of float32 vs ulp apart
+        # at most one float8 step apart (e4m3: 1/8 of the value, 2^-9 below the normal range;
+        # e5m2: 1/4, 2^-16), or as far as the kernel's own erf (absolute error ~1e-7, module
+        # docstring) moves a tiny value
+        np.testing.assert_allclose(got, want, rtol=0.126, atol=2.0 ** -9 + 1e-6 / scale)
+        assert float(jnp.abs(got).max()) == (448.0 if fit < 1 else float(jnp.abs(want).max()))
+
+        gscale = fit * float(jnp.abs(dy).max()) / 57344.0
+        dq, dbias, gmax = jax.jit(
+            lambda g, y, b, sc: fused_gelu.backward_fp8(g, y, b, sc, E5M2, s))(g, y, b, gscale)
+        assert dq.dtype == E5M2 and dq.shape == y.shape and dbias.dtype == jnp.float32
+        np.testing.assert_allclose(gmax, jnp.abs(dy).max(), rtol=1e-6)
+        _close(dbias, db, 1e-5, "db")
+        got, want = dq.astype(jnp.float32), quantize(dy, gscale, E5M2).astype(jnp.float32)
+        assert not jnp.isnan(got).any() and float(jnp.mean(got == want)) > 0.99
+        np.testing.assert_allclose(got, want, rtol=0.251, atol=2.0 ** -16 + 1e-6 / gscale)
+
+
+def test_float8_outputs_per_shard_under_a_mesh_match_one_device():
+    """Under a 2-device data mesh the float8 kernels run per batch shard: the same float8
+    values, maxima over both shards and summed bias gradients as one device."""
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
+    from bert_jax import parallel
+
+    y, b, g = _inputs((4, 16, 128))
+    s = _fp8_settings(y[:2], b, block_rows=4, sum_blocks=2)  # the tiles of one shard
+
+    def both(y, b, g):
+        return (fused_gelu.forward_fp8(y, b, 0.01, E4M3, s),
+                fused_gelu.backward_fp8(g, y, b, 1e-5, E5M2, s))
+
+    want = jax.jit(both)(y, b, g)
+    mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
+    fn = parallel.traced_in_mesh(both, mesh, parallel.DEFAULT_RULES)
+    got = jax.jit(fn)(y, b, g)
+    text = jax.jit(fn).lower(y, b, g).as_text()
+    assert text.count("manual_computation") + text.count("shard_map") >= 2  # fwd + bwd
+    for a, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(w, np.float32),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_float8_kernels_lower_to_triton():
+    """The float8 variants lower for CUDA too (Triton's float8 casts, one [1, 1] maximum per
+    program), the backward with its loop over row blocks."""
+    sd = jax.ShapeDtypeStruct
+    y = sd((8, 128, 3072), jnp.bfloat16)
+    b = sd((3072,), jnp.bfloat16)
+    s = fused_gelu.tile_settings(y, b, sum_blocks=4, interpret=False)
+
+    def both(y, b):
+        q, amax = fused_gelu.forward_fp8(y, b, 0.01, E4M3, s)
+        dq, dbias, gmax = fused_gelu.backward_fp8(y, y, b, 1e-6, E5M2, s)
+        return q, amax, dq, dbias, gmax
+
+    text = cuda_lowering_text(both, y, b)
+    assert text.count("xla.gpu.triton") == 2
+    assert "bert_bias_gelu_forward_fp8" in text and "bert_bias_gelu_backward_fp8" in text

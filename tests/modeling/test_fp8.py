@@ -147,6 +147,52 @@ def test_encoder_layers_run_in_fp8_close_to_bfloat16(scan_layers):
     assert 0.0 < rel < 0.1, rel
 
 
+def test_gelu_kernels_write_the_mlp_activation_in_fp8():
+    """With the fused LayerNorm and GELU kernels (interpret mode here), ``fp8_gelu_quantize``
+    routes each MLP through ``fp8_gelu_mlp``: the GELU kernels write the activation and its
+    gradient in float8, the parameters and scales are the same variables, and outputs,
+    gradients and recorded maxima follow the path where XLA quantizes the kernels' bf16
+    outputs (float8 roundings of float32 instead of bfloat16 values may differ by a step)."""
+    kernels = dict(fp8=True, fp8_amax_history=4, layer_norm_impl="fused", fused_gelu="force",
+                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model, cfg, ids, mask = _model_and_batch(**kernels)
+    xla = modeling.BertForPreTraining(cfg.replace(fp8_gelu_quantize=False))
+    variables = random_variables(model, ids, mask, std=0.02)
+    assert (jax.tree.structure(variables)
+            == jax.tree.structure(random_variables(xla, ids, mask, std=0.02)))
+
+    def loss(m):
+        return lambda p, s: jnp.sum(m.apply({"params": p, FP8_COLLECTION: s}, ids, mask)[
+            "mlm_logits"].astype(jnp.float32) ** 2)
+
+    grad = jax.grad(loss(model), argnums=(0, 1))
+    text = str(jax.make_jaxpr(grad)(variables["params"], variables[FP8_COLLECTION]))
+    assert text.count("name=bert_bias_gelu_forward_fp8") == cfg.num_hidden_layers
+    assert text.count("name=bert_bias_gelu_backward_fp8") == cfg.num_hidden_layers
+    assert "name=bert_bias_gelu_forward_fp8" not in str(jax.make_jaxpr(jax.grad(
+        loss(xla), argnums=(0, 1)))(variables["params"], variables[FP8_COLLECTION]))
+
+    # scales from one recorded step, then both paths side by side
+    _, amaxes = jax.jit(jax.grad(loss(xla), argnums=(0, 1)))(variables["params"],
+                                                             variables[FP8_COLLECTION])
+    scales = fp8.next_state(fp8.initial_state(variables[FP8_COLLECTION], 4), amaxes)["scale"]
+    got = jax.jit(jax.value_and_grad(loss(model), argnums=(0, 1)))(variables["params"], scales)
+    want = jax.jit(jax.value_and_grad(loss(xla), argnums=(0, 1)))(variables["params"], scales)
+
+    def rel(a, b):
+        a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+        norm = float(jnp.linalg.norm(b))  # 0: a parameter outside the MLM loss (the pooler)
+        return float(jnp.linalg.norm(a - b) / norm) if norm else float(jnp.abs(a).max())
+
+    assert rel(got[0], want[0]) < 0.01
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1][0]),
+                            jax.tree.leaves(want[1][0]), strict=True):
+        assert rel(g, w) < 0.05, jax.tree_util.keystr(path)
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1][1]),
+                            jax.tree.leaves(want[1][1]), strict=True):
+        np.testing.assert_allclose(g, w, rtol=0.02, err_msg=jax.tree_util.keystr(path))
+
+
 def test_without_the_scaling_state_the_model_computes_in_its_dtype():
     model, cfg, ids, mask = _model_and_batch(fp8=True)
     params = random_variables(model, ids, mask, std=0.02)["params"]
@@ -169,6 +215,9 @@ def test_fp8_off_has_no_scaling_state_and_no_float8():
 
 def test_config_fields():
     assert (BertConfig().fp8, BertConfig().fp8_amax_history) == (False, 1024)
+    assert BertConfig().fp8_gelu_quantize is True
+    with pytest.raises(BertJaxError, match="BertConfig.fp8_gelu_quantize"):
+        BertConfig(fp8_gelu_quantize="no")
     with pytest.raises(BertJaxError, match="fp8_amax_history"):
         BertConfig(fp8=True, fp8_amax_history=0)
     with pytest.raises(BertJaxError, match="BertConfig.fp8: .*share_layers"):
