@@ -33,7 +33,7 @@ def test_packing_bench_records(tmp_path):
         "--seq-lens", "32", "--batch-size", "8",
         "--max-examples-per-row", "4", "--short-seq-prob", "0.5", "--batches", "2",
         "--devices", "1",
-        "--steps", "1", "--repeats", "1", "--warmup", "1", "--dtype", "float32",
+        "--steps", "1", "--repeats", "1", "--warmup", "1", "--dtype", "float32", "--dropout", "0",
         "--out", str(out)])
     assert [(r["step"], r["packed"]) for r in records] == [
         ("pretrain", False), ("pretrain", True), ("finetune", False), ("finetune", True)]
