@@ -18,10 +18,15 @@ from bert_jax.tasks.finetune import finetune
 from tests.finetune import helpers as H
 
 FAST = ["--config.max_seq_length=32", "--config.log_every=0", "--config.eval_batch_size=32"]
+# Without dropout: its random masks are a large part of each tiny step's compile, and what
+# these tests check (task kinds, evaluate / predict, frozen encoders, program reuse) does not
+# depend on it; the end-to-end run through the CLI keeps the default dropout.
+NO_DROPOUT = ["--config.model.hidden_dropout_prob=0.0",
+              "--config.model.attention_probs_dropout_prob=0.0"]
 
 
 def config(spec, *overrides):
-    return load_config(spec, [*FAST, *overrides])
+    return load_config(spec, [*FAST, *NO_DROPOUT, *overrides])
 
 
 def test_learns_toy_task_then_evaluate_and_predict(data, tmp_path, capsys):
@@ -177,7 +182,7 @@ def test_compile_ahead_compiles_each_program_once(data, tmp_path):
                       f"--config.data_dir={data['stsb']}", "--config.holdout_fraction=0.25",
                       "--config.global_batch_size=16", "--config.progress_bar=false",
                       "--config.max_seq_length=64", "--config.length_bucket_min=16",
-                      "--config.length_bucket_min_sequences=0", *extra])
+                      "--config.length_bucket_min_sequences=0", *NO_DROPOUT, *extra])
 
     programs = FinetunerCache()
     ahead = finetune(stsb(), str(tmp_path / "ahead"), programs=programs)
