@@ -105,8 +105,9 @@ def test_distillation_end_to_end(tmp_path):
     ("electra_small", 13e6, 16e6), ("electra_base", 115e6, 130e6)])
 def test_family_variants_build_sharded(variant, low, high):
     """The paper-size variants build their train state on an 8-way FSDP mesh (abstractly):
-    every new parameter names logical axes, so the big ones are split over the mesh."""
-    c = load_config(f"{EXPERIMENT}:{variant}")
+    every new parameter names logical axes, so the big ones are split over the mesh. Layers
+    scanned: the same parameters, one layer traced instead of twelve."""
+    c = load_config(f"{EXPERIMENT}:{variant}", ["--config.model.scan_layers=true"])
     model_cfg = config_lib.model_config(c)
     mesh = parallel.create_mesh({"data": 1, "fsdp": -1, "tensor": 1})
     training = build_training(c, model_cfg, mesh)
