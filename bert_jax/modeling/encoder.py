@@ -436,8 +436,8 @@ def _fp8_gelu_mlp(cfg: BertConfig, mlp_in: Projection, x):
         return None
     kernel_in, bias_in, meta_in = mlp_in(x, operands=True)
     h = jax.ShapeDtypeStruct((*x.shape[:-1], cfg.intermediate_size), cfg.dtype)
-    if meta_in is None or not use_fused_gelu(h, bias_in.astype(cfg.dtype), cfg.hidden_act,
-                                             cfg.fused_gelu):
+    b = jax.ShapeDtypeStruct(bias_in.shape, cfg.dtype)
+    if meta_in is None or not use_fused_gelu(h, b, cfg.hidden_act, cfg.fused_gelu):
         return None
     kernel_out, bias_out, meta_out = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out",
                                            skip_bias_add=True, fp8=True)(h, operands=True)
