@@ -79,6 +79,7 @@ from bert_jax.kernels.row_tiles import (
     fit_tile,
     interpret_default,
     layout,
+    tile_amax,
 )
 
 _SQRT_HALF = 0.7071067811865476
@@ -202,17 +203,22 @@ def _forward_kernel(y_ref, b_ref, o_ref):
     o_ref[...] = _gelu(_pre_activation(y_ref[...], b_ref[...])).astype(o_ref.dtype)
 
 
+def _gelu_grad(g, y, b):
+    """float32 ``g * gelu'(y + b)`` of one tile."""
+    x = _pre_activation(y, b)
+    cdf, gauss = _cdf_and_gauss(x)
+    return g.astype(jnp.float32) * (cdf + x * (_INV_SQRT_2PI * gauss))
+
+
 def _backward_kernel(g_ref, y_ref, b_ref, dx_ref, sums_ref, *, s: TileSettings):
     """One program: ``s.sum_blocks`` blocks of ``s.block_rows`` rows of one column chunk.
     Writes ``dx`` and ``sums_ref[0]``, the float32 column sums of ``dx`` over all its rows."""
     b = b_ref[...]
 
-    def block(rs, acc):
-        x = _pre_activation(y_ref[rs, :], b)
-        cdf, gauss = _cdf_and_gauss(x)
-        dx = g_ref[rs, :].astype(jnp.float32) * (cdf + x * (_INV_SQRT_2PI * gauss))
+    def block(rs):
+        dx = _gelu_grad(g_ref[rs, :], y_ref[rs, :], b)
         dx_ref[rs, :] = dx.astype(dx_ref.dtype)
-        return acc + dx
+        return dx
 
     column_sums_over_row_blocks(block, sums_ref, s)
 
@@ -353,39 +359,23 @@ def _quantized(v, inv, dtype):
     return jnp.clip(v * inv[None, :], -limit, limit).astype(dtype)
 
 
-def _tile_amax(v):
-    """[1, 1] absolute maximum of a float32 tile."""
-    return jnp.max(jnp.max(jnp.abs(v), axis=1, keepdims=True), axis=0, keepdims=True)
-
-
 def _forward_fp8_kernel(y_ref, b_ref, inv_ref, q_ref, amax_ref):
     out = _gelu(_pre_activation(y_ref[...], b_ref[...]))
     q_ref[...] = _quantized(out, inv_ref[...], q_ref.dtype)
-    amax_ref[...] = _tile_amax(out)
+    amax_ref[...] = tile_amax(out)
 
 
 def _backward_fp8_kernel(g_ref, y_ref, b_ref, inv_ref, dq_ref, sums_ref, amax_ref, *,
                          s: TileSettings):
-    from jax.experimental import pallas as pl
-
+    """:func:`_backward_kernel` writing ``dx`` in float8, and its maximum."""
     b, inv = b_ref[...], inv_ref[...]
 
-    def step(j, carry):
-        acc, peak = carry
-        rs = slice(None) if s.sum_blocks == 1 else pl.ds(j * s.block_rows, s.block_rows)
-        x = _pre_activation(y_ref[rs, :], b)
-        cdf, gauss = _cdf_and_gauss(x)
-        dx = g_ref[rs, :].astype(jnp.float32) * (cdf + x * (_INV_SQRT_2PI * gauss))
+    def block(rs):
+        dx = _gelu_grad(g_ref[rs, :], y_ref[rs, :], b)
         dq_ref[rs, :] = _quantized(dx, inv, dq_ref.dtype)
-        return acc + dx, jnp.maximum(peak, jnp.abs(dx))
+        return dx
 
-    zeros = jnp.zeros((s.block_rows, s.block_cols), jnp.float32)
-    if s.sum_blocks == 1:
-        acc, peak = step(0, (zeros, zeros))
-    else:
-        acc, peak = jax.lax.fori_loop(0, s.sum_blocks, step, (zeros, zeros))
-    sums_ref[...] = jnp.sum(acc, axis=0)[None, :]
-    amax_ref[...] = _tile_amax(peak)
+    column_sums_over_row_blocks(block, sums_ref, s, amax_ref)
 
 
 def _amax_spec(at):

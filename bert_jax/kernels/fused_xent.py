@@ -117,13 +117,13 @@ def _backward_kernel(x_ref, b_ref, ids_ref, lse_ref, g_ref, dz_ref, sums_ref, *,
     col_tile = pl.program_id(0 if s.cols_fastest else 1)
     cols = col_tile * s.block_cols + lax.broadcasted_iota(jnp.int32, (1, s.block_cols), 1)
 
-    def block(rs, acc):
+    def block(rs):
         z = x_ref[rs, :] + b[None, :]
         p = jnp.exp2((z - lse_ref[rs][:, None]) * _LOG2E)
         hit = cols == ids_ref[rs][:, None]
         dz = g_ref[rs][:, None] * (p - jnp.where(hit, 1.0, 0.0))
         dz_ref[rs, :] = dz.astype(dz_ref.dtype)
-        return acc + dz
+        return dz
 
     column_sums_over_row_blocks(block, sums_ref, s)
 

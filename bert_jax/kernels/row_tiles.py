@@ -103,21 +103,32 @@ def layout(n: int, width: int, rows: int, s: TileSettings) -> Layout:
         sums_shape=jax.ShapeDtypeStruct((n // rows, width), jnp.float32))
 
 
-def column_sums_over_row_blocks(block, sums_ref, s: TileSettings):
-    """The backward kernels' loop: ``block(rows, acc)`` writes one row block's gradient tile
-    (rows: a slice of the program's ``s.sum_blocks`` blocks of ``s.block_rows`` rows) and
-    returns ``acc`` plus that float32 tile; the carried [block_rows, block_cols] sums are
-    reduced over their rows once at the end (one cross-warp reduction per program, not per
-    block) into ``sums_ref[0]``."""
+def column_sums_over_row_blocks(block, sums_ref, s: TileSettings, amax_ref=None):
+    """The backward kernels' loop: ``block(rows)`` writes one row block's gradient tile (rows: a
+    slice of the program's ``s.sum_blocks`` blocks of ``s.block_rows`` rows) and returns that
+    float32 tile; the carried [block_rows, block_cols] sums are reduced over their rows once at
+    the end (one cross-warp reduction per program, not per block) into ``sums_ref[0]``. With
+    ``amax_ref`` the loop also carries the tiles' absolute maxima, written as the program's one
+    [1, 1] maximum."""
     from jax.experimental import pallas as pl
 
-    def step(j, acc):
+    def step(j, carry):
+        acc, peak = carry
         rows = slice(None) if s.sum_blocks == 1 else pl.ds(j * s.block_rows, s.block_rows)
-        return block(rows, acc)
+        tile = block(rows)
+        return acc + tile, (None if peak is None else jnp.maximum(peak, jnp.abs(tile)))
 
-    acc = jnp.zeros((s.block_rows, s.block_cols), jnp.float32)
+    zeros = jnp.zeros((s.block_rows, s.block_cols), jnp.float32)
+    carry = (zeros, None if amax_ref is None else zeros)
     if s.sum_blocks == 1:
-        acc = step(0, acc)
+        acc, peak = step(0, carry)
     else:
-        acc = lax.fori_loop(0, s.sum_blocks, step, acc)
+        acc, peak = lax.fori_loop(0, s.sum_blocks, step, carry)
     sums_ref[...] = jnp.sum(acc, axis=0)[None, :]
+    if amax_ref is not None:
+        amax_ref[...] = tile_amax(peak)
+
+
+def tile_amax(v):
+    """[1, 1] absolute maximum of a float32 tile."""
+    return jnp.max(jnp.max(jnp.abs(v), axis=1, keepdims=True), axis=0, keepdims=True)

@@ -151,10 +151,6 @@ def _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles):
     return y, residuals
 
 
-def _fp8_gelu_mlp_fwd(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles):
-    return _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles)
-
-
 def _fp8_gelu_mlp_bwd(tiles, residuals, g):
     (qx, qk_in, h, bias_in, qa, qk_out, (sx, sk_in, sh), (sa, sk_out, sg),
      (amax_x, amax_k_in, amax_a, amax_k_out), like_in, like_out) = residuals
@@ -174,7 +170,7 @@ def _fp8_gelu_mlp_bwd(tiles, residuals, g):
             {"input_scale": amax_a, "kernel_scale": amax_k_out, "output_grad_scale": _amax(g)})
 
 
-fp8_gelu_mlp.defvjp(_fp8_gelu_mlp_fwd, _fp8_gelu_mlp_bwd)
+fp8_gelu_mlp.defvjp(_mlp_forward, _fp8_gelu_mlp_bwd)
 
 
 # ---- the training step's scaling state -----------------------------------------------------
