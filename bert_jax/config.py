@@ -145,6 +145,10 @@ class BertConfig:
     # and its gradient, directly in float8 (``modeling/fp8.py: fp8_gelu_mlp``) instead of XLA
     # quantizing their bf16 outputs in separate passes.
     fp8_gelu_quantize: bool = True
+    # With ``fp8_gelu_quantize``: the GELU kernels also write those float8 tensors transposed,
+    # [intermediate, tokens], the layout of the MLP's weight-gradient GEMMs (FP8 GEMMs take
+    # operands only with the contracted axis innermost), instead of XLA transposing them.
+    fp8_gelu_transpose: bool = True
 
     def __post_init__(self):
         def bad(key, msg):
@@ -175,7 +179,7 @@ class BertConfig:
             if getattr(self, key) not in choices:
                 bad(key, f"{getattr(self, key)!r} is not one of {choices}")
         for key in ("split_norm_grads", "direct_weight_grads", "flash_bias_grads", "fp8",
-                    "fp8_gelu_quantize"):
+                    "fp8_gelu_quantize", "fp8_gelu_transpose"):
             if not isinstance(getattr(self, key), bool):
                 bad(key, f"expected true or false, got {getattr(self, key)!r}")
         for key, (types, entries) in BLOCK_FIELDS.items():
@@ -339,7 +343,8 @@ RUNTIME_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initia
                   "qkv_projection", "layer_norm_impl", "residual_dtype", "scan_layers",
                   "remat_policy", "fused_gelu", "fused_mlm_loss", "split_norm_grads",
                   "direct_weight_grads", "flash_bias_grads", "norm_blocks", "norm_sum_blocks",
-                  "gelu_blocks", "gelu_sum_blocks", "fp8", "fp8_amax_history")
+                  "gelu_blocks", "gelu_sum_blocks", "fp8", "fp8_amax_history",
+                  "fp8_gelu_quantize", "fp8_gelu_transpose")
 
 
 def _entry_ok(value: Any, kind: type) -> bool:

@@ -161,17 +161,26 @@ BLOCKS = (4, 512, 2)
 BACKWARD_PROGRAMS = 1024
 BACKWARD_STAGES = 2  # software pipelining of the backward's loop over row blocks
 COLS_FASTEST = True  # launch order (TileSettings.cols_fastest)
+# The float8 kernels that also write their tile transposed (``transposed=True``): a tile is
+# then written as block_cols rows of block_rows float8 values, so it must be tall enough for
+# those rows to fill whole 32-byte memory sectors. Sweep on an H200 ([32768, 3072] and
+# [32768, 4096], one row block per backward program): 64 x 64 x 4 warps forward 188 and 239
+# us, backward 244 and 322 (the kernels without the copy: 164/217 and 235/306; with XLA's
+# transposes after them: 233/307 and 306/399); 64 x 128 x 8 warps 180/241 and 255/335;
+# 32-row tiles, 4 warps on 64 x 128 tiles, and more row blocks per backward program 30-100%
+# slower.
+TRANSPOSED_BLOCKS = (64, 64, 4)
 
 
-def blocks_for(rows: int, blocks: tuple | None = None, sum_blocks: int | None = None
-               ) -> tuple[int, int, int, int]:
+def blocks_for(rows: int, blocks: tuple | None = None, sum_blocks: int | None = None,
+               defaults: tuple = BLOCKS) -> tuple[int, int, int, int]:
     """The kernel settings (block_rows, block_cols, num_warps, sum_blocks) for ``rows`` tokens
     per shard (before fitting them to the shape): ``blocks`` (block_rows, block_cols,
-    num_warps; None entries: :data:`BLOCKS`'s) and ``sum_blocks`` where given, else the
+    num_warps; None entries: ``defaults``') and ``sum_blocks`` where given, else the
     defaults; the default ``sum_blocks`` follows the row blocks."""
     block_rows, block_cols, num_warps = (
-        BLOCKS if blocks is None
-        else tuple(d if v is None else v for v, d in zip(blocks, BLOCKS, strict=True)))
+        defaults if blocks is None
+        else tuple(d if v is None else v for v, d in zip(blocks, defaults, strict=True)))
     if sum_blocks is None:
         sum_blocks = max(1, rows // (block_rows * BACKWARD_PROGRAMS))
     return block_rows, block_cols, num_warps, sum_blocks
@@ -323,10 +332,12 @@ def bias_gelu(y, b, *, block_rows: int | None = None, block_cols: int | None = N
 
 def tile_settings(y, b, *, block_rows: int | None = None, block_cols: int | None = None,
                   num_warps: int | None = None, sum_blocks: int | None = None,
-                  num_stages: int | None = None, interpret: bool | None = None
-                  ) -> TileSettings:
+                  num_stages: int | None = None, interpret: bool | None = None,
+                  transposed: bool = False) -> TileSettings:
     """The kernels' settings for ``y`` [..., width] and bias ``b`` [width] (see
-    :func:`bias_gelu` for the arguments), after checking the shapes."""
+    :func:`bias_gelu` for the arguments), after checking the shapes; with ``transposed`` the
+    defaults of the float8 kernels that also write transposed copies
+    (:data:`TRANSPOSED_BLOCKS`)."""
     if y.ndim < 2:
         raise ValueError(f"bias_gelu needs y of shape [..., width] with a leading (row) axis; "
                          f"got y {y.shape}")
@@ -339,7 +350,8 @@ def tile_settings(y, b, *, block_rows: int | None = None, block_cols: int | None
     interpret = interpret_default(interpret)
     rows = rows_per_shard(y, _row_spec)
     block_rows, block_cols, num_warps, sum_blocks, num_stages = fit_tile(
-        blocks_for(rows, (block_rows, block_cols, num_warps), sum_blocks), rows, width,
+        blocks_for(rows, (block_rows, block_cols, num_warps), sum_blocks,
+                   TRANSPOSED_BLOCKS if transposed else BLOCKS), rows, width,
         (None, None, None, None, BACKWARD_STAGES if num_stages is None else num_stages))
     return TileSettings(block_rows, block_cols, num_warps, interpret, sum_blocks,
                         num_stages, COLS_FASTEST)
@@ -359,62 +371,81 @@ def _quantized(v, inv, dtype):
     return jnp.clip(v * inv[None, :], -limit, limit).astype(dtype)
 
 
-def _forward_fp8_kernel(y_ref, b_ref, inv_ref, q_ref, amax_ref):
+def _forward_fp8_kernel(y_ref, b_ref, inv_ref, q_ref, amax_ref, qt_ref=None):
+    """One tile of the activation in float8, its maximum, and with ``qt_ref`` the same float8
+    tile transposed (a [block_cols, block_rows] block of the [width, rows] copy)."""
     out = _gelu(_pre_activation(y_ref[...], b_ref[...]))
-    q_ref[...] = _quantized(out, inv_ref[...], q_ref.dtype)
+    q = _quantized(out, inv_ref[...], q_ref.dtype)
+    q_ref[...] = q
+    if qt_ref is not None:
+        qt_ref[...] = q.T
     amax_ref[...] = tile_amax(out)
 
 
-def _backward_fp8_kernel(g_ref, y_ref, b_ref, inv_ref, dq_ref, sums_ref, amax_ref, *,
-                         s: TileSettings):
-    """:func:`_backward_kernel` writing ``dx`` in float8, and its maximum."""
+def _backward_fp8_kernel(g_ref, y_ref, b_ref, inv_ref, dq_ref, sums_ref, amax_ref,
+                         dqt_ref=None, *, s: TileSettings):
+    """:func:`_backward_kernel` writing ``dx`` in float8 (and with ``dqt_ref`` transposed
+    too), and its maximum."""
     b, inv = b_ref[...], inv_ref[...]
 
     def block(rs):
         dx = _gelu_grad(g_ref[rs, :], y_ref[rs, :], b)
-        dq_ref[rs, :] = _quantized(dx, inv, dq_ref.dtype)
+        dq = _quantized(dx, inv, dq_ref.dtype)
+        dq_ref[rs, :] = dq
+        if dqt_ref is not None:
+            dqt_ref[:, rs] = dq.T
         return dx
 
     column_sums_over_row_blocks(block, sums_ref, s, amax_ref)
 
 
-def _amax_spec(at):
+def _fp8_outputs(at, n: int, width: int, rows: int, s: TileSettings, dtype, transposed: bool):
+    """Block specs and shapes of the float8 kernels' extra outputs: the [row blocks, column
+    tiles] maxima, and with ``transposed`` the [width, n] float8 copy, one [block_cols,
+    rows] block per program."""
     from jax.experimental import pallas as pl
 
-    return pl.BlockSpec((1, 1), at.order(lambda i, j: (i, j)))
+    specs = [pl.BlockSpec((1, 1), at.order(lambda i, j: (i, j)))]
+    shapes = [jax.ShapeDtypeStruct((n // rows, width // s.block_cols), jnp.float32)]
+    if transposed:
+        specs.append(pl.BlockSpec((s.block_cols, rows), at.order(lambda i, j: (j, i))))
+        shapes.append(jax.ShapeDtypeStruct((width, n), dtype))
+    return specs, shapes
 
 
-def _forward_fp8_call(y, b, inv, dtype, s: TileSettings):
+def _forward_fp8_call(y, b, inv, dtype, s: TileSettings, transposed: bool):
     from jax.experimental import pallas as pl
 
     n, width = y.shape
     at = layout(n, width, s.block_rows, s)
+    specs, shapes = _fp8_outputs(at, n, width, s.block_rows, s, dtype, transposed)
     return pl.pallas_call(
         _forward_fp8_kernel,
         grid=at.grid,
         in_specs=[at.tile, at.column, at.column],
-        out_specs=[at.tile, _amax_spec(at)],
-        out_shape=[jax.ShapeDtypeStruct((n, width), dtype),
-                   jax.ShapeDtypeStruct((n // s.block_rows, width // s.block_cols),
-                                        jnp.float32)],
-        interpret=s.interpret, name="bert_bias_gelu_forward_fp8", **compiler_params(s),
+        out_specs=[at.tile, *specs],
+        out_shape=[jax.ShapeDtypeStruct((n, width), dtype), *shapes],
+        interpret=s.interpret,
+        name="bert_bias_gelu_forward_fp8" + ("_t" if transposed else ""),
+        **compiler_params(s),
     )(y, b, inv)
 
 
-def _backward_fp8_call(g, y, b, inv, dtype, s: TileSettings):
+def _backward_fp8_call(g, y, b, inv, dtype, s: TileSettings, transposed: bool):
     from jax.experimental import pallas as pl
 
     n, width = y.shape
     rows = s.block_rows * s.sum_blocks
     at = layout(n, width, rows, s)
+    specs, shapes = _fp8_outputs(at, n, width, rows, s, dtype, transposed)
     return pl.pallas_call(
         functools.partial(_backward_fp8_kernel, s=s),
         grid=at.grid,
         in_specs=[at.tile, at.tile, at.column, at.column],
-        out_specs=[at.tile, at.sums, _amax_spec(at)],
-        out_shape=[jax.ShapeDtypeStruct((n, width), dtype), at.sums_shape,
-                   jax.ShapeDtypeStruct((n // rows, width // s.block_cols), jnp.float32)],
-        interpret=s.interpret, name="bert_bias_gelu_backward_fp8",
+        out_specs=[at.tile, at.sums, *specs],
+        out_shape=[jax.ShapeDtypeStruct((n, width), dtype), at.sums_shape, *shapes],
+        interpret=s.interpret,
+        name="bert_bias_gelu_backward_fp8" + ("_t" if transposed else ""),
         **compiler_params(s, s.num_stages),
     )(g, y, b, inv)
 
@@ -423,31 +454,38 @@ def _inverse_columns(scale, width: int):
     return jnp.full((width,), 1.0, jnp.float32) / jnp.asarray(scale, jnp.float32)
 
 
-def forward_fp8(y, b, scale, dtype, s: TileSettings):
+def forward_fp8(y, b, scale, dtype, s: TileSettings, transposed: bool = False):
     """``gelu_erf(y + b) / scale`` in float8 ``dtype`` (saturated), shaped like ``y``, and the
-    absolute maximum of ``gelu_erf(y + b)`` (float32 scalar). ``s``: :func:`tile_settings`."""
+    absolute maximum of ``gelu_erf(y + b)`` (float32 scalar). ``s``: :func:`tile_settings`.
+    With ``transposed`` the kernel also writes the float8 values transposed, [width, rows]
+    (rows: ``y``'s leading axes flattened), returned between the two."""
     inv = _inverse_columns(scale, y.shape[-1])
 
     def local(y, b, inv):
-        q, amax = _forward_fp8_call(_flat(y), b, inv, dtype, s)
-        return q.reshape(y.shape), amax
+        q, amax, *qt = _forward_fp8_call(_flat(y), b, inv, dtype, s, transposed)
+        return q.reshape(y.shape), amax, *qt
 
-    q, amax = per_shard(local, (y,), (b, inv), (y.ndim, 2), _row_spec)
-    return q, jnp.max(amax)
+    q, amax, *qt = per_shard(local, (y,), (b, inv), (y.ndim, 2) + (2,) * transposed,
+                             _row_spec, (0, 0) + (1,) * transposed)
+    return (q, *qt, jnp.max(amax))
 
 
-def backward_fp8(g, y, b, scale, dtype, s: TileSettings):
+def backward_fp8(g, y, b, scale, dtype, s: TileSettings, transposed: bool = False):
     """The gradient of ``gelu_erf(y + b)`` for output gradient ``g``: (``dx / scale`` in float8
-    ``dtype``, saturated, shaped like ``y``; the bias gradient, float32 [width]; the absolute
-    maximum of ``dx``, float32)."""
+    ``dtype``, saturated, shaped like ``y``; with ``transposed`` the same float8 values as
+    [width, rows]; the bias gradient, float32 [width]; the absolute maximum of ``dx``,
+    float32)."""
     inv = _inverse_columns(scale, y.shape[-1])
 
     def local(g, y, b, inv):
-        dq, sums, amax = _backward_fp8_call(_flat(g), _flat(y), b, inv, dtype, s)
-        return dq.reshape(y.shape), sums, amax
+        dq, sums, amax, *dqt = _backward_fp8_call(_flat(g), _flat(y), b, inv, dtype, s,
+                                                  transposed)
+        return dq.reshape(y.shape), sums, amax, *dqt
 
-    dq, sums, amax = per_shard(local, (g, y), (b, inv), (y.ndim, 2, 2), _row_spec)
-    return dq, jnp.sum(sums, axis=0), jnp.max(amax)
+    dq, sums, amax, *dqt = per_shard(local, (g, y), (b, inv),
+                                     (y.ndim, 2, 2) + (2,) * transposed, _row_spec,
+                                     (0, 0, 0) + (1,) * transposed)
+    return (dq, *dqt, jnp.sum(sums, axis=0), jnp.max(amax))
 
 
 def reference(y, b):

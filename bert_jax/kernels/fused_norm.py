@@ -306,13 +306,14 @@ def rows_per_shard(x, row_spec=None) -> int:
 
 
 def per_shard(fn, sharded: tuple, replicated: tuple, out_ndims: tuple[int, ...],
-              row_spec=None):
+              row_spec=None, out_axes: tuple[int, ...] | None = None):
     """Runs ``fn(*sharded, *replicated)`` per batch shard: ``sharded`` arrays split on their
     first axis over the mesh's batch axes, ``replicated`` whole; every output (of rank
-    ``out_ndims``) is split on its first axis the same way (per-block partial sums are
-    concatenated over the shards). ``row_spec()`` gives (mesh, batch mesh axes), or (None,
-    None) for one call on the whole arrays (default: this module's, which also checks that
-    the hidden axis is unsplit; ``fused_gelu`` passes its own)."""
+    ``out_ndims``) is split the same way on its axis in ``out_axes`` (default: the first;
+    per-block partial sums are concatenated over the shards, a [width, rows] transposed
+    output is split on its second axis). ``row_spec()`` gives (mesh, batch mesh axes), or
+    (None, None) for one call on the whole arrays (default: this module's, which also checks
+    that the hidden axis is unsplit; ``fused_gelu`` passes its own)."""
     mesh, batch_axes = (row_spec or _row_spec)()
     if mesh is None:
         return fn(*sharded, *replicated)
@@ -322,13 +323,13 @@ def per_shard(fn, sharded: tuple, replicated: tuple, out_ndims: tuple[int, ...],
 
     if sharded[0].shape[0] % parallel.mesh_axes_size(mesh, batch_axes):
         return fn(*sharded, *replicated)  # uneven split (e.g. a ragged eval batch): XLA gathers
-    def split(ndim):
-        return P(batch_axes, *([None] * (ndim - 1)))
+    def split(ndim, axis=0):
+        return P(*[batch_axes if a == axis else None for a in range(ndim)])
 
     in_specs = tuple(split(x.ndim) for x in sharded) + tuple(P() for _ in replicated)
-    return parallel.shard_map_unchecked(fn, mesh, in_specs,
-                                        tuple(split(n) for n in out_ndims))(*sharded,
-                                                                            *replicated)
+    out_specs = tuple(split(n, a) for n, a in zip(
+        out_ndims, out_axes or (0,) * len(out_ndims), strict=True))
+    return parallel.shard_map_unchecked(fn, mesh, in_specs, out_specs)(*sharded, *replicated)
 
 
 def _flat(x):

@@ -443,11 +443,14 @@ def _fp8_gelu_mlp(cfg: BertConfig, mlp_in: Projection, x):
                                            skip_bias_add=True, fp8=True)(h, operands=True)
     x, kernel_in, bias_in, kernel_out, bias_out = nn.dtypes.promote_dtype(
         x, kernel_in, bias_in, kernel_out, bias_out, dtype=cfg.dtype)
-    rows, cols, warps = (None, None, None) if cfg.gelu_blocks is None else cfg.gelu_blocks
-    tiles = fused_gelu.tile_settings(h, bias_in, block_rows=rows, block_cols=cols,
-                                     num_warps=warps, sum_blocks=cfg.gelu_sum_blocks)
-    return (fp8_gelu_mlp(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles),
-            bias_out)
+    if cfg.fp8_gelu_transpose:  # the transposing kernels' own tiles
+        tiles = fused_gelu.tile_settings(h, bias_in, transposed=True)
+    else:
+        rows, cols, warps = (None, None, None) if cfg.gelu_blocks is None else cfg.gelu_blocks
+        tiles = fused_gelu.tile_settings(h, bias_in, block_rows=rows, block_cols=cols,
+                                         num_warps=warps, sum_blocks=cfg.gelu_sum_blocks)
+    return (fp8_gelu_mlp(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles,
+                         cfg.fp8_gelu_transpose), bias_out)
 
 
 class BertLayer(nn.Module):

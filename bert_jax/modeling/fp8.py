@@ -123,27 +123,37 @@ fp8_matmul.defvjp(_fp8_matmul_fwd, _fp8_matmul_bwd)
 
 
 # ---- the MLP with its activation quantized by the GELU kernels ----------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def fp8_gelu_mlp(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def fp8_gelu_mlp(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles, transposed):
     """``gelu_erf(x @ kernel_in + bias_in) @ kernel_out`` (no output bias) as two
     :func:`fp8_matmul`'s with the scales ``meta_in`` and ``meta_out``, where the fused GELU
     kernels (``kernels/fused_gelu.py``, settings ``tiles``) write the activation, and in the
     backward pass the pre-activation's gradient, directly in float8 with their maxima. That
     removes XLA's two largest quantizing passes ([tokens, intermediate] each way) and the
-    bfloat16 copies they read. ``x`` [..., hidden], ``kernel_in`` [hidden, intermediate],
-    ``kernel_out`` [intermediate, hidden]; the result in ``x.dtype``."""
-    return _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles)[0]
+    bfloat16 copies they read. With ``transposed`` the kernels also write both transposed
+    ([intermediate, tokens]), the layout the two weight-gradient GEMMs need (FP8 GEMMs take
+    their operands with the contracted axis innermost): XLA's two largest transposes go too.
+    ``x`` [..., hidden], ``kernel_in`` [hidden, intermediate], ``kernel_out`` [intermediate,
+    hidden]; the result in ``x.dtype``."""
+    return _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles,
+                        transposed)[0]
 
 
-def _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles):
+def _tokens(a):
+    """[..., width] as [tokens, width]."""
+    return a.reshape(-1, a.shape[-1])
+
+
+def _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles, transposed):
     h, (qx, qk_in, sx, sk_in) = _forward(x, kernel_in, meta_in, 1)
     sa, sk_out = meta_out["input_scale"], meta_out["kernel_scale"]
-    qa, amax_a = fused_gelu.forward_fp8(h, bias_in, sa, FORWARD_DTYPE, tiles)
+    qa, *qa_t, amax_a = fused_gelu.forward_fp8(h, bias_in, sa, FORWARD_DTYPE, tiles,
+                                               transposed)
     qk_out = _quantize(kernel_out, sk_out, FORWARD_DTYPE)
     forward, _, _ = _dims(qa.ndim, qk_out.ndim, 1)
     y = jax.lax.dot_general(qa, qk_out, forward, preferred_element_type=x.dtype)
     y = y * (sa * sk_out).astype(x.dtype)
-    residuals = (qx, qk_in, h, bias_in, qa, qk_out,
+    residuals = (qx, qk_in, h, bias_in, qa_t[0] if transposed else qa, qk_out,
                  (sx, sk_in, meta_in["output_grad_scale"]),
                  (sa, sk_out, meta_out["output_grad_scale"]),
                  (_amax(x), _amax(kernel_in), amax_a, _amax(kernel_out)),
@@ -151,19 +161,27 @@ def _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles):
     return y, residuals
 
 
-def _fp8_gelu_mlp_bwd(tiles, residuals, g):
+def _fp8_gelu_mlp_bwd(tiles, transposed, residuals, g):
     (qx, qk_in, h, bias_in, qa, qk_out, (sx, sk_in, sh), (sa, sk_out, sg),
      (amax_x, amax_k_in, amax_a, amax_k_out), like_in, like_out) = residuals
-    _, input_grad, weight_grad = _dims(qa.ndim, qk_out.ndim, 1)
+    _, input_grad, weight_grad = _dims(g.ndim, qk_out.ndim, 1)
     qg = _quantize(g, sg, GRADIENT_DTYPE)
     da = jax.lax.dot_general(qg, qk_out, input_grad, preferred_element_type=g.dtype)
     da = da * (sg * sk_out).astype(g.dtype)
-    dk_out = jax.lax.dot_general(qa, qg, weight_grad, preferred_element_type=g.dtype)
+    # the weight gradients contract the tokens: from the transposed copies [width, tokens]
+    # of the activation and its gradient where the kernels wrote them
+    over_tokens = (((1,), (0,)), ((), ()))
+    dk_out = (jax.lax.dot_general(qa, _tokens(qg), over_tokens, preferred_element_type=g.dtype)
+              if transposed else
+              jax.lax.dot_general(qa, qg, weight_grad, preferred_element_type=g.dtype))
     dk_out = (dk_out * (sa * sg).astype(g.dtype)).astype(like_out.dtype)
-    qdh, dbias, amax_dh = fused_gelu.backward_fp8(da, h, bias_in, sh, GRADIENT_DTYPE, tiles)
+    qdh, *qdh_t, dbias, amax_dh = fused_gelu.backward_fp8(da, h, bias_in, sh, GRADIENT_DTYPE,
+                                                          tiles, transposed)
     dx = jax.lax.dot_general(qdh, qk_in, input_grad, preferred_element_type=g.dtype)
     dx = dx * (sh * sk_in).astype(g.dtype)
-    dk_in = jax.lax.dot_general(qx, qdh, weight_grad, preferred_element_type=g.dtype)
+    dk_in = (jax.lax.dot_general(_tokens(qx), qdh_t[0], (((0,), (1,)), ((), ())),
+                                 preferred_element_type=g.dtype) if transposed else
+             jax.lax.dot_general(qx, qdh, weight_grad, preferred_element_type=g.dtype))
     dk_in = (dk_in * (sx * sh).astype(g.dtype)).astype(like_in.dtype)
     return (dx, dk_in, dbias.astype(bias_in.dtype), dk_out,
             {"input_scale": amax_x, "kernel_scale": amax_k_in, "output_grad_scale": amax_dh},

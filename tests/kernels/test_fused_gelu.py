@@ -314,6 +314,33 @@ def test_float8_outputs_are_the_quantized_values_with_their_maxima(tiles):
         np.testing.assert_allclose(got, want, rtol=0.251, atol=2.0 ** -16 + 1e-6 / gscale)
 
 
+@pytest.mark.parametrize("tiles", [dict(), dict(block_rows=16, block_cols=64, sum_blocks=2)])
+def test_float8_transposed_copies_hold_the_same_values(tiles):
+    """With ``transposed`` each kernel also writes its float8 output as [width, rows] (the
+    default tiles of the transposing kernels, and smaller ones looping over row blocks): the
+    same values as the row-major output, bit for bit, and the same maxima and bias sums."""
+    y, b, g = _inputs((2, 64, 256))
+    s = fused_gelu.tile_settings(y, b, interpret=True, transposed=True, **tiles)
+    assert s.block_rows >= 16
+
+    def flat_t(a):
+        return np.asarray(a, np.float32).reshape(-1, a.shape[-1]).T
+
+    q, amax = fused_gelu.forward_fp8(y, b, 0.01, E4M3, s)
+    q2, qt, amax2 = fused_gelu.forward_fp8(y, b, 0.01, E4M3, s, transposed=True)
+    assert qt.dtype == E4M3 and qt.shape == (256, 128)
+    np.testing.assert_array_equal(np.asarray(q2, np.float32), np.asarray(q, np.float32))
+    np.testing.assert_array_equal(np.asarray(qt, np.float32), flat_t(q))
+    assert float(amax2) == float(amax)
+    dq, db, gmax = fused_gelu.backward_fp8(g, y, b, 1e-3, E5M2, s)
+    dq2, dqt, db2, gmax2 = fused_gelu.backward_fp8(g, y, b, 1e-3, E5M2, s, transposed=True)
+    assert dqt.dtype == E5M2 and dqt.shape == (256, 128)
+    np.testing.assert_array_equal(np.asarray(dq2, np.float32), np.asarray(dq, np.float32))
+    np.testing.assert_array_equal(np.asarray(dqt, np.float32), flat_t(dq))
+    np.testing.assert_array_equal(db2, db)
+    assert float(gmax2) == float(gmax)
+
+
 def test_float8_outputs_per_shard_under_a_mesh_match_one_device():
     """Under a 2-device data mesh the float8 kernels run per batch shard: the same float8
     values, maxima over both shards and summed bias gradients as one device."""
@@ -326,14 +353,16 @@ def test_float8_outputs_per_shard_under_a_mesh_match_one_device():
 
     def both(y, b, g):
         return (fused_gelu.forward_fp8(y, b, 0.01, E4M3, s),
-                fused_gelu.backward_fp8(g, y, b, 1e-5, E5M2, s))
+                fused_gelu.backward_fp8(g, y, b, 1e-5, E5M2, s),
+                fused_gelu.forward_fp8(y, b, 0.01, E4M3, s, transposed=True),
+                fused_gelu.backward_fp8(g, y, b, 1e-5, E5M2, s, transposed=True))
 
     want = jax.jit(both)(y, b, g)
     mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
     fn = parallel.traced_in_mesh(both, mesh, parallel.DEFAULT_RULES)
     got = jax.jit(fn)(y, b, g)
     text = jax.jit(fn).lower(y, b, g).as_text()
-    assert text.count("manual_computation") + text.count("shard_map") >= 2  # fwd + bwd
+    assert text.count("manual_computation") + text.count("shard_map") >= 4  # fwd + bwd, x2
     for a, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(w, np.float32),
                                    rtol=1e-6, atol=1e-6)
@@ -347,11 +376,16 @@ def test_float8_kernels_lower_to_triton():
     b = sd((3072,), jnp.bfloat16)
     s = fused_gelu.tile_settings(y, b, sum_blocks=4, interpret=False)
 
+    t = fused_gelu.tile_settings(y, b, interpret=False, transposed=True)
+
     def both(y, b):
         q, amax = fused_gelu.forward_fp8(y, b, 0.01, E4M3, s)
         dq, dbias, gmax = fused_gelu.backward_fp8(y, y, b, 1e-6, E5M2, s)
-        return q, amax, dq, dbias, gmax
+        transposed = (fused_gelu.forward_fp8(y, b, 0.01, E4M3, t, transposed=True),
+                      fused_gelu.backward_fp8(y, y, b, 1e-6, E5M2, t, transposed=True))
+        return q, amax, dq, dbias, gmax, transposed
 
     text = cuda_lowering_text(both, y, b)
-    assert text.count("xla.gpu.triton") == 2
-    assert "bert_bias_gelu_forward_fp8" in text and "bert_bias_gelu_backward_fp8" in text
+    assert text.count("xla.gpu.triton") == 4
+    for name in ("forward_fp8", "backward_fp8", "forward_fp8_t", "backward_fp8_t"):
+        assert f'"bert_bias_gelu_{name}' in text, name

@@ -193,6 +193,39 @@ def test_gelu_kernels_write_the_mlp_activation_in_fp8():
         np.testing.assert_allclose(g, w, rtol=0.02, err_msg=jax.tree_util.keystr(path))
 
 
+def test_transposed_float8_copies_give_the_same_step():
+    """``fp8_gelu_transpose`` (the GELU kernels also writing the float8 activation and its
+    gradient transposed for the weight-gradient GEMMs) computes the same outputs, gradients
+    and maxima as XLA transposing the kernels' float8 outputs: the same float8 values in
+    another layout."""
+    kernels = dict(fp8=True, fp8_amax_history=4, layer_norm_impl="fused", fused_gelu="force",
+                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model, cfg, ids, mask = _model_and_batch(**kernels)
+    assert cfg.fp8_gelu_transpose is True
+    plain = modeling.BertForPreTraining(cfg.replace(fp8_gelu_transpose=False))
+    variables = random_variables(model, ids, mask, std=0.02)
+
+    def loss(m):
+        return lambda p, s: jnp.sum(m.apply({"params": p, FP8_COLLECTION: s}, ids, mask)[
+            "mlm_logits"].astype(jnp.float32) ** 2)
+
+    def grad(m):
+        return jax.value_and_grad(loss(m), argnums=(0, 1))
+
+    args = (variables["params"], variables[FP8_COLLECTION])
+    on, off = str(jax.make_jaxpr(grad(model))(*args)), str(jax.make_jaxpr(grad(plain))(*args))
+    for name in ("name=bert_bias_gelu_forward_fp8_t", "name=bert_bias_gelu_backward_fp8_t"):
+        assert on.count(name) == cfg.num_hidden_layers and name not in off
+    _, amaxes = jax.jit(grad(plain))(*args)
+    scales = fp8.next_state(fp8.initial_state(variables[FP8_COLLECTION], 4), amaxes[1])["scale"]
+    got = jax.jit(grad(model))(variables["params"], scales)
+    want = jax.jit(grad(plain))(variables["params"], scales)
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got),
+                            jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                   rtol=2e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
 def test_without_the_scaling_state_the_model_computes_in_its_dtype():
     model, cfg, ids, mask = _model_and_batch(fp8=True)
     params = random_variables(model, ids, mask, std=0.02)["params"]
@@ -215,9 +248,11 @@ def test_fp8_off_has_no_scaling_state_and_no_float8():
 
 def test_config_fields():
     assert (BertConfig().fp8, BertConfig().fp8_amax_history) == (False, 1024)
-    assert BertConfig().fp8_gelu_quantize is True
+    assert BertConfig().fp8_gelu_quantize is True and BertConfig().fp8_gelu_transpose is True
     with pytest.raises(BertJaxError, match="BertConfig.fp8_gelu_quantize"):
         BertConfig(fp8_gelu_quantize="no")
+    with pytest.raises(BertJaxError, match="BertConfig.fp8_gelu_transpose"):
+        BertConfig(fp8_gelu_transpose=1)
     with pytest.raises(BertJaxError, match="fp8_amax_history"):
         BertConfig(fp8=True, fp8_amax_history=0)
     with pytest.raises(BertJaxError, match="BertConfig.fp8: .*share_layers"):
