@@ -55,7 +55,9 @@ Pallas interpret mode (tests).
 For FP8 pretraining (``BertConfig.fp8`` and ``fp8_gelu_quantize``) a second pair,
 :func:`forward_fp8` and :func:`backward_fp8`, writes the activation (e4m3) and the
 pre-activation's gradient (e5m2) scaled and saturated in float8, with one absolute maximum per
-program: the operands of the MLP's next FP8 matmuls (``modeling/fp8.py: fp8_gelu_mlp``).
+program: the operands of the MLP's next FP8 matmuls (``modeling/fp8.py: fp8_gelu_mlp``). With
+``transposed`` they also write the same float8 values as [width, rows], the layout of the
+weight-gradient GEMMs, in taller tiles of their own (:data:`TRANSPOSED_BLOCKS`).
 """
 
 from __future__ import annotations
