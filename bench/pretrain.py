@@ -116,6 +116,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--fp8-gelu-transpose", default="on", choices=["on", "off"],
                     help="model.fp8_gelu_transpose: the GELU kernels also write those float8 "
                          "tensors transposed for the weight gradients (off: XLA transposes)")
+    ap.add_argument("--fp8-cast-kernel", default="on", choices=["on", "off"],
+                    help="model.fp8_cast_kernel: the FP8 matmuls' inputs and gradients "
+                         "quantized, with transposed copies, by one Pallas kernel (off: XLA)")
     return ap.parse_args(argv)
 
 
@@ -219,6 +222,7 @@ def experiment_config(args: argparse.Namespace):
     c.model.fp8 = bool(getattr(args, "fp8", False))
     c.model.fp8_gelu_quantize = getattr(args, "fp8_gelu_quantize", "on") == "on"
     c.model.fp8_gelu_transpose = getattr(args, "fp8_gelu_transpose", "on") == "on"
+    c.model.fp8_cast_kernel = getattr(args, "fp8_cast_kernel", "on") == "on"
     c.data.source = "synthetic"
     c.data.max_seq_length = args.seq_len
     c.data.max_predictions_per_seq = masked_positions(args.seq_len)
@@ -334,6 +338,7 @@ def main(argv=None) -> dict:
         "mesh": args.mesh, "param_gather": args.param_gather, "fp8": args.fp8,
         "fp8_gelu_quantize": args.fp8_gelu_quantize == "on",
         "fp8_gelu_transpose": args.fp8_gelu_transpose == "on",
+        "fp8_cast_kernel": args.fp8_cast_kernel == "on",
         "grad_reduce": args.grad_reduce, "tag": args.tag,
         "compile_and_first_step_s": first, "step_time_s": median / args.steps,
         "seq_per_s": seq_per_s, "tokens_per_s": seq_per_s * args.seq_len,

@@ -149,6 +149,11 @@ class BertConfig:
     # [intermediate, tokens], the layout of the MLP's weight-gradient GEMMs (FP8 GEMMs take
     # operands only with the contracted axis innermost), instead of XLA transposing them.
     fp8_gelu_transpose: bool = True
+    # Under ``fp8`` with the fused LayerNorm kernels: every FP8 matmul's input and output
+    # gradient are quantized by one Pallas kernel (``kernels/fp8_cast.py``) that also writes
+    # the transposed copy the weight gradient takes and the maximum, instead of XLA's
+    # separate cast, maximum and transpose.
+    fp8_cast_kernel: bool = True
 
     def __post_init__(self):
         def bad(key, msg):
@@ -179,7 +184,7 @@ class BertConfig:
             if getattr(self, key) not in choices:
                 bad(key, f"{getattr(self, key)!r} is not one of {choices}")
         for key in ("split_norm_grads", "direct_weight_grads", "flash_bias_grads", "fp8",
-                    "fp8_gelu_quantize", "fp8_gelu_transpose"):
+                    "fp8_gelu_quantize", "fp8_gelu_transpose", "fp8_cast_kernel"):
             if not isinstance(getattr(self, key), bool):
                 bad(key, f"expected true or false, got {getattr(self, key)!r}")
         for key, (types, entries) in BLOCK_FIELDS.items():
@@ -344,7 +349,7 @@ RUNTIME_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initia
                   "remat_policy", "fused_gelu", "fused_mlm_loss", "split_norm_grads",
                   "direct_weight_grads", "flash_bias_grads", "norm_blocks", "norm_sum_blocks",
                   "gelu_blocks", "gelu_sum_blocks", "fp8", "fp8_amax_history",
-                  "fp8_gelu_quantize", "fp8_gelu_transpose")
+                  "fp8_gelu_quantize", "fp8_gelu_transpose", "fp8_cast_kernel")
 
 
 def _entry_ok(value: Any, kind: type) -> bool:

@@ -91,6 +91,13 @@ def layer_norm(config: BertConfig, name: str) -> nn.Module:
     return TwoStageLayerNorm(**kwargs)  # also where fused/auto has no sublayer to fuse
 
 
+def use_fp8_cast(config: BertConfig) -> bool:
+    """Whether the FP8 matmuls quantize their inputs and output gradients with the cast kernel
+    (``kernels/fp8_cast.py``, ``BertConfig.fp8_cast_kernel``): where the layers run the fused
+    LayerNorm kernels (GPUs, or ``layer_norm_impl=fused``)."""
+    return config.fp8 and config.fp8_cast_kernel and use_fused_norm(config)
+
+
 def use_fused_norm(config: BertConfig) -> bool:
     """Whether the layers end their sublayers in :class:`FusedResidualNorm`:
     ``layer_norm_impl=fused``, or ``auto`` on GPU where the kernel applies (hash dropout with
@@ -250,7 +257,7 @@ class Projection(nn.Module):
 
     def _matmul(self, x, kernel, meta=None):
         if meta is not None:
-            return fp8_matmul(x, kernel, meta, self.in_dims)
+            return fp8_matmul(x, kernel, meta, self.in_dims, use_fp8_cast(self.config))
         if self.config.direct_weight_grads:
             return _project(x, kernel, self.in_dims)
         return jax.lax.dot_general(x, kernel, _contract_last(x.ndim, self.in_dims))
@@ -450,7 +457,7 @@ def _fp8_gelu_mlp(cfg: BertConfig, mlp_in: Projection, x):
         tiles = fused_gelu.tile_settings(h, bias_in, block_rows=rows, block_cols=cols,
                                          num_warps=warps, sum_blocks=cfg.gelu_sum_blocks)
     return (fp8_gelu_mlp(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles,
-                         cfg.fp8_gelu_transpose), bias_out)
+                         cfg.fp8_gelu_transpose, use_fp8_cast(cfg)), bias_out)
 
 
 class BertLayer(nn.Module):

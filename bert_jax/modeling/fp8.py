@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.kernels import fused_gelu
+from bert_jax.kernels import fp8_cast, fused_gelu
 
 FP8_COLLECTION = "_overwrite_with_gradient"
 FORWARD_DTYPE = jnp.float8_e4m3fn  # activations and weights
@@ -83,11 +83,13 @@ def _dims(x_ndim: int, k_ndim: int, in_dims: int):
     return forward, input_grad, weight_grad
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def fp8_matmul(x, kernel, meta, in_dims: int):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def fp8_matmul(x, kernel, meta, in_dims: int, cast: bool = False):
     """``x @ kernel`` contracting x's last ``in_dims`` axes with kernel's first ones, in FP8
     with the scales of ``meta`` (:func:`meta_variables`); the result in ``x.dtype``. The
-    cotangent returned for each scale is its tensor's absolute maximum."""
+    cotangent returned for each scale is its tensor's absolute maximum. With ``cast`` the
+    input and the output gradient are quantized by ``kernels/fp8_cast.py``, which also writes
+    the transposed copies the weight gradient takes (no XLA transposes)."""
     return _forward(x, kernel, meta, in_dims)[0]
 
 
@@ -100,7 +102,32 @@ def _forward(x, kernel, meta, in_dims):
     return y, (qx, qk, sx, sk)
 
 
-def _fp8_matmul_fwd(x, kernel, meta, in_dims):
+def _cast(x, scale, dtype):
+    """``x`` [..., width] quantized by the cast kernel: (q [tokens, width], q transposed
+    [width, tokens], max |x|)."""
+    return fp8_cast.cast_transposed(_tokens(x), scale, dtype)
+
+
+def _forward_2d(x, kernel, meta, in_dims):
+    """:func:`_forward` on x as [tokens, K] and the kernel as [K, N] with the cast kernel:
+    (y, (q, q transposed, max |x|) of x, kernel quantized [K, N])."""
+    in_shape, out_shape = kernel.shape[:in_dims], kernel.shape[in_dims:]
+    k = int(np.prod(in_shape))
+    sx, sk = meta["input_scale"], meta["kernel_scale"]
+    qx, qx_t, amax_x = _cast(x.reshape(*x.shape[:x.ndim - in_dims], k), sx, FORWARD_DTYPE)
+    qk = _quantize(kernel.reshape(k, -1), sk, FORWARD_DTYPE)
+    y = jax.lax.dot_general(qx, qk, (((1,), (0,)), ((), ())), preferred_element_type=x.dtype)
+    y = (y * (sx * sk).astype(x.dtype)).reshape(*x.shape[:x.ndim - in_dims], *out_shape)
+    return y, (qx_t, amax_x), qk
+
+
+def _fp8_matmul_fwd(x, kernel, meta, in_dims, cast):
+    if cast:
+        y, (qx_t, amax_x), qk = _forward_2d(x, kernel, meta, in_dims)
+        sx, sk = meta["input_scale"], meta["kernel_scale"]
+        # the kernel's shape and dtype, and x's, in arrays of no elements
+        like = (jnp.zeros((*kernel.shape, 0), kernel.dtype), jnp.zeros((*x.shape, 0), x.dtype))
+        return y, (qx_t, qk, sx, sk, meta["output_grad_scale"], (amax_x, _amax(kernel)), like)
     y, (qx, qk, sx, sk) = _forward(x, kernel, meta, in_dims)
     amaxes = (_amax(x), _amax(kernel))
     # float8 residuals: half the bytes the bfloat16 operands would keep for the backward
@@ -108,7 +135,9 @@ def _fp8_matmul_fwd(x, kernel, meta, in_dims):
                jnp.zeros((0,), kernel.dtype))
 
 
-def _fp8_matmul_bwd(in_dims, residuals, g):
+def _fp8_matmul_bwd(in_dims, cast, residuals, g):
+    if cast:
+        return _fp8_matmul_bwd_2d(residuals, g)
     qx, qk, sx, sk, sg, (amax_x, amax_k), kernel_like = residuals
     _, input_grad, weight_grad = _dims(qx.ndim, qk.ndim, in_dims)
     qg = _quantize(g, sg, GRADIENT_DTYPE)
@@ -120,12 +149,26 @@ def _fp8_matmul_bwd(in_dims, residuals, g):
                     "output_grad_scale": _amax(g)}
 
 
+def _fp8_matmul_bwd_2d(residuals, g):
+    qx_t, qk, sx, sk, sg, (amax_x, amax_k), (kernel_like, x_like) = residuals
+    qg, qg_t, amax_g = _cast(g.reshape(-1, qk.shape[1]), sg, GRADIENT_DTYPE)
+    dx = jax.lax.dot_general(qg, qk, (((1,), (1,)), ((), ())), preferred_element_type=g.dtype)
+    dx = (dx * (sg * sk).astype(g.dtype)).reshape(x_like.shape[:-1])
+    # [K, N]: both operands with the tokens innermost
+    dk = jax.lax.dot_general(qx_t, qg_t, (((1,), (1,)), ((), ())),
+                             preferred_element_type=g.dtype)
+    dk = (dk * (sx * sg).astype(g.dtype)).astype(kernel_like.dtype)
+    return dx, dk.reshape(kernel_like.shape[:-1]), {
+        "input_scale": amax_x, "kernel_scale": amax_k, "output_grad_scale": amax_g}
+
+
 fp8_matmul.defvjp(_fp8_matmul_fwd, _fp8_matmul_bwd)
 
 
 # ---- the MLP with its activation quantized by the GELU kernels ----------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def fp8_gelu_mlp(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles, transposed):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def fp8_gelu_mlp(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles, transposed,
+                 cast=False):
     """``gelu_erf(x @ kernel_in + bias_in) @ kernel_out`` (no output bias) as two
     :func:`fp8_matmul`'s with the scales ``meta_in`` and ``meta_out``, where the fused GELU
     kernels (``kernels/fused_gelu.py``, settings ``tiles``) write the activation, and in the
@@ -134,10 +177,12 @@ def fp8_gelu_mlp(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles, tr
     bfloat16 copies they read. With ``transposed`` the kernels also write both transposed
     ([intermediate, tokens]), the layout the two weight-gradient GEMMs need (FP8 GEMMs take
     their operands with the contracted axis innermost): XLA's two largest transposes go too.
-    ``x`` [..., hidden], ``kernel_in`` [hidden, intermediate], ``kernel_out`` [intermediate,
-    hidden]; the result in ``x.dtype``."""
+    With ``cast`` the MLP's input and its output gradient are quantized, with their
+    transposed copies, by ``kernels/fp8_cast.py``. ``x`` [..., hidden], ``kernel_in``
+    [hidden, intermediate], ``kernel_out`` [intermediate, hidden]; the result in
+    ``x.dtype``."""
     return _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles,
-                        transposed)[0]
+                        transposed, cast)[0]
 
 
 def _tokens(a):
@@ -145,8 +190,25 @@ def _tokens(a):
     return a.reshape(-1, a.shape[-1])
 
 
-def _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles, transposed):
-    h, (qx, qk_in, sx, sk_in) = _forward(x, kernel_in, meta_in, 1)
+def _over_tokens(a, a_transposed: bool, b, b_transposed: bool, dtype):
+    """``a^T b`` over the tokens, [Ca, Cb], from a [tokens, Ca] (or [Ca, tokens] when
+    ``a_transposed``) and b likewise."""
+    a = a if a_transposed else _tokens(a)
+    b = b if b_transposed else _tokens(b)
+    return jax.lax.dot_general(a, b, (((1 if a_transposed else 0,),
+                                        (1 if b_transposed else 0,)), ((), ())),
+                               preferred_element_type=dtype)
+
+
+def _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles, transposed,
+                 cast):
+    if cast:  # the input quantized by the cast kernel; its transposed copy kept
+        h, (qx, amax_x), qk_in = _forward_2d(x, kernel_in, meta_in, 1)
+        h = h.reshape(*x.shape[:-1], kernel_in.shape[1])
+        sx, sk_in = meta_in["input_scale"], meta_in["kernel_scale"]
+    else:
+        h, (qx, qk_in, sx, sk_in) = _forward(x, kernel_in, meta_in, 1)
+        amax_x = _amax(x)
     sa, sk_out = meta_out["input_scale"], meta_out["kernel_scale"]
     qa, *qa_t, amax_a = fused_gelu.forward_fp8(h, bias_in, sa, FORWARD_DTYPE, tiles,
                                                transposed)
@@ -157,36 +219,37 @@ def _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles, tr
     residuals = (qx, qk_in, h, bias_in, qa_t[0] if transposed else qa, qk_out,
                  (sx, sk_in, meta_in["output_grad_scale"]),
                  (sa, sk_out, meta_out["output_grad_scale"]),
-                 (_amax(x), _amax(kernel_in), amax_a, _amax(kernel_out)),
+                 (amax_x, _amax(kernel_in), amax_a, _amax(kernel_out)),
                  jnp.zeros((0,), kernel_in.dtype), jnp.zeros((0,), kernel_out.dtype))
     return y, residuals
 
 
-def _fp8_gelu_mlp_bwd(tiles, transposed, residuals, g):
+def _fp8_gelu_mlp_bwd(tiles, transposed, cast, residuals, g):
     (qx, qk_in, h, bias_in, qa, qk_out, (sx, sk_in, sh), (sa, sk_out, sg),
      (amax_x, amax_k_in, amax_a, amax_k_out), like_in, like_out) = residuals
-    _, input_grad, weight_grad = _dims(g.ndim, qk_out.ndim, 1)
-    qg = _quantize(g, sg, GRADIENT_DTYPE)
+    _, input_grad, _ = _dims(g.ndim, qk_out.ndim, 1)
+    if cast:
+        qg, qg_t, amax_g = _cast(g, sg, GRADIENT_DTYPE)
+        qg = qg.reshape(g.shape)
+    else:
+        qg = qg_t = _quantize(g, sg, GRADIENT_DTYPE)
+        amax_g = _amax(g)
     da = jax.lax.dot_general(qg, qk_out, input_grad, preferred_element_type=g.dtype)
     da = da * (sg * sk_out).astype(g.dtype)
-    # the weight gradients contract the tokens: from the transposed copies [width, tokens]
-    # of the activation and its gradient where the kernels wrote them
-    over_tokens = (((1,), (0,)), ((), ()))
-    dk_out = (jax.lax.dot_general(qa, _tokens(qg), over_tokens, preferred_element_type=g.dtype)
-              if transposed else
-              jax.lax.dot_general(qa, qg, weight_grad, preferred_element_type=g.dtype))
+    # the weight gradients contract the tokens, from the transposed copies where the kernels
+    # wrote them
+    dk_out = _over_tokens(qa, transposed, qg_t, cast, g.dtype)
     dk_out = (dk_out * (sa * sg).astype(g.dtype)).astype(like_out.dtype)
     qdh, *qdh_t, dbias, amax_dh = fused_gelu.backward_fp8(da, h, bias_in, sh, GRADIENT_DTYPE,
                                                           tiles, transposed)
-    dx = jax.lax.dot_general(qdh, qk_in, input_grad, preferred_element_type=g.dtype)
+    dx = jax.lax.dot_general(qdh, qk_in, (((qdh.ndim - 1,), (1,)), ((), ())),
+                             preferred_element_type=g.dtype)
     dx = dx * (sh * sk_in).astype(g.dtype)
-    dk_in = (jax.lax.dot_general(_tokens(qx), qdh_t[0], (((0,), (1,)), ((), ())),
-                                 preferred_element_type=g.dtype) if transposed else
-             jax.lax.dot_general(qx, qdh, weight_grad, preferred_element_type=g.dtype))
+    dk_in = _over_tokens(qx, cast, qdh_t[0] if transposed else qdh, transposed, g.dtype)
     dk_in = (dk_in * (sx * sh).astype(g.dtype)).astype(like_in.dtype)
     return (dx, dk_in, dbias.astype(bias_in.dtype), dk_out,
             {"input_scale": amax_x, "kernel_scale": amax_k_in, "output_grad_scale": amax_dh},
-            {"input_scale": amax_a, "kernel_scale": amax_k_out, "output_grad_scale": _amax(g)})
+            {"input_scale": amax_a, "kernel_scale": amax_k_out, "output_grad_scale": amax_g})
 
 
 fp8_gelu_mlp.defvjp(_mlp_forward, _fp8_gelu_mlp_bwd)

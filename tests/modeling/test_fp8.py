@@ -226,6 +226,54 @@ def test_transposed_float8_copies_give_the_same_step():
                                    rtol=2e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
+def test_cast_kernel_quantizes_every_fp8_matmul():
+    """With the fused LayerNorm kernels, ``fp8_cast_kernel`` quantizes each FP8 matmul's input
+    and output gradient with ``kernels/fp8_cast.py`` (query/key/value, attention output and
+    the MLP: six casts a layer, no XLA transposes for the weight gradients): the same maxima,
+    and outputs and gradients as XLA's casts (which scale in bfloat16, the kernel in float32:
+    a value may land one float8 step apart)."""
+    kernels = dict(fp8=True, fp8_amax_history=4, layer_norm_impl="fused", fused_gelu="force",
+                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model, cfg, ids, mask = _model_and_batch(**kernels)
+    assert cfg.fp8_cast_kernel is True
+    xla = modeling.BertForPreTraining(cfg.replace(fp8_cast_kernel=False))
+    variables = random_variables(model, ids, mask, std=0.02)
+
+    def grad(m):
+        return jax.value_and_grad(lambda p, s: jnp.sum(m.apply(
+            {"params": p, FP8_COLLECTION: s}, ids, mask)["mlm_logits"].astype(jnp.float32)
+            ** 2), argnums=(0, 1))
+
+    args = (variables["params"], variables[FP8_COLLECTION])
+    assert str(jax.make_jaxpr(grad(model))(*args)).count(
+        "name=bert_fp8_cast_transposed") == 6 * cfg.num_hidden_layers
+    assert "bert_fp8_cast_transposed" not in str(jax.make_jaxpr(grad(xla))(*args))
+    _, amaxes = jax.jit(grad(xla))(*args)
+    scales = fp8.next_state(fp8.initial_state(variables[FP8_COLLECTION], 4), amaxes[1])["scale"]
+    got = jax.jit(grad(model))(variables["params"], scales)
+    want = jax.jit(grad(xla))(variables["params"], scales)
+
+    def rel(a, b):
+        a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+        norm = float(jnp.linalg.norm(b))  # 0: a parameter outside the MLM loss (the pooler)
+        return float(jnp.linalg.norm(a - b) / norm) if norm else float(jnp.abs(a).max())
+
+    assert rel(got[0], want[0]) < 0.01
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1][0]),
+                            jax.tree.leaves(want[1][0]), strict=True):
+        assert rel(g, w) < 0.05, jax.tree_util.keystr(path)
+    # maxima: the first matmul's input exactly; later tensors follow the float8 values
+    # before them
+    def first(tree):
+        return tree["bert"]["encoder"]["layer_0"]["attention"]["qkv"]
+
+    assert float(first(got[1][1])["input_scale"]) == float(first(want[1][1])["input_scale"])
+    assert float(first(got[1][1])["kernel_scale"]) == float(first(want[1][1])["kernel_scale"])
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1][1]),
+                            jax.tree.leaves(want[1][1]), strict=True):
+        np.testing.assert_allclose(g, w, rtol=0.05, err_msg=jax.tree_util.keystr(path))
+
+
 def test_without_the_scaling_state_the_model_computes_in_its_dtype():
     model, cfg, ids, mask = _model_and_batch(fp8=True)
     params = random_variables(model, ids, mask, std=0.02)["params"]
@@ -253,6 +301,9 @@ def test_config_fields():
         BertConfig(fp8_gelu_quantize="no")
     with pytest.raises(BertJaxError, match="BertConfig.fp8_gelu_transpose"):
         BertConfig(fp8_gelu_transpose=1)
+    assert BertConfig().fp8_cast_kernel is True
+    with pytest.raises(BertJaxError, match="BertConfig.fp8_cast_kernel"):
+        BertConfig(fp8_cast_kernel="yes")
     with pytest.raises(BertJaxError, match="fp8_amax_history"):
         BertConfig(fp8=True, fp8_amax_history=0)
     with pytest.raises(BertJaxError, match="BertConfig.fp8: .*share_layers"):
