@@ -147,6 +147,23 @@ def test_encoder_layers_run_in_fp8_close_to_bfloat16(scan_layers):
     assert 0.0 < rel < 0.1, rel
 
 
+def _assert_step_close(got, want, amax_rtol):
+    """Two (loss, (parameter gradients, scale maxima)) results: the loss within 1%, each
+    gradient within 5% (relative norm), each maximum within ``amax_rtol``."""
+    def rel(a, b):
+        a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+        norm = float(jnp.linalg.norm(b))  # 0: a parameter outside the MLM loss (the pooler)
+        return float(jnp.linalg.norm(a - b) / norm) if norm else float(jnp.abs(a).max())
+
+    assert rel(got[0], want[0]) < 0.01
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1][0]),
+                            jax.tree.leaves(want[1][0]), strict=True):
+        assert rel(g, w) < 0.05, jax.tree_util.keystr(path)
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1][1]),
+                            jax.tree.leaves(want[1][1]), strict=True):
+        np.testing.assert_allclose(g, w, rtol=amax_rtol, err_msg=jax.tree_util.keystr(path))
+
+
 def test_gelu_kernels_write_the_mlp_activation_in_fp8():
     """With the fused LayerNorm and GELU kernels (interpret mode here), ``fp8_gelu_quantize``
     routes each MLP through ``fp8_gelu_mlp``: the GELU kernels write the activation and its
@@ -179,18 +196,7 @@ def test_gelu_kernels_write_the_mlp_activation_in_fp8():
     got = jax.jit(jax.value_and_grad(loss(model), argnums=(0, 1)))(variables["params"], scales)
     want = jax.jit(jax.value_and_grad(loss(xla), argnums=(0, 1)))(variables["params"], scales)
 
-    def rel(a, b):
-        a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
-        norm = float(jnp.linalg.norm(b))  # 0: a parameter outside the MLM loss (the pooler)
-        return float(jnp.linalg.norm(a - b) / norm) if norm else float(jnp.abs(a).max())
-
-    assert rel(got[0], want[0]) < 0.01
-    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1][0]),
-                            jax.tree.leaves(want[1][0]), strict=True):
-        assert rel(g, w) < 0.05, jax.tree_util.keystr(path)
-    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1][1]),
-                            jax.tree.leaves(want[1][1]), strict=True):
-        np.testing.assert_allclose(g, w, rtol=0.02, err_msg=jax.tree_util.keystr(path))
+    _assert_step_close(got, want, amax_rtol=0.02)
 
 
 def test_transposed_float8_copies_give_the_same_step():
@@ -253,15 +259,6 @@ def test_cast_kernel_quantizes_every_fp8_matmul():
     got = jax.jit(grad(model))(variables["params"], scales)
     want = jax.jit(grad(xla))(variables["params"], scales)
 
-    def rel(a, b):
-        a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
-        norm = float(jnp.linalg.norm(b))  # 0: a parameter outside the MLM loss (the pooler)
-        return float(jnp.linalg.norm(a - b) / norm) if norm else float(jnp.abs(a).max())
-
-    assert rel(got[0], want[0]) < 0.01
-    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1][0]),
-                            jax.tree.leaves(want[1][0]), strict=True):
-        assert rel(g, w) < 0.05, jax.tree_util.keystr(path)
     # maxima: the first matmul's input exactly; later tensors follow the float8 values
     # before them
     def first(tree):
@@ -269,9 +266,7 @@ def test_cast_kernel_quantizes_every_fp8_matmul():
 
     assert float(first(got[1][1])["input_scale"]) == float(first(want[1][1])["input_scale"])
     assert float(first(got[1][1])["kernel_scale"]) == float(first(want[1][1])["kernel_scale"])
-    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got[1][1]),
-                            jax.tree.leaves(want[1][1]), strict=True):
-        np.testing.assert_allclose(g, w, rtol=0.05, err_msg=jax.tree_util.keystr(path))
+    _assert_step_close(got, want, amax_rtol=0.05)
 
 
 def test_without_the_scaling_state_the_model_computes_in_its_dtype():
