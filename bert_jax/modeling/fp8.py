@@ -109,8 +109,9 @@ def _cast(x, scale, dtype):
 
 
 def _forward_2d(x, kernel, meta, in_dims):
-    """:func:`_forward` on x as [tokens, K] and the kernel as [K, N] with the cast kernel:
-    (y, (q, q transposed, max |x|) of x, kernel quantized [K, N])."""
+    """:func:`_forward` on x as [tokens, K] and the kernel as [K, N], x quantized by the cast
+    kernel: (y shaped [..., *out], (x's float8 copy transposed [K, tokens], max |x|), the
+    kernel quantized [K, N]). The row-major copy serves the forward GEMM only."""
     in_shape, out_shape = kernel.shape[:in_dims], kernel.shape[in_dims:]
     k = int(np.prod(in_shape))
     sx, sk = meta["input_scale"], meta["kernel_scale"]
@@ -202,9 +203,8 @@ def _over_tokens(a, a_transposed: bool, b, b_transposed: bool, dtype):
 
 def _mlp_forward(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles, transposed,
                  cast):
-    if cast:  # the input quantized by the cast kernel; its transposed copy kept
+    if cast:  # the input quantized by the cast kernel; qx is its transposed copy
         h, (qx, amax_x), qk_in = _forward_2d(x, kernel_in, meta_in, 1)
-        h = h.reshape(*x.shape[:-1], kernel_in.shape[1])
         sx, sk_in = meta_in["input_scale"], meta_in["kernel_scale"]
     else:
         h, (qx, qk_in, sx, sk_in) = _forward(x, kernel_in, meta_in, 1)
