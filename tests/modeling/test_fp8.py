@@ -171,7 +171,8 @@ def test_gelu_kernels_write_the_mlp_activation_in_fp8():
     gradients and recorded maxima follow the path where XLA quantizes the kernels' bf16
     outputs (float8 roundings of float32 instead of bfloat16 values may differ by a step)."""
     kernels = dict(fp8=True, fp8_amax_history=4, layer_norm_impl="fused", fused_gelu="force",
-                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                   fp8_cast_kernel=False)  # XLA's casts elsewhere: the cast kernel's own test
     model, cfg, ids, mask = _model_and_batch(**kernels)
     xla = modeling.BertForPreTraining(cfg.replace(fp8_gelu_quantize=False))
     variables = random_variables(model, ids, mask, std=0.02)
@@ -205,7 +206,8 @@ def test_transposed_float8_copies_give_the_same_step():
     and maxima as XLA transposing the kernels' float8 outputs: the same float8 values in
     another layout."""
     kernels = dict(fp8=True, fp8_amax_history=4, layer_norm_impl="fused", fused_gelu="force",
-                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                   fp8_cast_kernel=False)
     model, cfg, ids, mask = _model_and_batch(**kernels)
     assert cfg.fp8_gelu_transpose is True
     plain = modeling.BertForPreTraining(cfg.replace(fp8_gelu_transpose=False))
