@@ -25,17 +25,20 @@ import jax.numpy as jnp
 
 from bert_jax.kernels.fused_norm import per_shard, rows_per_shard
 from bert_jax.kernels.row_tiles import (
+    TRANSPOSED_BLOCKS,
     TileSettings,
     compiler_params,
     fit_tile,
+    fp8_outputs,
     interpret_default,
+    inverse_columns,
     layout,
+    quantized,
     tile_amax,
 )
 
-# (block_rows, block_cols, num_warps): the tile of the transposing float8 GELU kernels
-# (``fused_gelu.TRANSPOSED_BLOCKS``), whose transposed writes this kernel shares.
-BLOCKS = (64, 64, 4)
+# (block_rows, block_cols, num_warps): the tile of every kernel with transposed float8 writes
+BLOCKS = TRANSPOSED_BLOCKS
 
 
 def _row_spec():
@@ -65,8 +68,7 @@ def tile_settings(x, *, interpret: bool | None = None) -> TileSettings:
 
 def _kernel(x_ref, inv_ref, q_ref, amax_ref, qt_ref):
     v = x_ref[...].astype(jnp.float32)
-    limit = float(jnp.finfo(q_ref.dtype).max)
-    q = jnp.clip(v * inv_ref[...][None, :], -limit, limit).astype(q_ref.dtype)
+    q = quantized(v, inv_ref[...], q_ref.dtype)
     q_ref[...] = q
     qt_ref[...] = q.T
     amax_ref[...] = tile_amax(v)
@@ -77,16 +79,13 @@ def _call(x, inv, dtype, s: TileSettings):
 
     n, width = x.shape
     at = layout(n, width, s.block_rows, s)
+    specs, shapes = fp8_outputs(at, n, width, s.block_rows, s, dtype, transposed=True)
     return pl.pallas_call(
         _kernel,
         grid=at.grid,
         in_specs=[at.tile, at.column],
-        out_specs=[at.tile, pl.BlockSpec((1, 1), at.order(lambda i, j: (i, j))),
-                   pl.BlockSpec((s.block_cols, s.block_rows), at.order(lambda i, j: (j, i)))],
-        out_shape=[jax.ShapeDtypeStruct((n, width), dtype),
-                   jax.ShapeDtypeStruct((n // s.block_rows, width // s.block_cols),
-                                        jnp.float32),
-                   jax.ShapeDtypeStruct((width, n), dtype)],
+        out_specs=[at.tile, *specs],
+        out_shape=[jax.ShapeDtypeStruct((n, width), dtype), *shapes],
         interpret=s.interpret, name="bert_fp8_cast_transposed", **compiler_params(s),
     )(x, inv)
 
@@ -96,13 +95,12 @@ def cast_transposed(x, scale, dtype, s: TileSettings | None = None):
     same values as [width, rows]; ``max |x|`` as a float32 scalar). ``s``:
     :func:`tile_settings` (default: for ``x``)."""
     s = tile_settings(x) if s is None else s
-    inv = jnp.full((x.shape[1],), 1.0, jnp.float32) / jnp.asarray(scale, jnp.float32)
 
     def local(x, inv):
-        q, amax, qt = _call(x, inv, dtype, s)
-        return q, amax, qt
+        return _call(x, inv, dtype, s)
 
-    q, amax, qt = per_shard(local, (x,), (inv,), (2, 2, 2), _row_spec, (0, 0, 1))
+    q, amax, qt = per_shard(local, (x,), (inverse_columns(scale, x.shape[1]),), (2, 2, 2),
+                            _row_spec, (0, 0, 1))
     return q, qt, jnp.max(amax)
 
 

@@ -57,7 +57,7 @@ For FP8 pretraining (``BertConfig.fp8`` and ``fp8_gelu_quantize``) a second pair
 pre-activation's gradient (e5m2) scaled and saturated in float8, with one absolute maximum per
 program: the operands of the MLP's next FP8 matmuls (``modeling/fp8.py: fp8_gelu_mlp``). With
 ``transposed`` they also write the same float8 values as [width, rows], the layout of the
-weight-gradient GEMMs, in taller tiles of their own (:data:`TRANSPOSED_BLOCKS`).
+weight-gradient GEMMs, in taller tiles of their own (``row_tiles.TRANSPOSED_BLOCKS``).
 """
 
 from __future__ import annotations
@@ -75,12 +75,16 @@ from bert_jax.kernels.fused_norm import (
     unsplit_row_spec,
 )
 from bert_jax.kernels.row_tiles import (
+    TRANSPOSED_BLOCKS,
     TileSettings,
     column_sums_over_row_blocks,
     compiler_params,
     fit_tile,
+    fp8_outputs,
     interpret_default,
+    inverse_columns,
     layout,
+    quantized,
     tile_amax,
 )
 
@@ -163,15 +167,6 @@ BLOCKS = (4, 512, 2)
 BACKWARD_PROGRAMS = 1024
 BACKWARD_STAGES = 2  # software pipelining of the backward's loop over row blocks
 COLS_FASTEST = True  # launch order (TileSettings.cols_fastest)
-# The float8 kernels that also write their tile transposed (``transposed=True``): a tile is
-# then written as block_cols rows of block_rows float8 values, so it must be tall enough for
-# those rows to fill whole 32-byte memory sectors. Sweep on an H200 ([32768, 3072] and
-# [32768, 4096], one row block per backward program): 64 x 64 x 4 warps forward 188 and 239
-# us, backward 244 and 322 (the kernels without the copy: 164/217 and 235/306; with XLA's
-# transposes after them: 233/307 and 306/399); 64 x 128 x 8 warps 180/241 and 255/335;
-# 32-row tiles, 4 warps on 64 x 128 tiles, and more row blocks per backward program 30-100%
-# slower.
-TRANSPOSED_BLOCKS = (64, 64, 4)
 
 
 def blocks_for(rows: int, blocks: tuple | None = None, sum_blocks: int | None = None,
@@ -339,7 +334,7 @@ def tile_settings(y, b, *, block_rows: int | None = None, block_cols: int | None
     """The kernels' settings for ``y`` [..., width] and bias ``b`` [width] (see
     :func:`bias_gelu` for the arguments), after checking the shapes; with ``transposed`` the
     defaults of the float8 kernels that also write transposed copies
-    (:data:`TRANSPOSED_BLOCKS`)."""
+    (``row_tiles.TRANSPOSED_BLOCKS``)."""
     if y.ndim < 2:
         raise ValueError(f"bias_gelu needs y of shape [..., width] with a leading (row) axis; "
                          f"got y {y.shape}")
@@ -368,16 +363,11 @@ def tile_settings(y, b, *, block_rows: int | None = None, block_cols: int | None
 # array, a maximum and a float8 write). The backward's bias-gradient sums stay float32 sums
 # of the unquantized gradient. ``inv_ref``: ``1 / scale`` broadcast over the columns.
 
-def _quantized(v, inv, dtype):
-    limit = float(jnp.finfo(dtype).max)
-    return jnp.clip(v * inv[None, :], -limit, limit).astype(dtype)
-
-
 def _forward_fp8_kernel(y_ref, b_ref, inv_ref, q_ref, amax_ref, qt_ref=None):
     """One tile of the activation in float8, its maximum, and with ``qt_ref`` the same float8
     tile transposed (a [block_cols, block_rows] block of the [width, rows] copy)."""
     out = _gelu(_pre_activation(y_ref[...], b_ref[...]))
-    q = _quantized(out, inv_ref[...], q_ref.dtype)
+    q = quantized(out, inv_ref[...], q_ref.dtype)
     q_ref[...] = q
     if qt_ref is not None:
         qt_ref[...] = q.T
@@ -392,7 +382,7 @@ def _backward_fp8_kernel(g_ref, y_ref, b_ref, inv_ref, dq_ref, sums_ref, amax_re
 
     def block(rs):
         dx = _gelu_grad(g_ref[rs, :], y_ref[rs, :], b)
-        dq = _quantized(dx, inv, dq_ref.dtype)
+        dq = quantized(dx, inv, dq_ref.dtype)
         dq_ref[rs, :] = dq
         if dqt_ref is not None:
             dqt_ref[:, rs] = dq.T
@@ -401,26 +391,12 @@ def _backward_fp8_kernel(g_ref, y_ref, b_ref, inv_ref, dq_ref, sums_ref, amax_re
     column_sums_over_row_blocks(block, sums_ref, s, amax_ref)
 
 
-def _fp8_outputs(at, n: int, width: int, rows: int, s: TileSettings, dtype, transposed: bool):
-    """Block specs and shapes of the float8 kernels' extra outputs: the [row blocks, column
-    tiles] maxima, and with ``transposed`` the [width, n] float8 copy, one [block_cols,
-    rows] block per program."""
-    from jax.experimental import pallas as pl
-
-    specs = [pl.BlockSpec((1, 1), at.order(lambda i, j: (i, j)))]
-    shapes = [jax.ShapeDtypeStruct((n // rows, width // s.block_cols), jnp.float32)]
-    if transposed:
-        specs.append(pl.BlockSpec((s.block_cols, rows), at.order(lambda i, j: (j, i))))
-        shapes.append(jax.ShapeDtypeStruct((width, n), dtype))
-    return specs, shapes
-
-
 def _forward_fp8_call(y, b, inv, dtype, s: TileSettings, transposed: bool):
     from jax.experimental import pallas as pl
 
     n, width = y.shape
     at = layout(n, width, s.block_rows, s)
-    specs, shapes = _fp8_outputs(at, n, width, s.block_rows, s, dtype, transposed)
+    specs, shapes = fp8_outputs(at, n, width, s.block_rows, s, dtype, transposed)
     return pl.pallas_call(
         _forward_fp8_kernel,
         grid=at.grid,
@@ -439,7 +415,7 @@ def _backward_fp8_call(g, y, b, inv, dtype, s: TileSettings, transposed: bool):
     n, width = y.shape
     rows = s.block_rows * s.sum_blocks
     at = layout(n, width, rows, s)
-    specs, shapes = _fp8_outputs(at, n, width, rows, s, dtype, transposed)
+    specs, shapes = fp8_outputs(at, n, width, rows, s, dtype, transposed)
     return pl.pallas_call(
         functools.partial(_backward_fp8_kernel, s=s),
         grid=at.grid,
@@ -452,16 +428,12 @@ def _backward_fp8_call(g, y, b, inv, dtype, s: TileSettings, transposed: bool):
     )(g, y, b, inv)
 
 
-def _inverse_columns(scale, width: int):
-    return jnp.full((width,), 1.0, jnp.float32) / jnp.asarray(scale, jnp.float32)
-
-
 def forward_fp8(y, b, scale, dtype, s: TileSettings, transposed: bool = False):
     """``gelu_erf(y + b) / scale`` in float8 ``dtype`` (saturated), shaped like ``y``, and the
     absolute maximum of ``gelu_erf(y + b)`` (float32 scalar). ``s``: :func:`tile_settings`.
     With ``transposed`` the kernel also writes the float8 values transposed, [width, rows]
     (rows: ``y``'s leading axes flattened), returned between the two."""
-    inv = _inverse_columns(scale, y.shape[-1])
+    inv = inverse_columns(scale, y.shape[-1])
 
     def local(y, b, inv):
         q, amax, *qt = _forward_fp8_call(_flat(y), b, inv, dtype, s, transposed)
@@ -477,7 +449,7 @@ def backward_fp8(g, y, b, scale, dtype, s: TileSettings, transposed: bool = Fals
     ``dtype``, saturated, shaped like ``y``; with ``transposed`` the same float8 values as
     [width, rows]; the bias gradient, float32 [width]; the absolute maximum of ``dx``,
     float32)."""
-    inv = _inverse_columns(scale, y.shape[-1])
+    inv = inverse_columns(scale, y.shape[-1])
 
     def local(g, y, b, inv):
         dq, sums, amax, *dqt = _backward_fp8_call(_flat(g), _flat(y), b, inv, dtype, s,

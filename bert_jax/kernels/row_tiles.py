@@ -4,8 +4,8 @@ Both kernel pairs walk a [rows, width] array in [block_rows, block_cols] tiles o
 (row blocks, column tiles); their backward kernels also write one float32 partial column sum
 per program (a bias gradient, summed by XLA), each program looping over ``sum_blocks`` row
 blocks with the sums carried in registers. Here: the static settings, fitting the tiles to a
-shape, the launch grid and its index maps, the block specs, the carried-sums loop and Triton's
-compiler settings.
+shape, the launch grid and its index maps, the block specs, the carried-sums loop, Triton's
+compiler settings, and the float8 outputs of the FP8 kernels (``fused_gelu``'s, ``fp8_cast``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,17 @@ import jax.numpy as jnp
 from jax import lax
 
 from bert_jax.kernels.flash import fit_block
+
+# The tile (block_rows, block_cols, num_warps) of the float8 kernels that also write their
+# tile transposed (``fused_gelu``'s with ``transposed=True``, ``fp8_cast``): a tile is then
+# written as block_cols rows of block_rows float8 values, so it must be tall enough for those
+# rows to fill whole 32-byte memory sectors. Sweep of the GELU kernels on an H200 ([32768,
+# 3072] and [32768, 4096], one row block per backward program): 64 x 64 x 4 warps forward 188
+# and 239 us, backward 244 and 322 (the kernels without the copy: 164/217 and 235/306; with
+# XLA's transposes after them: 233/307 and 306/399); 64 x 128 x 8 warps 180/241 and
+# 255/335; 32-row tiles, 4 warps on 64 x 128 tiles, and more row blocks per backward program
+# 30-100% slower.
+TRANSPOSED_BLOCKS = (64, 64, 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,3 +143,31 @@ def column_sums_over_row_blocks(block, sums_ref, s: TileSettings, amax_ref=None)
 def tile_amax(v):
     """[1, 1] absolute maximum of a float32 tile."""
     return jnp.max(jnp.max(jnp.abs(v), axis=1, keepdims=True), axis=0, keepdims=True)
+
+
+# ---- float8 outputs (``fused_gelu``'s FP8 kernels, ``fp8_cast``) ------------------------------
+def inverse_columns(scale, width: int):
+    """``1 / scale`` (float32) broadcast over ``width`` columns: a per-column kernel input."""
+    return jnp.full((width,), 1.0, jnp.float32) / jnp.asarray(scale, jnp.float32)
+
+
+def quantized(v, inv, dtype):
+    """A float32 tile times its columns' ``inv`` (:func:`inverse_columns`), saturated to the
+    float8 ``dtype``'s range, in ``dtype``."""
+    limit = float(jnp.finfo(dtype).max)
+    return jnp.clip(v * inv[None, :], -limit, limit).astype(dtype)
+
+
+def fp8_outputs(at: Layout, n: int, width: int, rows: int, s: TileSettings, dtype,
+                transposed: bool):
+    """Block specs and shapes of a float8 kernel's extra outputs over [n, width] in programs of
+    ``rows`` rows: the [row blocks, column tiles] maxima, and with ``transposed`` the [width,
+    n] float8 copy, one [block_cols, rows] block per program."""
+    from jax.experimental import pallas as pl
+
+    specs = [pl.BlockSpec((1, 1), at.order(lambda i, j: (i, j)))]
+    shapes = [jax.ShapeDtypeStruct((n // rows, width // s.block_cols), jnp.float32)]
+    if transposed:
+        specs.append(pl.BlockSpec((s.block_cols, rows), at.order(lambda i, j: (j, i))))
+        shapes.append(jax.ShapeDtypeStruct((width, n), dtype))
+    return specs, shapes

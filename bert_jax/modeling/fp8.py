@@ -228,17 +228,17 @@ def _fp8_gelu_mlp_bwd(tiles, transposed, cast, residuals, g):
     (qx, qk_in, h, bias_in, qa, qk_out, (sx, sk_in, sh), (sa, sk_out, sg),
      (amax_x, amax_k_in, amax_a, amax_k_out), like_in, like_out) = residuals
     _, input_grad, _ = _dims(g.ndim, qk_out.ndim, 1)
-    if cast:
-        qg, qg_t, amax_g = _cast(g, sg, GRADIENT_DTYPE)
+    if cast:  # qg_w: the weight gradient's operand, the transposed copy
+        qg, qg_w, amax_g = _cast(g, sg, GRADIENT_DTYPE)
         qg = qg.reshape(g.shape)
     else:
-        qg = qg_t = _quantize(g, sg, GRADIENT_DTYPE)
+        qg = qg_w = _quantize(g, sg, GRADIENT_DTYPE)
         amax_g = _amax(g)
     da = jax.lax.dot_general(qg, qk_out, input_grad, preferred_element_type=g.dtype)
     da = da * (sg * sk_out).astype(g.dtype)
     # the weight gradients contract the tokens, from the transposed copies where the kernels
     # wrote them
-    dk_out = _over_tokens(qa, transposed, qg_t, cast, g.dtype)
+    dk_out = _over_tokens(qa, transposed, qg_w, cast, g.dtype)
     dk_out = (dk_out * (sa * sg).astype(g.dtype)).astype(like_out.dtype)
     qdh, *qdh_t, dbias, amax_dh = fused_gelu.backward_fp8(da, h, bias_in, sh, GRADIENT_DTYPE,
                                                           tiles, transposed)
