@@ -157,8 +157,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     equals one full-batch step; ``microbatch_sharding(ndim)`` pins the [k, batch/k, ...]
     split (batch on the second axis). A non-finite loss, gradient norm, new parameter or
     new optimizer-state value leaves params and optimizer state untouched and bumps the skip
-    counters (so a saved state is always finite): ``skip="where"`` computes the
-    update and selects every leaf; ``skip="cond"`` runs the update under a ``lax.cond``.
+    counters (so a saved state is always finite): ``skip="where"`` first computes the
+    update only to check it (a reduction, nothing stored), then applies it under the
+    predicate in place; ``skip="cond"`` runs the update under a ``lax.cond``.
     ``param_cast`` (``parallel.param_gather_cast``) maps the parameters before the forward
     pass, inside the differentiated function. ``sums_fn`` (``objectives.py``) replaces the
     MLM + NSP/SOP sums with a family objective's. ``reduce_grads``
@@ -246,27 +247,29 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
         def update(operands):
             params, opt_state = operands
             updates, new_opt_state = tx.update(grads, opt_state, params)
-            new_params = optax.apply_updates(params, updates)
-            # A damaged optimizer state (or an overflow in the update) must not reach the
-            # parameters: the new state itself has to be finite too.
-            return new_params, new_opt_state, _all_finite((new_params, new_opt_state))
+            return optax.apply_updates(params, updates), new_opt_state
 
         operands = (state.params, tx_state)
+        # A damaged optimizer state (or an overflow in the update) must not reach the
+        # parameters: the new state itself has to be finite too.
         if skip == "cond":
             def guarded(o):
-                new_params, new_opt_state, ok = update(o)
-                keep = lambda new, old: jnp.where(ok, new, old)
-                return (*jax.tree.map(keep, (new_params, new_opt_state), o), ok)
+                new = update(o)
+                ok = _all_finite(new)
+                return (*jax.tree.map(lambda n, old: jnp.where(ok, n, old), new, o), ok)
 
             new_params, new_opt_state, ok = jax.lax.cond(
                 finite, guarded, lambda o: (*o, jnp.bool_(False)), operands)
             finite = finite & ok
         else:
-            new_params, new_opt_state, ok = update(operands)
-            finite = finite & ok
+            # The update is not stored before it is known to be finite: a first pass
+            # recomputes it only to reduce its finiteness (the barrier keeps XLA from sharing
+            # that pass with the second), a second applies it under the step's predicate, in
+            # place. Storing it and then selecting every leaf reads the new state twice more
+            # and writes it once more (docs/performance.md).
+            finite = finite & _all_finite(update(jax.lax.optimization_barrier(operands)))
             keep = lambda new, old: jnp.where(finite, new, old)
-            new_params, new_opt_state = jax.tree.map(keep, (new_params, new_opt_state),
-                                                     operands)
+            new_params, new_opt_state = jax.tree.map(keep, update(operands), operands)
         if fp8_state is not None:
             new_fp8_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
                                          fp8.next_state(fp8_state, amaxes), fp8_state)
