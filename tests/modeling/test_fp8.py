@@ -190,12 +190,12 @@ def test_gelu_kernels_write_the_mlp_activation_in_fp8():
     assert "name=bert_bias_gelu_forward_fp8" not in str(jax.make_jaxpr(jax.grad(
         loss(xla), argnums=(0, 1)))(variables["params"], variables[FP8_COLLECTION]))
 
-    # scales from one recorded step, then both paths side by side
-    _, amaxes = jax.jit(jax.grad(loss(xla), argnums=(0, 1)))(variables["params"],
-                                                             variables[FP8_COLLECTION])
+    # scales from one recorded step, then both paths side by side (one compile each)
+    step_xla = jax.jit(jax.value_and_grad(loss(xla), argnums=(0, 1)))
+    _, (_, amaxes) = step_xla(variables["params"], variables[FP8_COLLECTION])
     scales = fp8.next_state(fp8.initial_state(variables[FP8_COLLECTION], 4), amaxes)["scale"]
     got = jax.jit(jax.value_and_grad(loss(model), argnums=(0, 1)))(variables["params"], scales)
-    want = jax.jit(jax.value_and_grad(loss(xla), argnums=(0, 1)))(variables["params"], scales)
+    want = step_xla(variables["params"], scales)
 
     _assert_step_close(got, want, amax_rtol=0.02)
 
@@ -224,10 +224,11 @@ def test_transposed_float8_copies_give_the_same_step():
     on, off = str(jax.make_jaxpr(grad(model))(*args)), str(jax.make_jaxpr(grad(plain))(*args))
     for name in ("name=bert_bias_gelu_forward_fp8_t", "name=bert_bias_gelu_backward_fp8_t"):
         assert on.count(name) == cfg.num_hidden_layers and name not in off
-    _, amaxes = jax.jit(grad(plain))(*args)
+    step_plain = jax.jit(grad(plain))  # one compile for both of its steps
+    _, amaxes = step_plain(*args)
     scales = fp8.next_state(fp8.initial_state(variables[FP8_COLLECTION], 4), amaxes[1])["scale"]
     got = jax.jit(grad(model))(variables["params"], scales)
-    want = jax.jit(grad(plain))(variables["params"], scales)
+    want = step_plain(variables["params"], scales)
     for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got),
                             jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
@@ -256,10 +257,11 @@ def test_cast_kernel_quantizes_every_fp8_matmul():
     assert str(jax.make_jaxpr(grad(model))(*args)).count(
         "name=bert_fp8_cast_transposed") == 6 * cfg.num_hidden_layers
     assert "bert_fp8_cast_transposed" not in str(jax.make_jaxpr(grad(xla))(*args))
-    _, amaxes = jax.jit(grad(xla))(*args)
+    step_xla = jax.jit(grad(xla))  # one compile for both of its steps
+    _, amaxes = step_xla(*args)
     scales = fp8.next_state(fp8.initial_state(variables[FP8_COLLECTION], 4), amaxes[1])["scale"]
     got = jax.jit(grad(model))(variables["params"], scales)
-    want = jax.jit(grad(xla))(variables["params"], scales)
+    want = step_xla(variables["params"], scales)
 
     # maxima: the first matmul's input exactly; later tensors follow the float8 values
     # before them
