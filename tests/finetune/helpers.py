@@ -35,14 +35,15 @@ def write_vocab(directory: str, extra: tuple[str, ...] = ()) -> str:
     return path
 
 
-def tiny_config(vocab_size: int = len(VOCAB)):
+def tiny_config(vocab_size: int = len(VOCAB), num_hidden_layers: int = 2):
     return get_preset("tiny", vocab_size=vocab_size, hidden_size=32, num_attention_heads=2,
-                      intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=8)
+                      intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=8,
+                      num_hidden_layers=num_hidden_layers)
 
 
-def write_checkpoint(directory: str, seed: int = 0) -> str:
+def write_checkpoint(directory: str, seed: int = 0, num_hidden_layers: int = 2) -> str:
     """A random BertForPreTraining (MLM + NSP heads) saved as a bert-jax model dir."""
-    config = tiny_config()
+    config = tiny_config(num_hidden_layers=num_hidden_layers)
     tokenizer = WordPieceTokenizer.from_vocab_file(write_vocab(directory + "_vocab"))
     ids = jnp.zeros((1, 8), jnp.int32)
     # Compiled: op by op, the init's many small ops cost several times one compile.
