@@ -108,6 +108,10 @@ def _fsdp_config(*overrides):
         "--config.model.dtype=bfloat16", *overrides])
 
 
+# The tests of _fsdp_step's programs run on one xdist worker, where its cache shares them.
+FSDP_STEP = pytest.mark.xdist_group("fsdp_step")
+
+
 @functools.cache
 def _fsdp_step(gather: str):
     """The FSDP train step of ``_fsdp_config`` with ``parallel.param_gather=gather``: the
@@ -126,6 +130,7 @@ def _fsdp_step(gather: str):
     return lowered, step, float(metrics["loss"])
 
 
+@FSDP_STEP
 def test_fsdp_gathers_parameters_not_activations():
     """Under FSDP the batch stays split: every all-gather in the compiled step is a parameter
     (or a per-example vector), never a [batch, seq, ...] activation. Without the model's
@@ -143,6 +148,7 @@ def test_fsdp_gathers_parameters_not_activations():
 
 
 @pytest.mark.slow
+@FSDP_STEP
 def test_param_gather_in_compute_dtype():
     """parallel.param_gather=compute_dtype: matmul kernels are cast to bf16 under their own
     (fsdp) sharding before use, so the gathers move bf16; embeddings stay float32; the loss is
