@@ -17,6 +17,9 @@ from bert_jax.training.state import split_fp8_state
 
 from .helpers import small_config
 
+# The module fixtures' compiled steps serve every test here: one xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group("fp8_training")
+
 FP8 = ("--config.model.hidden_dropout_prob=0.0", "--config.model.attention_probs_dropout_prob=0.0",
        "--config.model.dtype=bfloat16", "--config.model.fp8=true",
        "--config.model.fp8_amax_history=4", "--config.optimizer.warmup_steps=0",
