@@ -13,6 +13,9 @@ from bert_jax.training.setup import build_training
 
 from .helpers import small_config
 
+# full_steps (a module fixture) serves three tests: one xdist worker runs the file.
+pytestmark = pytest.mark.xdist_group("train_steps")
+
 # One layer: accumulation, skipping and the optimizers act on every layer alike.
 NO_DROPOUT = ("--config.model.hidden_dropout_prob=0.0",
               "--config.model.attention_probs_dropout_prob=0.0",
