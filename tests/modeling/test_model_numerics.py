@@ -20,6 +20,10 @@ from bert_jax.config import BertConfig, get_preset
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.params import flatten_params, to_layout
 
+# The functools.cache'd inits, outputs and gradients below serve many tests: one xdist worker
+# runs the file, so each is computed once.
+pytestmark = pytest.mark.xdist_group("model_numerics")
+
 TINY = BertConfig(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=48, max_position_embeddings=16, hidden_dropout_prob=0.1,
                   attention_probs_dropout_prob=0.1)
