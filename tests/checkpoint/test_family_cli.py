@@ -21,7 +21,8 @@ from bert_jax.checkpoint import store
 from bert_jax.cli import main
 from tests.finetune import helpers as H
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs the file: the module fixture converts the four families once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("family_cli")]
 
 FAMILIES = ("roberta", "albert", "electra", "distilbert")
 SIZE = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48,
