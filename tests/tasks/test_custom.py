@@ -98,7 +98,9 @@ def _tokenizer(tmp_path):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return H.write_checkpoint(str(tmp_path_factory.mktemp("custom") / "ckpt"))
+    # One layer: the custom-task reading, training and outputs are alike for any depth.
+    return H.write_checkpoint(str(tmp_path_factory.mktemp("custom") / "ckpt"),
+                              num_hidden_layers=1)
 
 
 def test_finetune_evaluate_predict_on_custom_csv(checkpoint, tmp_path, capsys):
