@@ -5,8 +5,7 @@ import os
 import shutil
 import tempfile
 
-import pytest
-from xla_env import FUSION_EMITTER_TESTS, FUSION_EMITTERS, cpu_flags
+from xla_env import cpu_flags
 
 os.environ.setdefault("XLA_FLAGS", cpu_flags(8))
 # libtpu (test extra) is only a compile target here: the CPU runs everything, and the TPU
@@ -47,20 +46,3 @@ def pytest_collection_modifyitems(config, items):
         return 2
 
     items.sort(key=rank)
-
-
-@pytest.fixture(autouse=True)
-def _fusion_emitters(request, monkeypatch):
-    """The tests of ``FUSION_EMITTER_TESTS`` compile with XLA's fusion emitters (xla_env.py):
-    their programs get the compile option that the suite's XLA_FLAGS turn off."""
-    if request.node.nodeid in FUSION_EMITTER_TESTS:
-        from jax._src import compiler
-
-        get_compile_options = compiler.get_compile_options
-
-        def with_fusion_emitters(*args, env_options_overrides=None, **kwargs):
-            overrides = {**(env_options_overrides or {}), **FUSION_EMITTERS}
-            return get_compile_options(*args, env_options_overrides=overrides, **kwargs)
-
-        monkeypatch.setattr(compiler, "get_compile_options", with_fusion_emitters)
-    yield

@@ -7,20 +7,10 @@ expensive passes compiles the same programs 40% faster (the tiny pretraining ste
 flag), with identical losses. XLA's elemental emitters instead of its (MLIR) fusion emitters
 cut the compile by another 60% (the one-layer small step on 8 devices: 13.3 → 4.9 s CPU), again
 with identical losses.
-
-The tests of ``FUSION_EMITTER_TESTS`` compile with the fusion emitters all the same (conftest.py
-passes ``FUSION_EMITTERS`` as a compile option): their tolerances hold for the fusion emitters'
-rounding only. test_model_training_path[prng] compares the scanned model's gradients with and
-without remat at the tolerance of each array's own scale (tests/float_sums.py); the attention
-key bias's gradient cancels to ~1e-11 as a whole (softmax ignores a per-key constant), and the
-elemental emitters round those near-zeros differently.
 """
 
 FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
                 "--xla_cpu_use_fusion_emitters=false")
-
-FUSION_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
-FUSION_EMITTER_TESTS = frozenset({"tests/kernels/test_dropout.py::test_model_training_path[prng]"})
 
 
 def cpu_flags(devices: int) -> str:
