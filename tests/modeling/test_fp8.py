@@ -164,6 +164,23 @@ def _assert_step_close(got, want, amax_rtol):
         np.testing.assert_allclose(g, w, rtol=amax_rtol, err_msg=jax.tree_util.keystr(path))
 
 
+def _step(m, ids, mask):
+    """(loss, (parameter gradients, scale maxima)) of ``m``: the sum of squared MLM logits."""
+    return jax.value_and_grad(lambda p, s: jnp.sum(m.apply(
+        {"params": p, FP8_COLLECTION: s}, ids, mask)["mlm_logits"].astype(jnp.float32) ** 2),
+        argnums=(0, 1))
+
+
+def _steps_at_recorded_scales(model, reference, variables, ids, mask):
+    """``model``'s and ``reference``'s steps at the scales one reference step recorded (a
+    history of 4), the reference compiled once for both of its steps: (got, want)."""
+    step_reference = jax.jit(_step(reference, ids, mask))
+    _, (_, amaxes) = step_reference(variables["params"], variables[FP8_COLLECTION])
+    scales = fp8.next_state(fp8.initial_state(variables[FP8_COLLECTION], 4), amaxes)["scale"]
+    return (jax.jit(_step(model, ids, mask))(variables["params"], scales),
+            step_reference(variables["params"], scales))
+
+
 def test_gelu_kernels_write_the_mlp_activation_in_fp8():
     """With the fused LayerNorm and GELU kernels (interpret mode here), ``fp8_gelu_quantize``
     routes each MLP through ``fp8_gelu_mlp``: the GELU kernels write the activation and its
@@ -179,25 +196,15 @@ def test_gelu_kernels_write_the_mlp_activation_in_fp8():
     assert (jax.tree.structure(variables)
             == jax.tree.structure(random_variables(xla, ids, mask, std=0.02)))
 
-    def loss(m):
-        return lambda p, s: jnp.sum(m.apply({"params": p, FP8_COLLECTION: s}, ids, mask)[
-            "mlm_logits"].astype(jnp.float32) ** 2)
-
-    grad = jax.grad(loss(model), argnums=(0, 1))
-    text = str(jax.make_jaxpr(grad)(variables["params"], variables[FP8_COLLECTION]))
+    args = (variables["params"], variables[FP8_COLLECTION])
+    text = str(jax.make_jaxpr(_step(model, ids, mask))(*args))
     assert text.count("name=bert_bias_gelu_forward_fp8") == cfg.num_hidden_layers
     assert text.count("name=bert_bias_gelu_backward_fp8") == cfg.num_hidden_layers
-    assert "name=bert_bias_gelu_forward_fp8" not in str(jax.make_jaxpr(jax.grad(
-        loss(xla), argnums=(0, 1)))(variables["params"], variables[FP8_COLLECTION]))
+    assert "name=bert_bias_gelu_forward_fp8" not in str(
+        jax.make_jaxpr(_step(xla, ids, mask))(*args))
 
-    # scales from one recorded step, then both paths side by side (one compile each)
-    step_xla = jax.jit(jax.value_and_grad(loss(xla), argnums=(0, 1)))
-    _, (_, amaxes) = step_xla(variables["params"], variables[FP8_COLLECTION])
-    scales = fp8.next_state(fp8.initial_state(variables[FP8_COLLECTION], 4), amaxes)["scale"]
-    got = jax.jit(jax.value_and_grad(loss(model), argnums=(0, 1)))(variables["params"], scales)
-    want = step_xla(variables["params"], scales)
-
-    _assert_step_close(got, want, amax_rtol=0.02)
+    _assert_step_close(*_steps_at_recorded_scales(model, xla, variables, ids, mask),
+                       amax_rtol=0.02)
 
 
 def test_transposed_float8_copies_give_the_same_step():
@@ -213,22 +220,12 @@ def test_transposed_float8_copies_give_the_same_step():
     plain = modeling.BertForPreTraining(cfg.replace(fp8_gelu_transpose=False))
     variables = random_variables(model, ids, mask, std=0.02)
 
-    def loss(m):
-        return lambda p, s: jnp.sum(m.apply({"params": p, FP8_COLLECTION: s}, ids, mask)[
-            "mlm_logits"].astype(jnp.float32) ** 2)
-
-    def grad(m):
-        return jax.value_and_grad(loss(m), argnums=(0, 1))
-
     args = (variables["params"], variables[FP8_COLLECTION])
-    on, off = str(jax.make_jaxpr(grad(model))(*args)), str(jax.make_jaxpr(grad(plain))(*args))
+    on = str(jax.make_jaxpr(_step(model, ids, mask))(*args))
+    off = str(jax.make_jaxpr(_step(plain, ids, mask))(*args))
     for name in ("name=bert_bias_gelu_forward_fp8_t", "name=bert_bias_gelu_backward_fp8_t"):
         assert on.count(name) == cfg.num_hidden_layers and name not in off
-    step_plain = jax.jit(grad(plain))  # one compile for both of its steps
-    _, amaxes = step_plain(*args)
-    scales = fp8.next_state(fp8.initial_state(variables[FP8_COLLECTION], 4), amaxes[1])["scale"]
-    got = jax.jit(grad(model))(variables["params"], scales)
-    want = step_plain(variables["params"], scales)
+    got, want = _steps_at_recorded_scales(model, plain, variables, ids, mask)
     for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got),
                             jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
@@ -248,20 +245,11 @@ def test_cast_kernel_quantizes_every_fp8_matmul():
     xla = modeling.BertForPreTraining(cfg.replace(fp8_cast_kernel=False))
     variables = random_variables(model, ids, mask, std=0.02)
 
-    def grad(m):
-        return jax.value_and_grad(lambda p, s: jnp.sum(m.apply(
-            {"params": p, FP8_COLLECTION: s}, ids, mask)["mlm_logits"].astype(jnp.float32)
-            ** 2), argnums=(0, 1))
-
     args = (variables["params"], variables[FP8_COLLECTION])
-    assert str(jax.make_jaxpr(grad(model))(*args)).count(
+    assert str(jax.make_jaxpr(_step(model, ids, mask))(*args)).count(
         "name=bert_fp8_cast_transposed") == 6 * cfg.num_hidden_layers
-    assert "bert_fp8_cast_transposed" not in str(jax.make_jaxpr(grad(xla))(*args))
-    step_xla = jax.jit(grad(xla))  # one compile for both of its steps
-    _, amaxes = step_xla(*args)
-    scales = fp8.next_state(fp8.initial_state(variables[FP8_COLLECTION], 4), amaxes[1])["scale"]
-    got = jax.jit(grad(model))(variables["params"], scales)
-    want = step_xla(variables["params"], scales)
+    assert "bert_fp8_cast_transposed" not in str(jax.make_jaxpr(_step(xla, ids, mask))(*args))
+    got, want = _steps_at_recorded_scales(model, xla, variables, ids, mask)
 
     # maxima: the first matmul's input exactly; later tensors follow the float8 values
     # before them
