@@ -19,9 +19,11 @@ partitioner slices), so a sharded run drops exactly what a one-device run drops.
   last axis). Each row gets a fully mixed 32-bit code from (salt, row) by two finalizer rounds
   and each column a code from its index; an element's bits are one finalizer round of
   ``row_code ^ column_code``, without the last xor-shift (it only touches the low 16 bits,
-  below the threshold's resolution). Per element that is 2 multiplies and 5 shift/xor
-  operations; the row and column codes are computed once per row and column (the hidden
-  dropout materializes them, a few hundred KB; the flash kernel computes them per block).
+  below the threshold's resolution). The round's first xor-shift distributes over the xor
+  (``(r ^ c) ^ (r ^ c) >> 16 == (r ^ r >> 16) ^ (c ^ c >> 16)``), so the codes carry it and
+  each element costs 6 integer operations: xor, multiply, shift, xor, multiply and an unsigned
+  compare. The row and column codes are computed once per row and column (the hidden dropout
+  materializes them, a few hundred KB; the flash kernel computes them per block).
 * ``flat``: two full finalizer rounds of (salt, flat element index) per element, about 20
   integer operations per element.
 
@@ -76,26 +78,33 @@ def keep_from_index(index, salt, rate: float):
     return bits >= drop_threshold(rate)
 
 
+def _xorshift16(x):
+    """The finalizer's first step, which ``keep_from_codes`` leaves to the codes."""
+    return x ^ srl(x, 16)
+
+
 def row_code(rows, salt):
-    """``rowcol`` hash: int32 code of each (global) row index for ``salt``; two full rounds."""
-    return fmix32(fmix32(rows ^ salt) + salt)
+    """``rowcol`` hash: int32 code of each (global) row index for ``salt``: two full rounds,
+    then the first xor-shift of the element round."""
+    return _xorshift16(fmix32(fmix32(rows ^ salt) + salt))
 
 
 def column_code(cols):
     """``rowcol`` hash: int32 code of each (global) column index (the same for every salt:
-    the row code carries the salt)."""
-    return fmix32(fmix32(cols ^ jnp.int32(0x3C6EF372)) + jnp.int32(0x1B873593))
+    the row code carries the salt), with the element round's first xor-shift."""
+    return _xorshift16(fmix32(fmix32(cols ^ jnp.int32(0x3C6EF372)) + jnp.int32(0x1B873593)))
 
 
 def keep_from_codes(rows, cols, rate: float):
     """``rowcol`` hash: bool, the broadcast shape of ``rows`` and ``cols`` (row and column
-    codes): True where the element is kept. One finalizer round without its last xor-shift."""
+    codes): True where the element is kept. One finalizer round without its first xor-shift
+    (the codes hold it) and its last; the top 31 bits against the threshold, as one unsigned
+    compare of all 32 (``x >> 1 >= t`` exactly when ``x >= 2 t``)."""
     x = rows ^ cols
-    x = x ^ srl(x, 16)
     x = x * jnp.int32(-2048144789)  # 0x85ebca6b
     x = x ^ srl(x, 13)
     x = x * jnp.int32(-1028477387)  # 0xc2b2ae35
-    return srl(x, 1) >= drop_threshold(rate)
+    return lax.bitcast_convert_type(x, jnp.uint32) >= jnp.uint32(2 * drop_threshold(rate))
 
 
 def flat_index(shape) -> jax.Array:

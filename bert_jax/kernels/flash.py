@@ -208,12 +208,25 @@ def _scores(q, k, bias, qk_scale, segs=None):
 
 
 def _dropped(p, dp, rows, cols, salt, kv_len, s: FlashSettings):
-    """(P * Z, dP_dropped * Z) with Z = keep / (1 - rate); ``rows``/``cols`` as ``_keep``."""
+    """(P', dP') with the dropped elements zeroed; ``rows``/``cols`` as ``_keep``. The
+    backward kernels compute P already divided by 1 - rate (``_backward_rows``), so that the
+    first is P * Z (Z = keep / (1 - rate)), what dV sums, and dS = P / (1 - rate) * (dP' -
+    delta) with ``_backward_rows``' delta: no multiply per element."""
     if s.dropout_rate == 0.0:
         return p, dp
     keep = _keep(rows, cols, salt, kv_len, s.dropout_rate, s.mask_hash)
-    inv = 1.0 / (1.0 - s.dropout_rate)
-    return jnp.where(keep, p * inv, 0.0), jnp.where(keep, dp * inv, 0.0)
+    return jnp.where(keep, p, 0.0), jnp.where(keep, dp, 0.0)
+
+
+def _backward_rows(out, lse, do, rate: float):
+    """The per-query rows the backward kernels read: (log-sum-exp, delta) such that
+    ``exp2(score - lse)`` is P / (1 - rate) and ``P / (1 - rate) * (dP_kept - delta)`` is dS.
+    delta = rowsum(dO * O) (with dropout, rowsum(dP_dropped * Z * P) equals it too), times
+    1 - rate; lse lowered by log2(1 / (1 - rate))."""
+    delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), out.astype(jnp.float32))
+    if rate == 0.0:
+        return lse, delta
+    return lse + math.log2(1.0 - rate), delta * (1.0 - rate)
 
 
 def _store(ref, s: FlashSettings, slot: int, local, start: int | jax.Array, size: int, value,
@@ -427,8 +440,7 @@ def _backward(srcs, bias, salt, segs, out, lse, do, s: FlashSettings):
 
     batch, q_len, kv_len, heads, head_dim = _shape(srcs, s)
     block_q, block_k = s.block_q_bwd, s.block_k_bwd
-    # delta = rowsum(dO * O): with dropout, rowsum(dP_dropped * Z * P) equals it too.
-    delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), out.astype(jnp.float32))
+    lse, delta = _backward_rows(out, lse, do, s.dropout_rate)
     grads = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in srcs[:1 if s.packed else 3]]
 
     def sums(n_tiles):  # per-(example, head, tile) partial sums of a gradient, [.., head_dim]

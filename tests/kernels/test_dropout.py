@@ -28,6 +28,52 @@ def test_flat_index_is_row_major():
     np.testing.assert_array_equal(jax.jit(lambda: flat_index((7,)))(), np.arange(7))
 
 
+def _fmix32(x):
+    """MurmurHash3's 32-bit finalizer in NumPy uint32 (the definition the hashes follow)."""
+    x = x ^ (x >> np.uint32(16))
+    x = x * np.uint32(0x85EBCA6B)
+    x = x ^ (x >> np.uint32(13))
+    x = x * np.uint32(0xC2B2AE35)
+    return x ^ (x >> np.uint32(16))
+
+
+def _numpy_mask(shape, salt: int, rate: float, mask_hash: str):
+    """The documented hashes written out in unsigned NumPy: ``rowcol`` = one finalizer round of
+    (two-round row code) ^ (two-round column code) without the last xor-shift, ``flat`` = two
+    rounds of (salt, flat index); kept where the top 31 bits reach the threshold."""
+    s = np.uint32(salt % 2 ** 32)
+    threshold = np.uint32(min(int(round(rate * 2.0 ** 31)), 2 ** 31 - 1))
+    with np.errstate(over="ignore"):
+        if mask_hash == "flat":
+            x = _fmix32(_fmix32(np.arange(np.prod(shape), dtype=np.uint32) ^ s) + s)
+            return (x >> np.uint32(1)).reshape(shape) >= threshold
+        rows = np.arange(np.prod(shape[:-1]), dtype=np.uint32)
+        rows = _fmix32(_fmix32(rows ^ s) + s)[:, None]
+        cols = np.arange(shape[-1], dtype=np.uint32)
+        cols = _fmix32(_fmix32(cols ^ np.uint32(0x3C6EF372)) + np.uint32(0x1B873593))[None, :]
+        x = rows ^ cols
+        x = x ^ (x >> np.uint32(16))
+        x = x * np.uint32(0x85EBCA6B)
+        x = x ^ (x >> np.uint32(13))
+        x = x * np.uint32(0xC2B2AE35)
+        return ((x >> np.uint32(1)) >= threshold).reshape(shape)
+
+
+@pytest.mark.parametrize("mask_hash", ["rowcol", "flat"])
+def test_masks_follow_the_documented_hash(mask_hash):
+    """The int32 arithmetic (signed multiplies, logical shifts, the codes carrying the element
+    round's first xor-shift, one unsigned compare) gives the documented unsigned hash bit for
+    bit, at ordinary and extreme rates and salts, eagerly and jitted."""
+    shape = (3, 5, 72)
+    for salt in (0, 1, -7, 2 ** 31 - 1, -2 ** 31, 123456789):
+        for rate in (0.0, 0.1, 0.5, 0.999, 1.0):
+            want = _numpy_mask(shape, salt, rate, mask_hash)
+            got = dropout_keep_mask(shape, jnp.int32(salt), rate, mask_hash)
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{salt=} {rate=}")
+    jitted = jax.jit(lambda s: dropout_keep_mask(shape, s, 0.1, mask_hash))(jnp.int32(-7))
+    np.testing.assert_array_equal(np.asarray(jitted), _numpy_mask(shape, -7, 0.1, mask_hash))
+
+
 def _rectangle_correlation(x):
     """Mean of x[r, c] x[r, c+1] x[r+1, c] x[r+1, c+1] over the last two axes, over var**2:
     the statistic the rowcol hash's structure (row code ^ column code) could bias."""
