@@ -57,11 +57,20 @@ def srl(x, n: int):
 
 def fmix32(x):
     """MurmurHash3's 32-bit finalizer: a bijection with full avalanche."""
-    x = x ^ srl(x, 16)
+    return _xorshift16(_multiply_rounds(_xorshift16(x)))
+
+
+def _xorshift16(x):
+    """The finalizer's first and last step (``keep_from_codes`` leaves the first to the
+    codes and skips the last)."""
+    return x ^ srl(x, 16)
+
+
+def _multiply_rounds(x):
+    """The finalizer between its two 16-bit xor-shifts."""
     x = x * jnp.int32(-2048144789)  # 0x85ebca6b
     x = x ^ srl(x, 13)
-    x = x * jnp.int32(-1028477387)  # 0xc2b2ae35
-    return x ^ srl(x, 16)
+    return x * jnp.int32(-1028477387)  # 0xc2b2ae35
 
 
 def drop_threshold(rate: float) -> int:
@@ -76,11 +85,6 @@ def keep_from_index(index, salt, rate: float):
     other)."""
     bits = srl(fmix32(fmix32(index ^ salt) + salt), 1)  # uniform in [0, 2**31)
     return bits >= drop_threshold(rate)
-
-
-def _xorshift16(x):
-    """The finalizer's first step, which ``keep_from_codes`` leaves to the codes."""
-    return x ^ srl(x, 16)
 
 
 def row_code(rows, salt):
@@ -100,10 +104,7 @@ def keep_from_codes(rows, cols, rate: float):
     codes): True where the element is kept. One finalizer round without its first xor-shift
     (the codes hold it) and its last; the top 31 bits against the threshold, as one unsigned
     compare of all 32 (``x >> 1 >= t`` exactly when ``x >= 2 t``)."""
-    x = rows ^ cols
-    x = x * jnp.int32(-2048144789)  # 0x85ebca6b
-    x = x ^ srl(x, 13)
-    x = x * jnp.int32(-1028477387)  # 0xc2b2ae35
+    x = _multiply_rounds(rows ^ cols)
     return lax.bitcast_convert_type(x, jnp.uint32) >= jnp.uint32(2 * drop_threshold(rate))
 
 

@@ -256,7 +256,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
             def guarded(o):
                 new = update(o)
                 ok = _all_finite(new)
-                return (*jax.tree.map(lambda n, old: jnp.where(ok, n, old), new, o), ok)
+                return (*_select(ok, new, o), ok)
 
             new_params, new_opt_state, ok = jax.lax.cond(
                 finite, guarded, lambda o: (*o, jnp.bool_(False)), operands)
@@ -268,11 +268,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
             # place. Storing it and then selecting every leaf reads the new state twice more
             # and writes it once more (docs/performance.md).
             finite = finite & _all_finite(update(jax.lax.optimization_barrier(operands)))
-            keep = lambda new, old: jnp.where(finite, new, old)
-            new_params, new_opt_state = jax.tree.map(keep, update(operands), operands)
+            new_params, new_opt_state = _select(finite, update(operands), operands)
         if fp8_state is not None:
-            new_fp8_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                         fp8.next_state(fp8_state, amaxes), fp8_state)
+            new_fp8_state = _select(finite, fp8.next_state(fp8_state, amaxes), fp8_state)
             new_opt_state = with_fp8_state(new_opt_state, new_fp8_state)
         skipped = (~finite).astype(jnp.int32)
         new_state = state.replace(
@@ -291,6 +289,11 @@ def _all_finite(tree) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
               if jnp.issubdtype(x.dtype, jnp.inexact)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
+def _select(pred, new, old):
+    """``new`` where the scalar ``pred`` holds, else ``old``, leaf by leaf."""
+    return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
 
 
 def make_eval_step(model: nn.Module, *, pair_head: bool = True,
