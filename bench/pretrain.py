@@ -108,6 +108,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--microbatches", type=int, default=1)
     ap.add_argument("--skip", default="where", choices=["where", "cond"],
                     help="non-finite skip: engine's jnp.where over all leaves, or lax.cond")
+    ap.add_argument("--check-update", action="store_true",
+                    help="check_update: also skip a step whose new state would be non-finite "
+                         "(one more pass over parameters, gradients and moments)")
     ap.add_argument("--fp8", action="store_true",
                     help="model.fp8: the encoder layers' matmuls in FP8 (delayed scaling)")
     ap.add_argument("--fp8-gelu-quantize", default="on", choices=["on", "off"],
@@ -220,6 +223,7 @@ def experiment_config(args: argparse.Namespace):
     c.model.vocab_size = int(args.vocab_size)
     c.model.vocab_pad_multiple = int(args.vocab_pad)
     c.model.fp8 = bool(getattr(args, "fp8", False))
+    c.check_update = bool(getattr(args, "check_update", False))
     c.model.fp8_gelu_quantize = getattr(args, "fp8_gelu_quantize", "on") == "on"
     c.model.fp8_gelu_transpose = getattr(args, "fp8_gelu_transpose", "on") == "on"
     c.model.fp8_cast_kernel = getattr(args, "fp8_cast_kernel", "on") == "on"
@@ -277,7 +281,7 @@ def build_step(args, training):
     mesh, rules = training.mesh, training.rules
     fn = parallel.traced_in_mesh(make_train_step(
         training.model, training.tx, training.schedule, microbatches=args.microbatches,
-        pair_head=training.model.pair_head, skip=args.skip,
+        pair_head=training.model.pair_head, skip=args.skip, check_update=args.check_update,
         microbatch_sharding=lambda ndim: parallel.logical_sharding(
             mesh, rules, None, "batch", *([None] * (ndim - 1))),
         param_cast=training.param_cast, reduce_grads=training.reduce_grads), mesh, rules)
@@ -336,6 +340,7 @@ def main(argv=None) -> dict:
         "vocab_pad": args.vocab_pad, "microbatches": args.microbatches,
         "xla_flag_preset": args.xla_flags, "donate": not args.no_donate, "skip": args.skip,
         "mesh": args.mesh, "param_gather": args.param_gather, "fp8": args.fp8,
+        "check_update": args.check_update,
         "fp8_gelu_quantize": args.fp8_gelu_quantize == "on",
         "fp8_gelu_transpose": args.fp8_gelu_transpose == "on",
         "fp8_cast_kernel": args.fp8_cast_kernel == "on",

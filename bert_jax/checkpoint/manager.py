@@ -11,6 +11,9 @@ the background) and atomic: Orbax writes ``<step>.orbax-checkpoint-tmp-*`` and r
 ``<step>`` only when complete, so an interrupted save never hides the previous good step.
 Restores take target shardings, so a run resumes onto any mesh or device count.
 
+A state that holds a non-finite value is never saved (:class:`NonFiniteState` names the
+first such leaf): every saved step is finite, whatever damaged the state.
+
 Once a save is on disk, process 0 adds ``<step>/sha256.json`` (``integrity``: size and hash
 of every file). :meth:`CheckpointManager.restore_latest` restores the newest step that
 verifies, restores and holds finite values; damaged newer steps are reported and moved to
@@ -43,6 +46,20 @@ def all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
+class NonFiniteState(BertJaxError):
+    """The state to save holds NaN or Inf; nothing was saved."""
+
+
+def first_non_finite(tree) -> str | None:
+    """The path of the first floating-point leaf of ``tree`` holding NaN/Inf, or None."""
+    leaves = [(jax.tree_util.keystr(path), x) for path, x in
+              jax.tree_util.tree_flatten_with_path(tree)[0]
+              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    flags = jax.device_get(jax.jit(lambda xs: [jnp.all(jnp.isfinite(x)) for x in xs])(
+        [x for _, x in leaves]))
+    return next((name for (name, _), ok in zip(leaves, flags, strict=True) if not ok), None)
+
+
 class CheckpointManager:
     """Periodic, asynchronous, keep-last-K checkpoints of the training state."""
 
@@ -68,9 +85,18 @@ class CheckpointManager:
     def save(self, step: int, state, rng: jax.Array, data_state: dict[str, Any],
              force: bool = False) -> bool:
         """Saves if ``step`` is a multiple of ``every_steps`` (or ``force``) and not saved
-        yet. Returns whether it saved."""
+        yet. Returns whether it saved. Raises :class:`NonFiniteState` (saving nothing) when
+        the parameters or optimizer state hold NaN/Inf."""
         if (step % self.every_steps and not force) or step in self._manager.all_steps():
             return False
+        if not bool(all_finite((state.params, state.opt_state))):
+            leaf = first_non_finite({"params": state.params, "opt_state": state.opt_state})
+            latest = self._manager.latest_step()
+            raise NonFiniteState(
+                f"step {step}: {leaf} holds NaN/Inf (a damaged parameter or optimizer "
+                "moment, or an update that overflowed); not saved. "
+                + (f"{self.directory}/{latest} is the newest saved step." if latest is not None
+                   else "No step was saved before."))
         self._seal()
         counters = dict(state.counters(), rng=rng)
         args = ocp.args.Composite(**{

@@ -168,6 +168,10 @@ def base_config() -> ml_collections.ConfigDict:
     # bf16 matmul peak per device in TFLOP/s for MFU; None: known accelerators' data sheet.
     c.peak_tflops = config_dict.placeholder(float)
     c.max_skipped_in_row = 10  # stop after this many consecutive non-finite steps
+    # A step with a non-finite loss or gradient norm is skipped. True: also skip one whose new
+    # parameters or optimizer state would be non-finite (a damaged Adam moment), at the cost
+    # of one more pass over parameters, gradients and moments per step (docs/pretraining.md).
+    c.check_update = False
     c.progress_bar = True
     return c
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from bert_jax import fileio, parallel
 from bert_jax.checkpoint import store
-from bert_jax.checkpoint.manager import CheckpointManager
+from bert_jax.checkpoint.manager import CheckpointManager, NonFiniteState
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.params import flatten_params, to_layout
@@ -311,15 +311,20 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
                         progress.set_postfix(loss=f"{logged['loss']:.3f}",
                                              mlm_acc=f"{logged['mlm_accuracy']:.3f}")
                     if logged["skipped_in_row"] >= config.max_skipped_in_row:
-                        checkpoints.save(step, state, dropout_rng, data_state, force=True)
+                        streak = (f"{logged['skipped_in_row']} consecutive steps had a "
+                                  f"non-finite loss, gradient or update (up to step {step}); "
+                                  "stopped.")
+                        try:
+                            checkpoints.save(step, state, dropout_rng, data_state, force=True)
+                        except NonFiniteState as error:
+                            raise TrainingDiverged(f"{streak} {error}") from None
                         checkpoints.wait()
                         good = step - logged["skipped_in_row"]
                         raise TrainingDiverged(
-                            f"{logged['skipped_in_row']} consecutive steps had a non-finite "
-                            f"loss, gradient or update (up to step {step}); stopped. Skipped "
-                            f"steps change nothing, so {checkpoints.directory}/{step} holds "
-                            f"the parameters of step {good}, the last good one. Lower the "
-                            "learning rate or check the data.")
+                            f"{streak} Skipped steps change nothing, so "
+                            f"{checkpoints.directory}/{step} holds the parameters of step "
+                            f"{good}, the last good one. Lower the learning rate or check "
+                            "the data.")
                     stop = preemption.agreed()
                 else:
                     stop = jax.process_count() == 1 and preemption.requested

@@ -118,7 +118,8 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
         model, tx, schedule, microbatches=config.microbatches, pair_head=pair_head,
         microbatch_sharding=lambda ndim: parallel.logical_sharding(
             mesh, rules, None, "batch", *([None] * (ndim - 1))), param_cast=param_cast,
-        sums_fn=sums_fn, reduce_grads=reduce_grads)
+        sums_fn=sums_fn, reduce_grads=reduce_grads,
+        check_update=bool(config.get("check_update", False)))
     step_fn, eval_fn = (parallel.traced_in_mesh(f, mesh, rules) for f in (
         step_fn, make_eval_step(model, pair_head=pair_head, sums_fn=sums_fn)))
     train_step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings, replicated),

@@ -146,7 +146,8 @@ def _loss(sums: dict[str, jax.Array], dens: dict[str, jax.Array]) -> jax.Array:
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, *, microbatches: int = 1, pair_head: bool = True,
                     microbatch_sharding: Callable[[int], Any] | None = None,
-                    skip: str = "where", param_cast: Callable[[Any], Any] | None = None,
+                    skip: str = "where", check_update: bool = False,
+                    param_cast: Callable[[Any], Any] | None = None,
                     sums_fn: Callable[..., dict[str, jax.Array]] | None = None,
                     reduce_grads: Callable[[Callable], Callable] | None = None
                     ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
@@ -155,11 +156,15 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     The dropout key is ``fold_in(rng, state.step)`` (and the microbatch index). Gradients of
     ``microbatches`` slices are summed in a ``lax.scan`` with batch-wide denominators, which
     equals one full-batch step; ``microbatch_sharding(ndim)`` pins the [k, batch/k, ...]
-    split (batch on the second axis). A non-finite loss, gradient norm, new parameter or
-    new optimizer-state value leaves params and optimizer state untouched and bumps the skip
-    counters (so a saved state is always finite): ``skip="where"`` first computes the
-    update only to check it (a reduction, nothing stored), then applies it under the
-    predicate in place; ``skip="cond"`` runs the update under a ``lax.cond``.
+    split (batch on the second axis). A non-finite loss or gradient norm leaves params and
+    optimizer state untouched and bumps the skip counters: ``skip="where"`` applies the
+    update under that predicate in place (the select rides in the update's own pass);
+    ``skip="cond"`` runs the update under a ``lax.cond``. With finite gradients (their norm
+    bounds every element) and a finite state, AdamW's and LAMB's updates are finite, so the
+    predicate needs no pass of its own. ``check_update`` also requires the new parameters and
+    optimizer state to be finite, which catches a damaged state (a flipped bit in Adam's
+    moments) before it reaches a parameter: ``where`` then computes the update once more only
+    to reduce its finiteness (nothing stored), ``cond`` stores it and selects.
     ``param_cast`` (``parallel.param_gather_cast``) maps the parameters before the forward
     pass, inside the differentiated function. ``sums_fn`` (``objectives.py``) replaces the
     MLM + NSP/SOP sums with a family objective's. ``reduce_grads``
@@ -250,11 +255,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
             return optax.apply_updates(params, updates), new_opt_state
 
         operands = (state.params, tx_state)
-        # A damaged optimizer state (or an overflow in the update) must not reach the
-        # parameters: the new state itself has to be finite too.
         if skip == "cond":
             def guarded(o):
                 new = update(o)
+                if not check_update:
+                    return (*new, jnp.bool_(True))
                 ok = _all_finite(new)
                 return (*_select(ok, new, o), ok)
 
@@ -262,12 +267,12 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                 finite, guarded, lambda o: (*o, jnp.bool_(False)), operands)
             finite = finite & ok
         else:
-            # The update is not stored before it is known to be finite: a first pass
-            # recomputes it only to reduce its finiteness (the barrier keeps XLA from sharing
-            # that pass with the second), a second applies it under the step's predicate, in
-            # place. Storing it and then selecting every leaf reads the new state twice more
-            # and writes it once more (docs/performance.md).
-            finite = finite & _all_finite(update(jax.lax.optimization_barrier(operands)))
+            if check_update:
+                # The update is not stored before it is known to be finite: this pass
+                # recomputes it only to reduce its finiteness (the barrier keeps XLA from
+                # sharing it with the pass that applies it). Storing it and then selecting
+                # every leaf reads the new state twice more and writes it once more.
+                finite = finite & _all_finite(update(jax.lax.optimization_barrier(operands)))
             new_params, new_opt_state = _select(finite, update(operands), operands)
         if fp8_state is not None:
             new_fp8_state = _select(finite, fp8.next_state(fp8_state, amaxes), fp8_state)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from bert_jax.checkpoint import integrity, store
-from bert_jax.checkpoint.manager import DAMAGED_DIR, CheckpointManager
+from bert_jax.checkpoint import manager as manager_module
+from bert_jax.checkpoint.manager import DAMAGED_DIR, CheckpointManager, NonFiniteState
 from bert_jax.config import get_preset
 from bert_jax.errors import BertJaxError
 from bert_jax.training.state import TrainState
@@ -109,10 +110,28 @@ def test_restore_falls_back_to_newest_good_step(tmp_path, damage):
     assert integrity.verify(str(checkpoints / "3"))
 
 
-def test_non_finite_step_is_skipped(tmp_path):
+def test_non_finite_state_is_not_saved(tmp_path):
     manager = CheckpointManager(str(tmp_path), every_steps=1, keep=5)
     manager.save(1, _state(1.0), jax.random.PRNGKey(0), {"step": 1})
-    manager.save(2, _state(float("nan"), step=2), jax.random.PRNGKey(0), {"step": 2})
+    nan = _state(1.0, step=2)
+    nan = nan.replace(opt_state={"mu": {"dense": {"kernel": np.full((4, 2), np.nan,
+                                                                    np.float32)}}})
+    with pytest.raises(NonFiniteState, match=r"step 2: \['opt_state'\]\['mu'\]\['dense'\]"
+                                             r"\['kernel'\] holds NaN/Inf.*checkpoints/1 is "
+                                             "the newest saved step"):
+        manager.save(2, nan, jax.random.PRNGKey(0), {"step": 2})
+    manager.close()
+    assert manager.all_steps() == [1]
+
+
+def test_non_finite_step_is_skipped(tmp_path, monkeypatch):
+    """A step that holds NaN (written without the save's check, as older versions did) is
+    skipped on restore."""
+    manager = CheckpointManager(str(tmp_path), every_steps=1, keep=5)
+    manager.save(1, _state(1.0), jax.random.PRNGKey(0), {"step": 1})
+    with monkeypatch.context() as patch:
+        patch.setattr(manager_module, "all_finite", lambda tree: True)
+        manager.save(2, _state(float("nan"), step=2), jax.random.PRNGKey(0), {"step": 2})
     manager.close()
     messages = []
     manager = CheckpointManager(str(tmp_path), every_steps=1, keep=5)

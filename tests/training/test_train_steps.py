@@ -76,15 +76,22 @@ def test_non_finite_step_is_skipped_and_counted(full_steps):
                zip(jax.tree.leaves(before), jax.tree.leaves(state.params), strict=True)]
     assert all(changed)
     # A damaged optimizer state (a NaN in Adam's moments, as a flipped exponent bit gives):
-    # the loss and gradient are finite, the update is not; the step is skipped, so the
-    # parameters (and what a checkpoint saves) stay finite.
+    # the loss and gradient are finite. The default step applies the update, so the NaN
+    # reaches that parameter (and a checkpoint save refuses the state); with check_update
+    # the new state is checked first and the step is skipped.
     good = jax.device_get(state.params)
     damaged = state.replace(opt_state=jax.tree.map(
         lambda x: x.at[(0,) * x.ndim].set(np.nan) if x.ndim == 2 else x, state.opt_state))
-    state, metrics = training.train_step(damaged, training.global_batch(next(batches)), rng)
+    checked, _, _ = _setup("--config.optimizer.warmup_steps=0", "--config.check_update=true")
+    kept, metrics = checked.train_step(damaged, training.global_batch(next(batches)), rng)
     assert int(metrics["skipped"]) == 1 and np.isfinite(float(metrics["loss"]))
-    for a, b in zip(jax.tree.leaves(good), jax.tree.leaves(state.params), strict=True):
+    for a, b in zip(jax.tree.leaves(good), jax.tree.leaves(kept.params), strict=True):
         np.testing.assert_array_equal(a, b)
+    damaged = kept
+    state, metrics = training.train_step(damaged, training.global_batch(next(batches)), rng)
+    assert int(metrics["skipped"]) == 0 and np.isfinite(float(metrics["loss"]))
+    finite = [bool(np.isfinite(x).all()) for x in jax.tree.leaves(state.params)]
+    assert not all(finite) and any(finite)
 
 
 def test_decay_mask_excludes_layer_norm_and_biases():
