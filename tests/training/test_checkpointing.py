@@ -1,6 +1,6 @@
 """Checkpoints in the loop: resume onto another mesh continues exactly, an interrupted save
-leaves the previous step usable, a non-finite streak stops with a saved last good state,
-and the workdir is readable by store.load_model."""
+leaves the previous step usable, a non-finite streak stops with a saved last good state (a
+non-finite state is never saved), and the workdir is readable by store.load_model."""
 
 import json
 import os
@@ -138,3 +138,21 @@ def test_non_finite_streak_stops_with_checkpoint(tmp_path):
     params, _, _, _ = store.load_model(str(tmp_path))
     leaves = jax.tree.leaves(params)
     assert all(np.isfinite(x).all() for x in leaves)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # the learning rate
+def test_non_finite_state_stops_without_saving(tmp_path):
+    """An update that overflows (a learning rate beyond float32) reaches the parameters under
+    the default skip predicate; the steps after it are skipped, and the stop refuses to save
+    the non-finite state, naming a leaf."""
+    config = small_config("--config.model.num_hidden_layers=1", "--config.log_every=1",
+                          "--config.eval_steps=0",
+                          "--config.optimizer.warmup_steps=0",
+                          "--config.optimizer.learning_rate=1e39",
+                          "--config.optimizer.clip_norm=0.0", "--config.max_skipped_in_row=2",
+                          "--config.num_train_steps=50")
+    with pytest.raises(TrainingDiverged, match=r"2 consecutive steps had a non-finite.*"
+                                               r"\['params'\].* holds NaN/Inf.*not saved. "
+                                               "No step was saved before"):
+        train_and_evaluate(config, str(tmp_path))
+    assert store.latest_step_dir(str(tmp_path)) is None
