@@ -223,7 +223,6 @@ def experiment_config(args: argparse.Namespace):
     c.model.vocab_size = int(args.vocab_size)
     c.model.vocab_pad_multiple = int(args.vocab_pad)
     c.model.fp8 = bool(getattr(args, "fp8", False))
-    c.check_update = bool(getattr(args, "check_update", False))
     c.model.fp8_gelu_quantize = getattr(args, "fp8_gelu_quantize", "on") == "on"
     c.model.fp8_gelu_transpose = getattr(args, "fp8_gelu_transpose", "on") == "on"
     c.model.fp8_cast_kernel = getattr(args, "fp8_cast_kernel", "on") == "on"
@@ -232,6 +231,7 @@ def experiment_config(args: argparse.Namespace):
     c.data.max_predictions_per_seq = masked_positions(args.seq_len)
     c.global_batch_size = args.batch_size
     c.microbatches = getattr(args, "microbatches", 1)
+    c.check_update = bool(getattr(args, "check_update", False))
     c.num_train_steps = 100_000
     c.optimizer.warmup_steps = 1_000
     c.parallel.mesh = ({"data": -1, "fsdp": 1, "tensor": 1} if args.mesh == "dp"

@@ -38,26 +38,26 @@ ITEMS = (PARAMS_ITEM, "opt_state", "train_state", "data_state")
 DAMAGED_DIR = CHECKPOINTS_DIR + ".damaged"
 
 
-@jax.jit
-def all_finite(tree) -> jax.Array:
-    """One device-side boolean: every floating-point leaf of ``tree`` is finite."""
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-              if jnp.issubdtype(x.dtype, jnp.inexact)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
-
-
 class NonFiniteState(BertJaxError):
     """The state to save holds NaN or Inf; nothing was saved."""
 
 
+@jax.jit
+def _leaves_finite(leaves) -> jax.Array:
+    """One device-side boolean per array of ``leaves``: it holds no NaN/Inf."""
+    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
+
+
 def first_non_finite(tree) -> str | None:
-    """The path of the first floating-point leaf of ``tree`` holding NaN/Inf, or None."""
-    leaves = [(jax.tree_util.keystr(path), x) for path, x in
-              jax.tree_util.tree_flatten_with_path(tree)[0]
-              if jnp.issubdtype(x.dtype, jnp.inexact)]
-    flags = jax.device_get(jax.jit(lambda xs: [jnp.all(jnp.isfinite(x)) for x in xs])(
-        [x for _, x in leaves]))
-    return next((name for (name, _), ok in zip(leaves, flags, strict=True) if not ok), None)
+    """The path of the first floating-point leaf of ``tree`` holding NaN/Inf, or None (one
+    device pass and one transfer of a boolean per leaf)."""
+    named = [(jax.tree_util.keystr(path), x) for path, x in
+             jax.tree_util.tree_flatten_with_path(tree)[0]
+             if jnp.issubdtype(x.dtype, jnp.inexact)]
+    if not named:
+        return None
+    flags = jax.device_get(_leaves_finite([x for _, x in named]))
+    return next((name for (name, _), ok in zip(named, flags, strict=True) if not ok), None)
 
 
 class CheckpointManager:
@@ -89,8 +89,8 @@ class CheckpointManager:
         the parameters or optimizer state hold NaN/Inf."""
         if (step % self.every_steps and not force) or step in self._manager.all_steps():
             return False
-        if not bool(all_finite((state.params, state.opt_state))):
-            leaf = first_non_finite({"params": state.params, "opt_state": state.opt_state})
+        leaf = first_non_finite({"params": state.params, "opt_state": state.opt_state})
+        if leaf is not None:
             latest = self._manager.latest_step()
             raise NonFiniteState(
                 f"step {step}: {leaf} holds NaN/Inf (a damaged parameter or optimizer "
@@ -135,9 +135,9 @@ class CheckpointManager:
             try:
                 integrity.verify(directory)
                 state, rng, data_state = self.restore(step, abstract_state, abstract_rng)
-                if not bool(all_finite((state.params, state.opt_state))):
-                    raise integrity.DamagedCheckpoint(
-                        f"{directory}: parameters or optimizer state hold NaN/Inf")
+                leaf = first_non_finite({"params": state.params, "opt_state": state.opt_state})
+                if leaf is not None:
+                    raise integrity.DamagedCheckpoint(f"{directory}: {leaf} holds NaN/Inf")
             except Exception as e:  # Orbax/tensorstore errors for truncated/missing files
                 reason = integrity.describe_failure(directory, e)
                 log(f"warning: checkpoint step {step} is damaged and skipped: {reason}")

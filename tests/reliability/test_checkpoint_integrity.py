@@ -130,7 +130,7 @@ def test_non_finite_step_is_skipped(tmp_path, monkeypatch):
     manager = CheckpointManager(str(tmp_path), every_steps=1, keep=5)
     manager.save(1, _state(1.0), jax.random.PRNGKey(0), {"step": 1})
     with monkeypatch.context() as patch:
-        patch.setattr(manager_module, "all_finite", lambda tree: True)
+        patch.setattr(manager_module, "first_non_finite", lambda tree: None)
         manager.save(2, _state(float("nan"), step=2), jax.random.PRNGKey(0), {"step": 2})
     manager.close()
     messages = []
