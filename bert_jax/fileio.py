@@ -1,21 +1,31 @@
-"""Atomic, non-destructive outputs and the workdir lock.
+"""Atomic, non-destructive outputs and the workdir lock, on local disk and in buckets.
 
 * :func:`atomic_write` writes a file through a temporary sibling, ``fsync`` and
-  ``os.replace``: a reader sees the old file or the new one, never a half-written one.
+  ``os.replace``: a reader sees the old file or the new one, never a half-written one. In a
+  bucket it is one object upload, which is atomic by itself.
 * :func:`replace_directory` builds a directory under a temporary sibling name and swaps it in
   only when complete; the old directory is removed only after the new one is in place, so a
   crash at any moment leaves a complete old or a complete new directory (plus, at worst, a
-  ``.old-*``/``.tmp-*`` sibling that the next write removes).
+  ``.old-*``/``.tmp-*`` sibling that the next write removes). A bucket has no rename: the
+  new contents are built in a local staging directory and published by write-then-commit:
+  the directory's *marker* object (``metadata.json`` of a data directory, ``config.json`` of
+  a model) is deleted first, every other file uploaded and stale objects removed, and the
+  marker uploaded last. Readers trust a directory only through its marker, so a crash leaves
+  the old directory or an uncommitted one that readers refuse, never a mix they accept.
 * :class:`WorkdirLock` keeps two runs off one workdir: ``WORKDIR/.lock`` holds the owner's
   pid and host, and the owner touches it every ``heartbeat_s`` seconds; a second run fails
   naming them. A lock left by a dead process on this host, or not touched for
-  ``stale_after_s`` seconds (a run on a host that is gone), is taken over with a warning.
+  ``stale_after_s`` seconds (a run on a host that is gone), is taken over with a warning. In
+  a bucket the lock is an object created only if absent (``ifGenerationMatch=0``), touched
+  and taken over by rewrites conditional on the generation seen.
+* Files follow the user's umask (0644 typically), atomic or not.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import os
 import shutil
@@ -27,9 +37,22 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 
 LOCK_FILE = ".lock"
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where the system says it (Linux)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(directory: str) -> None:
@@ -47,7 +70,17 @@ def _fsync_dir(directory: str) -> None:
 
 def check_output_path(path: str, *, directory: bool) -> None:
     """BertJaxError if ``path`` cannot be written as a file (``directory=False``) or a
-    directory: an existing entry of the other kind, or a parent that is a file."""
+    directory: an existing entry of the other kind, or a parent that is a file. For a URL:
+    also that its bucket exists and answers."""
+    if storage.is_remote(path):
+        path = storage.abspath(path)
+        storage.check_reachable(path)
+        if directory and storage.isfile(path):
+            raise BertJaxError(f"{path}: exists and is not a directory; choose another output "
+                               "path")
+        if not directory and storage.isdir(path):
+            raise BertJaxError(f"{path}: is a directory; give a file name for the output")
+        return
     path = os.path.abspath(path)
     if directory and os.path.exists(path) and not os.path.isdir(path):
         raise BertJaxError(f"{path}: exists and is not a directory; choose another output path")
@@ -63,7 +96,16 @@ def check_output_path(path: str, *, directory: bool) -> None:
 def atomic_write(path: str, data: str | bytes | Callable[[Any], None], *,
                  encoding: str = "utf-8") -> str:
     """Writes ``data`` (text, bytes, or a function given the open binary file) to ``path``
-    atomically; returns ``path``."""
+    atomically; returns ``path``. The file gets the mode the umask gives new files."""
+    if storage.is_remote(path):
+        path = storage.abspath(path)
+        check_output_path(path, directory=False)
+        if callable(data):
+            buffer = io.BytesIO()
+            data(buffer)
+            data = buffer.getvalue()
+        storage.put_bytes(path, data.encode(encoding) if isinstance(data, str) else data)
+        return path
     path = os.path.abspath(path)
     check_output_path(path, directory=False)
     directory = os.path.dirname(path)
@@ -78,6 +120,7 @@ def atomic_write(path: str, data: str | bytes | Callable[[Any], None], *,
                 f.write(data.encode(encoding) if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -110,19 +153,28 @@ def _remove_leftovers(path: str, keep: str | None = None) -> None:
 
 
 @contextlib.contextmanager
-def replace_directory(path: str) -> Iterator[str]:
-    """``with replace_directory(path) as tmp:`` write the new contents into ``tmp``; on a
-    clean exit ``tmp`` becomes ``path`` (the old ``path`` is removed only afterwards); on an
-    error ``tmp`` is removed and ``path`` is untouched."""
+def replace_directory(path: str, *, marker: str | None = None) -> Iterator[str]:
+    """``with replace_directory(path) as tmp:`` write the new contents into ``tmp`` (a local
+    directory); on a clean exit ``tmp`` becomes ``path`` (the old ``path`` is removed only
+    afterwards); on an error ``tmp`` is removed and ``path`` is untouched. For a URL,
+    ``marker`` names the file readers trust (see the module docstring)."""
+    if storage.is_remote(path):
+        path = storage.abspath(path)
+        check_output_path(path, directory=True)
+        tmp = tempfile.mkdtemp(prefix="bert-jax-staging-")
+        try:
+            yield tmp
+            publish_directory(tmp, path, marker=marker)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     path = os.path.abspath(path)
     check_output_path(path, directory=True)
     parent, name = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
     _remove_leftovers(path)
     tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result is an ordinary directory
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the result is an ordinary directory
     try:
         yield tmp
         _fsync_tree(tmp)
@@ -130,6 +182,23 @@ def replace_directory(path: str) -> Iterator[str]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     swap_in(tmp, path)
+
+
+def publish_directory(local_dir: str, url: str, *, marker: str | None = None) -> None:
+    """Write-then-commit of a complete local directory to the prefix ``url``: the marker
+    object goes first, then the files are uploaded, objects the new contents do not have are
+    deleted, and the marker is uploaded last."""
+    if marker is not None and storage.exists(storage.join(url, marker)):
+        storage.remove(storage.join(url, marker))
+    old = set()
+    if storage.isdir(url):
+        for directory, _, files in storage.walk(url):
+            old.update(storage.relpath(storage.join(directory, f), url) for f in files)
+    new = set(storage.upload_tree(local_dir, url, exclude=marker))
+    for rel in sorted(old - new - {marker}):
+        storage.remove(storage.join(url, rel))
+    if marker is not None and os.path.exists(os.path.join(local_dir, marker)):
+        storage.upload(os.path.join(local_dir, marker), storage.join(url, marker))
 
 
 def swap_in(new: str, path: str) -> None:
@@ -178,70 +247,62 @@ class WorkdirLock:
 
     def __init__(self, workdir: str, *, heartbeat_s: float = 30.0,
                  stale_after_s: float = 300.0):
-        self.path = os.path.join(os.path.abspath(workdir), LOCK_FILE)
+        workdir = storage.abspath(workdir)
+        self.path = storage.join(workdir, LOCK_FILE)
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self._held = False
         self._stop = threading.Event()
+        self._file = _BucketLockFile(self.path) if storage.is_remote(workdir) else \
+            _LocalLockFile(self.path)
 
     def acquire(self) -> None:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         me = {"pid": os.getpid(), "host": socket.gethostname()}
         for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                owner = self._owner()
-                if owner == me:  # already held by this process: the outer holder releases it
-                    return
-                if owner is not None and not self._stale(owner):
-                    raise BertJaxError(
-                        f"{os.path.dirname(self.path)}: in use by process {owner['pid']} on "
-                        f"{owner['host']} ({self.path}); wait for it to finish or stop it. "
-                        "If that process is gone, remove the lock file") from None
-                detail = ("unreadable lock file" if owner is None else
-                          f"process {owner['pid']} on {owner['host']} is gone"
-                          if owner["host"] == me["host"] else
-                          f"process {owner['pid']} on {owner['host']} has not touched it for "
-                          f"{self.stale_after_s:g} s")
-                print(f"warning: taking over the stale lock {self.path} ({detail})",
-                      file=sys.stderr, flush=True)
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.path)
-                continue
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(me, f)
-            self._held = True
-            self._stop.clear()
-            threading.Thread(target=self._heartbeat, daemon=True, name="workdir-lock").start()
-            return
+            if self._file.create(me):
+                self._held = True
+                self._stop.clear()
+                threading.Thread(target=self._heartbeat, daemon=True,
+                                 name="workdir-lock").start()
+                return
+            owner, seen = self._file.read()
+            if owner == me:  # already held by this process: the outer holder releases it
+                return
+            if owner is not None and not self._stale(owner, seen):
+                raise BertJaxError(
+                    f"{storage.dirname(self.path)}: in use by process {owner['pid']} on "
+                    f"{owner['host']} ({self.path}); wait for it to finish or stop it. "
+                    "If that process is gone, remove the lock file")
+            detail = ("unreadable lock file" if owner is None else
+                      f"process {owner['pid']} on {owner['host']} is gone"
+                      if owner["host"] == me["host"] else
+                      f"process {owner['pid']} on {owner['host']} has not touched it for "
+                      f"{self.stale_after_s:g} s")
+            print(f"warning: taking over the stale lock {self.path} ({detail})",
+                  file=sys.stderr, flush=True)
+            if self._file.take_over(me, seen):
+                self._held = True
+                self._stop.clear()
+                threading.Thread(target=self._heartbeat, daemon=True,
+                                 name="workdir-lock").start()
+                return
         raise BertJaxError(f"{self.path}: could not take the workdir lock")
 
-    def _owner(self) -> dict[str, Any] | None:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                owner = json.load(f)
-            return {"pid": int(owner["pid"]), "host": str(owner["host"])}
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def _stale(self, owner: dict[str, Any]) -> bool:
+    def _stale(self, owner: dict[str, Any], seen: dict[str, Any]) -> bool:
         if owner["host"] == socket.gethostname():
             return not _pid_alive(owner["pid"])
-        try:
-            return time.time() - os.path.getmtime(self.path) > self.stale_after_s
-        except OSError:
-            return True
+        return time.time() - seen["mtime"] > self.stale_after_s
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
-            with contextlib.suppress(OSError):
-                os.utime(self.path)
+            with contextlib.suppress(OSError, BertJaxError):
+                self._file.touch()
 
     def release(self) -> None:
         self._stop.set()
-        if self._held and self._owner() == {"pid": os.getpid(), "host": socket.gethostname()}:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self.path)
+        if self._held:
+            owner, _ = self._file.read()
+            if owner == {"pid": os.getpid(), "host": socket.gethostname()}:
+                self._file.delete()
         self._held = False
 
     def __enter__(self) -> WorkdirLock:
@@ -251,3 +312,89 @@ class WorkdirLock:
     def __exit__(self, *exc) -> bool:
         self.release()
         return False
+
+
+def _parse_owner(raw: bytes) -> dict[str, Any] | None:
+    try:
+        owner = json.loads(raw.decode("utf-8"))
+        return {"pid": int(owner["pid"]), "host": str(owner["host"])}
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+
+
+class _LocalLockFile:
+    """The lock on a local disk: ``O_EXCL`` creation, the file's mtime as heartbeat."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def create(self, owner: dict[str, Any]) -> bool:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(owner, f)
+        return True
+
+    def read(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+            return _parse_owner(raw), {"mtime": os.path.getmtime(self.path)}
+        except OSError:
+            return None, {"mtime": 0.0}
+
+    def take_over(self, owner: dict[str, Any], seen: dict[str, Any]) -> bool:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
+        return self.create(owner)
+
+    def touch(self) -> None:
+        os.utime(self.path)
+
+    def delete(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
+
+
+class _BucketLockFile:
+    """The lock in a bucket: an object created only if absent (``ifGenerationMatch=0``); the
+    heartbeat and a takeover rewrite it only if its generation is still the one seen, so two
+    runs racing for a stale lock cannot both win. Object times are the server's."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._generation: int | None = None
+
+    def _write(self, owner: dict[str, Any], if_generation_match: int) -> bool:
+        generation = storage.write_if_generation(self.url, json.dumps(owner).encode(),
+                                                     if_generation_match)
+        if generation is None:
+            return False
+        self._generation = generation
+        return True
+
+    def create(self, owner: dict[str, Any]) -> bool:
+        storage.check_reachable(self.url)
+        return self._write(owner, 0)
+
+    def read(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        found = storage.read_with_generation(self.url)
+        if found is None:
+            return None, {"mtime": 0.0, "generation": 0}
+        raw, generation, updated = found
+        return _parse_owner(raw), {"mtime": updated, "generation": generation}
+
+    def take_over(self, owner: dict[str, Any], seen: dict[str, Any]) -> bool:
+        return self._write(owner, int(seen.get("generation") or 0))
+
+    def touch(self) -> None:
+        owner, seen = self.read()
+        if owner is not None and self._generation is not None:
+            self._write(owner, self._generation)
+
+    def delete(self) -> None:
+        if self._generation is not None:
+            storage.delete_if_generation(self.url, self._generation)

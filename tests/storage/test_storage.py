@@ -1,0 +1,126 @@
+"""The storage layer against a real Cloud Storage JSON-API server (fake-gcs-server)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax import fileio, storage
+from bert_jax.errors import BertJaxError
+
+
+def test_files_and_directories_in_a_bucket(bucket, tmp_path):
+    base = f"{bucket}/run"
+    assert not storage.exists(base) and not storage.isdir(base)
+    fileio.atomic_write_json(storage.join(base, "config.json"), {"a": 1})
+    fileio.atomic_write(storage.join(base, "sub/deeper/x.bin"), lambda f: f.write(b"\0\1"))
+    assert storage.isdir(base) and storage.isfile(f"{base}/config.json")
+    assert not storage.isfile(base) and not storage.isdir(f"{base}/config.json")
+    assert storage.listdir(base) == ["config.json", "sub"]
+    assert json.loads(storage.read_text(f"{base}/config.json")) == {"a": 1}
+    assert storage.getsize(f"{base}/sub/deeper/x.bin") == 2
+    assert list(storage.walk(base)) == [
+        (base, ["sub"], ["config.json"]), (f"{base}/sub", ["deeper"], []),
+        (f"{base}/sub/deeper", [], ["x.bin"])]
+    assert storage.glob(f"{base}/*.json") == [f"{base}/config.json"]
+    assert storage.glob(f"{base}/sub/*/x.*") == [f"{base}/sub/deeper/x.bin"]
+    local = storage.localize(base)
+    assert sorted(os.listdir(local)) == ["config.json", "sub"]
+    with pytest.raises(BertJaxError, match="is a directory"):
+        fileio.atomic_write(f"{base}/sub", "x")
+    with pytest.raises(BertJaxError, match="not a directory"):
+        fileio.check_output_path(f"{base}/config.json", directory=True)
+    storage.rmtree(base)
+    assert not storage.exists(f"{base}/config.json")
+
+
+def test_replace_directory_commits_through_its_marker(bucket):
+    target = f"{bucket}/data"
+    with fileio.replace_directory(target, marker="metadata.json") as tmp:
+        for name in ("a.tfrecord", "b.tfrecord", "metadata.json"):
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(f"old {name}")
+    with pytest.raises(RuntimeError), fileio.replace_directory(target, marker="metadata.json") \
+            as tmp:
+        raise RuntimeError("killed before publishing")
+    assert storage.read_text(f"{target}/a.tfrecord") == "old a.tfrecord"
+    with fileio.replace_directory(target, marker="metadata.json") as tmp:
+        for name in ("a.tfrecord", "metadata.json"):
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(f"new {name}")
+    assert storage.listdir(target) == ["a.tfrecord", "metadata.json"]  # b removed
+    assert storage.read_text(f"{target}/metadata.json") == "new metadata.json"
+
+
+def test_publish_order_marker_last(bucket, tmp_path, monkeypatch):
+    """A publish that dies after deleting the marker leaves an uncommitted directory."""
+    target = f"{bucket}/data"
+    (tmp_path / "metadata.json").write_text("1")
+    (tmp_path / "a").write_text("1")
+    fileio.publish_directory(str(tmp_path), target, marker="metadata.json")
+    uploads = []
+    real = storage.upload_tree
+
+    def dying(local_dir, url, exclude=None):
+        uploads.append(exclude)
+        raise OSError("killed")
+
+    monkeypatch.setattr(storage, "upload_tree", dying)
+    with pytest.raises(OSError):
+        fileio.publish_directory(str(tmp_path), target, marker="metadata.json")
+    monkeypatch.setattr(storage, "upload_tree", real)
+    assert uploads == ["metadata.json"]
+    assert not storage.exists(f"{target}/metadata.json")  # readers refuse it, never mix
+
+
+def test_bucket_lock_is_exclusive_and_taken_over_when_stale(bucket, capsys):
+    workdir = f"{bucket}/run"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        storage.put_bytes(f"{workdir}/{fileio.LOCK_FILE}", json.dumps(
+            {"pid": holder.pid, "host": socket.gethostname()}).encode())
+        with pytest.raises(BertJaxError, match=f"in use by process {holder.pid} on"):
+            fileio.WorkdirLock(workdir).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = fileio.WorkdirLock(workdir, heartbeat_s=0.1)
+    lock.acquire()
+    assert "taking over the stale lock" in capsys.readouterr().err
+    assert json.loads(storage.read_text(f"{workdir}/.lock"))["pid"] == os.getpid()
+    # Another process is refused while the holder lives and touches the lock.
+    other = subprocess.run(
+        [sys.executable, "-c", "import sys; from bert_jax import fileio; "
+         "fileio.WorkdirLock(sys.argv[1]).acquire()", workdir],
+        capture_output=True, text=True, timeout=120)
+    assert other.returncode != 0 and f"in use by process {os.getpid()}" in other.stderr
+    lock.release()
+    assert not storage.exists(f"{workdir}/.lock")
+    # Another host's lock holds until it is older than stale_after_s.
+    storage.put_bytes(f"{workdir}/.lock", json.dumps({"pid": 1, "host": "far"}).encode())
+    with pytest.raises(BertJaxError, match="far"):
+        fileio.WorkdirLock(workdir, stale_after_s=3600).acquire()
+    lock = fileio.WorkdirLock(workdir, stale_after_s=0.0)
+    lock.acquire()
+    assert "has not touched it" in capsys.readouterr().err
+    lock.release()
+
+
+def test_two_racers_for_a_stale_lock_one_wins(bucket):
+    url = f"{bucket}/run/.lock"
+    storage.put_bytes(url, b"{}")
+    _, generation, _ = storage.read_with_generation(url)
+    assert storage.write_if_generation(url, b"1", generation) is not None
+    assert storage.write_if_generation(url, b"2", generation) is None
+    assert storage.read_text(url) == "1"
+    assert storage.write_if_generation(url, b"3", 0) is None
+
+
+def test_missing_bucket_and_unreachable_server(gcs, monkeypatch):
+    with pytest.raises(BertJaxError, match="gs://no-such-bucket-x: no such bucket"):
+        storage.exists("gs://no-such-bucket-x/run")
+    with pytest.raises(BertJaxError, match="s3:// paths are not supported"):
+        storage.exists("s3://bucket/run")
