@@ -44,7 +44,7 @@ def enable(directory: str | None = None) -> str | None:
         return None
     directory = directory or xla_cache_dir()
     try:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, exist_ok=True)  # local: this machine's cache
     except OSError:
         return None  # an unwritable home folder must not stop a run
     jax.config.update("jax_compilation_cache_dir", directory)

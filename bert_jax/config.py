@@ -10,6 +10,7 @@ import json
 import os
 from typing import Any
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 
 ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
@@ -312,11 +313,10 @@ class BertConfig:
     def from_json_file(cls, path: str | os.PathLike, **overrides: Any) -> BertConfig:
         """Reads a bert-jax, Hugging Face or Google config JSON file."""
         path = os.fspath(path)
-        if not os.path.exists(path):
+        if not storage.exists(path):
             raise BertJaxError(f"{path}: config file not found")
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(storage.read_text(path))
         except json.JSONDecodeError as e:
             raise BertJaxError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
         if data.get("format") == "bert_jax":
@@ -335,9 +335,9 @@ class BertConfig:
             data = self.to_google_dict()
         else:
             raise ValueError(f"unknown config flavor {flavor!r}")
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+        from bert_jax import fileio
+
+        fileio.atomic_write_json(os.fspath(path), data)
 
 
 # Fields that change how the model computes but not its parameters' shapes or meaning: a run

@@ -9,8 +9,8 @@ used, whatever it is called.
 from __future__ import annotations
 
 import dataclasses
-import os
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 
 # Names (before the first dot, case-insensitive) of files that describe a corpus.
@@ -34,7 +34,7 @@ class CorpusFiles:
         """'' or one line naming what was left out."""
         if not self.skipped:
             return ""
-        names = ", ".join(sorted({os.path.basename(p) for p in self.skipped}))
+        names = ", ".join(sorted({storage.basename(p) for p in self.skipped}))
         return (f"skipped {len(self.skipped)} README/LICENSE-like file"
                 f"{'s' if len(self.skipped) != 1 else ''} in the input directories ({names}); "
                 "name a file explicitly to use it")
@@ -44,15 +44,15 @@ def list_corpus_files(paths: list[str]) -> CorpusFiles:
     """Files given directly plus the text files under given directories."""
     files, skipped = [], []
     for path in paths:
-        if os.path.isfile(path):
+        if storage.isfile(path):
             files.append(path)
-        elif os.path.isdir(path):
-            for root, dirs, names in os.walk(path):
+        elif storage.isdir(path):
+            for root, dirs, names in storage.walk(path):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 for name in sorted(names):
                     if name.startswith("."):
                         continue
-                    (skipped if is_meta_file(name) else files).append(os.path.join(root, name))
+                    (skipped if is_meta_file(name) else files).append(storage.join(root, name))
         else:
             raise BertJaxError(f"--input {path}: no such file or directory")
     if not files:

@@ -81,7 +81,7 @@ def check_output_path(path: str, *, directory: bool) -> None:
         if not directory and storage.isdir(path):
             raise BertJaxError(f"{path}: is a directory; give a file name for the output")
         return
-    path = os.path.abspath(path)
+    path = os.path.abspath(storage.check_local(path))
     if directory and os.path.exists(path) and not os.path.isdir(path):
         raise BertJaxError(f"{path}: exists and is not a directory; choose another output path")
     if not directory and os.path.isdir(path):

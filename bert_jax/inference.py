@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 from bert_jax.fileio import atomic_write, check_output_path
 from bert_jax.textio import ERROR_MODES, read_text
@@ -144,7 +145,7 @@ def embed(path: str, texts: list[str], layer: str = "-1", pooling: str = "none",
 def _read_texts(args) -> list[str]:
     texts = list(args.text or [])
     if args.input:
-        if not os.path.exists(args.input):
+        if not storage.exists(args.input):
             raise BertJaxError(f"{args.input}: input file not found")
         text = read_text(args.input, encoding=args.encoding, errors=args.encoding_errors,
                          hint="pass --encoding, or --encoding-errors replace to replace "

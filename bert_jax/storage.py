@@ -104,6 +104,14 @@ def abspath(path: str) -> str:
     return os.path.abspath(path)
 
 
+def check_local(path: str) -> str:
+    """``path`` if it is an ordinary local path; BertJaxError for a URL whose ``//`` was lost
+    on the way (``gs:/bucket``): never create a local folder named ``gs:``."""
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+:/", os.fspath(path)) and not is_remote(path):
+        raise BertJaxError(f"{path}: looks like a URL missing a slash (gs://bucket/...)")
+    return path
+
+
 def join(base: str, *parts: str) -> str:
     if is_remote(base):
         return posixpath.join(base.rstrip("/"), *parts)
@@ -316,6 +324,41 @@ def walk(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
     yield from visit("")
 
 
+def files_with_info(top: str) -> dict[str, dict[str, Any]]:
+    """Every file under ``top`` by path relative to it (``/``-separated), with its size and,
+    in a bucket, the server's CRC32C (one listing; nothing is downloaded)."""
+    if not is_remote(top):
+        out = {}
+        for directory, dirs, files in os.walk(top):
+            dirs.sort()
+            for name in sorted(files):
+                path = os.path.join(directory, name)
+                out[os.path.relpath(path, top).replace(os.sep, "/")] = {
+                    "size": os.path.getsize(path)}
+        return out
+    with _remote(top) as fs:
+        found = fs.find(_key(top), detail=True)
+    root = _key(top) + "/"
+    return {key[len(root):]: {"size": int(meta["size"]), "crc32c": meta.get("crc32c")}
+            for key, meta in sorted(found.items())
+            if key.startswith(root) and meta.get("type", "file") == "file"}
+
+
+def move_tree(source: str, destination: str) -> None:
+    """Moves a directory: a rename on local disk; in a bucket a server-side copy of every
+    object, then the deletion of the originals (not atomic: an interruption leaves both)."""
+    if not is_remote(source):
+        os.replace(source, destination)
+        return
+    with _remote(source) as fs:
+        keys = fs.find(_key(source), detail=False)
+        root = _key(source) + "/"
+        for key in keys:
+            fs.copy(key, f"{_key(destination)}/{key[len(root):]}")
+        if keys:
+            fs.rm(keys)
+
+
 def glob(pattern: str) -> list[str]:
     """Sorted paths matching ``pattern`` (``*``, ``?``, ``[...]`` within one path part)."""
     if not is_remote(pattern):
@@ -411,7 +454,7 @@ def makedirs(path: str) -> None:
     if is_remote(path):
         check_reachable(path)
     else:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(check_local(path), exist_ok=True)
 
 
 def remove(path: str) -> None:

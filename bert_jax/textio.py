@@ -11,6 +11,7 @@ import codecs
 import io
 import sys
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 
 ERROR_MODES = ("strict", "replace")
@@ -45,8 +46,7 @@ def decode(raw: bytes, path: str, *, encoding: str = "utf-8", errors: str = "str
 
 def read_text(path: str, *, encoding: str = "utf-8", errors: str = "strict",
               hint: str = "") -> str:
-    with open(path, "rb") as f:
-        return decode(f.read(), path, encoding=encoding, errors=errors, hint=hint)
+    return decode(storage.read_bytes(path), path, encoding=encoding, errors=errors, hint=hint)
 
 
 def open_text(path: str, *, encoding: str = "utf-8", errors: str = "strict",

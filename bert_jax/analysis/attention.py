@@ -26,7 +26,6 @@ returns only per-head sums and counts, so inputs of any size stream through.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import unicodedata
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import fileio, storage
 from bert_jax.analysis.common import (
     bucket_length,
     load_encoder,
@@ -191,7 +191,7 @@ def plot_special_tokens(stats: dict, path: str) -> str:
     axes[0].set_ylabel("mean attention")
     axes[0].legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fileio.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
     return path
 
@@ -209,7 +209,7 @@ def plot_head_maps(stats: dict, path: str) -> str:
         ax.set_ylabel("layer")
         fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fileio.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
     return path
 
@@ -231,7 +231,7 @@ def plot_entropy(stats: dict, path: str) -> str:
     ax.set_xticks(layers)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fileio.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
     return path
 
@@ -262,7 +262,7 @@ def plot_sentence(runner: AttentionRunner, text: tuple[str, str | None], layer: 
     ax.set_title(f"layer {layer}, head {head}")
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fileio.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
     return path
 
@@ -287,20 +287,18 @@ def run_command(args) -> int:
             raise BertJaxError(f"--head {args.head}: the model has heads "
                                f"1..{cfg.num_attention_heads}")
     stats = analyze(args.checkpoint, texts, args.max_length, args.batch_size, runner)
-    os.makedirs(args.output, exist_ok=True)
-    written = [os.path.join(args.output, STATS_FILE)]
-    with open(written[0], "w", encoding="utf-8") as f:
-        json.dump(stats, f, indent=1)
-        f.write("\n")
+    storage.makedirs(args.output)
+    written = [storage.join(args.output, STATS_FILE)]
+    fileio.atomic_write_json(written[0], stats, indent=1, sort_keys=False)
     if not args.no_plots:
         out = args.output
-        written += [plot_special_tokens(stats, os.path.join(out, "special_tokens.png")),
-                    plot_head_maps(stats, os.path.join(out, "heads.png")),
-                    plot_entropy(stats, os.path.join(out, "entropy.png")),
+        written += [plot_special_tokens(stats, storage.join(out, "special_tokens.png")),
+                    plot_head_maps(stats, storage.join(out, "heads.png")),
+                    plot_entropy(stats, storage.join(out, "entropy.png")),
                     plot_sentence(runner, texts[args.sentence_index], args.layer,
                                   args.head, min(args.max_length,
                                                  runner.config.max_position_embeddings),
-                                  os.path.join(out, f"sentence{args.sentence_index}_"
+                                  storage.join(out, f"sentence{args.sentence_index}_"
                                                     f"layer{args.layer}_head{args.head}"
                                                     ".png"))]
     print(json.dumps({"written": written, "texts": stats["texts"],

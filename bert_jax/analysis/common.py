@@ -3,11 +3,11 @@ a text or TSV file, fixed-shape batches, and matplotlib (imported only when plot
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 
 
@@ -17,7 +17,7 @@ def load_encoder(path: str):
     from bert_jax.checkpoint.detect import load_checkpoint
     from bert_jax.modeling.params import to_layout
 
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise BertJaxError(f"{path}: no such checkpoint")
     params, config, tokenizer, _ = load_checkpoint(path)
     if tokenizer is None:
@@ -32,12 +32,11 @@ def read_texts(path: str, text_column: str | None = None, pair_column: str | Non
                limit: int = 0) -> list[tuple[str, str | None]]:
     """(text, pair-or-None) per non-blank line of a text file, or per row of a TSV when
     ``text_column`` is given (a header name, or a 0-based index for headerless files)."""
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise BertJaxError(f"{path}: input file not found")
     out: list[tuple[str, str | None]] = []
     if text_column is None:
-        with open(path, encoding="utf-8") as f:
-            out = [(line.rstrip("\n"), None) for line in f if line.strip()]
+        out = [(line, None) for line in storage.read_text(path).splitlines() if line.strip()]
     else:
         from bert_jax.tasks.tsv import read_tsv_lines
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import traceback
 
 import ml_collections
 
+from bert_jax import fileio, storage
 from bert_jax.errors import BertJaxError
 
 # row -> (description as in the paper, feature_layers; None = fine-tune everything)
@@ -79,15 +79,14 @@ def run_table(checkpoint: str, data: str, out: str, rows: list[str], overrides: 
 
     results, ok = [], True
     for row in rows:
-        workdir = os.path.join(out, row)
-        metrics_path = os.path.join(workdir, METRICS_FILE)
+        workdir = storage.join(out, row)
+        metrics_path = storage.join(workdir, METRICS_FILE)
         entry = {"row": row, "system": ROWS[row][0], "feature_layers": ROWS[row][1],
                  "workdir": workdir}
         try:
-            if os.path.isfile(metrics_path):
+            if storage.isfile(metrics_path):
                 log(f"[{row}] reusing {metrics_path}")
-                with open(metrics_path, encoding="utf-8") as f:
-                    metrics = json.load(f)
+                metrics = json.loads(storage.read_text(metrics_path))
             else:
                 c = row_config(row, quick)
                 c.init_checkpoint = checkpoint
@@ -113,13 +112,11 @@ def run_table(checkpoint: str, data: str, out: str, rows: list[str], overrides: 
 
 
 def _write(out: str, checkpoint: str, data: str, overrides: list[str], rows: list[dict]):
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "feature_table.json"), "w", encoding="utf-8") as f:
-        json.dump({"checkpoint": checkpoint, "data": data, "overrides": overrides,
-                   "rows": rows}, f, indent=1)
-        f.write("\n")
-    with open(os.path.join(out, "feature_table.md"), "w", encoding="utf-8") as f:
-        f.write(markdown(rows))
+    storage.makedirs(out)
+    fileio.atomic_write_json(storage.join(out, "feature_table.json"), {
+        "checkpoint": checkpoint, "data": data, "overrides": overrides, "rows": rows},
+        indent=1, sort_keys=False)
+    fileio.atomic_write(storage.join(out, "feature_table.md"), markdown(rows))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [r for r in rows if r not in ROWS]
         if unknown:
             raise BertJaxError(f"--rows: unknown {unknown}; rows: {', '.join(ROWS)}")
-        if not os.path.isdir(args.data):
+        if not storage.isdir(args.data):
             raise BertJaxError(f"--data {args.data}: no such folder")
         bad = [o for o in overrides if not o.startswith("--config.")]
         if bad:

@@ -23,8 +23,8 @@ and counted (``dev_unseen_labels``).
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import sys
 from collections.abc import Sequence
 
@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bert_jax import fileio, storage
 from bert_jax.analysis.common import bucket_length, load_encoder, progress, pyplot
 from bert_jax.errors import BertJaxError
 
@@ -44,13 +45,14 @@ RESULTS_FILE = "probe_results.json"
 def read_conll_columns(path: str, label_column: int, limit: int = 0
                        ) -> list[tuple[list[str], list[str]]]:
     """(words, labels) per sentence of a CoNLL column file."""
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise BertJaxError(f"{path}: no such file")
     sentences: list[tuple[list[str], list[str]]] = []
     words: list[str] = []
     labels: list[str] = []
-    with open(path, encoding="utf-8-sig") as f:
-        for number, line in enumerate(f, start=1):
+    if True:
+        text = storage.read_bytes(path).decode("utf-8-sig")
+        for number, line in enumerate(text.splitlines(keepends=True), start=1):
             fields = line.split()
             if not fields or fields[0] == "-DOCSTART-":
                 if words:
@@ -77,7 +79,7 @@ def read_tsv_labelled(path: str, text_column: str, label_column: str,
     """(text, pair or None, label) per row of a TSV with a header."""
     from bert_jax.tasks.tsv import read_tsv_lines
 
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise BertJaxError(f"{path}: no such file")
     rows = read_tsv_lines(path)
     first = next(rows, None)
@@ -317,7 +319,7 @@ def plot_probes(result: dict, path: str, title: str) -> str:
         axes[1].set_xticks(layers)
         axes[1].set_title("learned scalar-mix weights")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fileio.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
     return path
 
@@ -373,8 +375,8 @@ def run_probe(args) -> dict:
     def labels_of(rows):
         return [t for _, tags in rows for t in tags] if token_level else [r[2] for r in rows]
 
-    if args.cache and os.path.isfile(args.cache):
-        cached = np.load(args.cache)
+    if args.cache and storage.isfile(args.cache):
+        cached = np.load(io.BytesIO(storage.read_bytes(args.cache)))
         x_train, x_dev = cached["train"], cached["dev"]
         if len(x_train) != len(labels_of(train)) or len(x_dev) != len(labels_of(dev)):
             raise BertJaxError(f"{args.cache}: cached features do not match the data "
@@ -383,8 +385,7 @@ def run_probe(args) -> dict:
     else:
         x_train, x_dev = features(train, "train features"), features(dev, "dev features")
         if args.cache:
-            os.makedirs(os.path.dirname(os.path.abspath(args.cache)), exist_ok=True)
-            np.savez(args.cache, train=x_train, dev=x_dev)
+            fileio.atomic_write(args.cache, lambda f: np.savez(f, train=x_train, dev=x_dev))
     names = sorted(set(labels_of(train)))
     index = {name: i for i, name in enumerate(names)}
     y_train, _ = _labelled(labels_of(train), index)
@@ -407,15 +408,13 @@ def run_command(args) -> int:
     if not 0 < args.holdout < 1:
         raise BertJaxError(f"--holdout {args.holdout}: a fraction between 0 and 1")
     result = run_probe(args)
-    os.makedirs(args.output, exist_ok=True)
-    path = os.path.join(args.output, RESULTS_FILE)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
+    storage.makedirs(args.output)
+    path = storage.join(args.output, RESULTS_FILE)
+    fileio.atomic_write_json(path, result, indent=1, sort_keys=False)
     written = [path]
     if not args.no_plots:
-        title = f"{result['level']} probe ({args.probe}), {os.path.basename(args.train)}"
-        written.append(plot_probes(result, os.path.join(args.output, "probe_layers.png"),
+        title = f"{result['level']} probe ({args.probe}), {storage.basename(args.train)}"
+        written.append(plot_probes(result, storage.join(args.output, "probe_layers.png"),
                                    title))
     best = max(result["layers"], key=lambda r: r["accuracy"])
     print(json.dumps({"written": written, "best_layer": best["layer"],

@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import json
-import os
 
-from bert_jax import fileio
+from bert_jax import fileio, storage
 from bert_jax.checkpoint import hf
 from bert_jax.checkpoint.families import ARCHITECTURE_FAMILY
 from bert_jax.checkpoint.google_tf import GOOGLE_CONFIG_FILE
@@ -19,30 +17,29 @@ HF_WEIGHT_FILES = (hf.SAFETENSORS_FILE, hf.SAFETENSORS_INDEX, hf.TORCH_FILE, hf.
 
 def detect_format(path: str) -> str:
     """'hf' or 'google' from the files at ``path`` (a directory or a TF checkpoint prefix)."""
-    if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, hf.HF_CONFIG_FILE)) and any(
-                os.path.exists(os.path.join(path, f)) for f in HF_WEIGHT_FILES):
+    if storage.isdir(path):
+        if storage.exists(storage.join(path, hf.HF_CONFIG_FILE)) and any(
+                storage.exists(storage.join(path, f)) for f in HF_WEIGHT_FILES):
             return "hf"
-        if (os.path.exists(os.path.join(path, GOOGLE_CONFIG_FILE))
-                or glob.glob(os.path.join(path, "*.index"))):
+        if (storage.exists(storage.join(path, GOOGLE_CONFIG_FILE))
+                or storage.glob(storage.join(path, "*.index"))):
             return "google"
         raise BertJaxError(f"{path}: neither a Hugging Face directory (config.json + "
                            f"{' / '.join(HF_WEIGHT_FILES)}) nor a Google TF checkpoint "
                            f"({GOOGLE_CONFIG_FILE} + *.ckpt.index)")
-    if os.path.exists(path + ".index"):
+    if storage.exists(path + ".index"):
         return "google"
     raise BertJaxError(f"{path}: checkpoint not found")
 
 
 def _refuse_foreign_config(output: str, what: str) -> None:
     """Never overwrite another format's config.json (e.g. converting into the source dir)."""
-    path = os.path.join(output, hf.HF_CONFIG_FILE)
-    if not os.path.exists(path):
+    path = storage.join(output, hf.HF_CONFIG_FILE)
+    if not storage.exists(path):
         return
     try:
-        with open(path, encoding="utf-8") as f:
-            is_bert_jax = json.load(f).get("format") == "bert_jax"
-    except (OSError, ValueError):
+        is_bert_jax = json.loads(storage.read_text(path)).get("format") == "bert_jax"
+    except (OSError, ValueError, AttributeError):
         is_bert_jax = False
     if is_bert_jax != (what == "bert-jax"):
         raise BertJaxError(f"{output}: already holds a different checkpoint ({path}); choose an "
@@ -56,7 +53,7 @@ def convert_checkpoint(source: str, output: str, source_format: str = "auto",
 
     fmt = detect_format(source) if source_format == "auto" else source_format
     if fmt == "hf":
-        if not os.path.isdir(source):
+        if not storage.isdir(source):
             raise BertJaxError(f"{source}: Hugging Face checkpoint directory not found")
         from bert_jax.checkpoint.families import load_hf_any
 
@@ -69,7 +66,7 @@ def convert_checkpoint(source: str, output: str, source_format: str = "auto",
         raise BertJaxError(f"unknown source format {fmt!r} (expected hf, google or auto)")
     fileio.check_output_path(output, directory=True)
     _refuse_foreign_config(output, "bert-jax")
-    extra = {"converted_from": {"format": fmt, "source": os.path.abspath(source),
+    extra = {"converted_from": {"format": fmt, "source": storage.abspath(source),
                                 "architecture": report.architecture, "heads": report.heads,
                                 "unused": report.unused}}
     save_model(output, params, config, tokenizer, extra=extra)
@@ -92,23 +89,23 @@ def export_checkpoint(checkpoint: str, output: str, architecture: str | None = N
     from bert_jax.checkpoint.detect import load_checkpoint
     from bert_jax.checkpoint.families import export_hf_any
 
-    if os.path.abspath(checkpoint) == os.path.abspath(output):
+    if storage.abspath(checkpoint) == storage.abspath(output):
         raise BertJaxError(f"{output}: --output is the checkpoint itself; choose another "
                            "directory")
     fileio.check_output_path(output, directory=True)
     _refuse_foreign_config(output, "hf")
-    if os.path.isdir(output):
-        others = sorted(set(os.listdir(output)) - set(EXPORT_FILES))
+    if storage.isdir(output):
+        others = sorted(set(storage.listdir(output)) - set(EXPORT_FILES))
         if others:
             raise BertJaxError(f"{output}: holds files an export does not write "
                                f"({', '.join(others[:3])}); choose a new or empty --output")
     params, config, tokenizer, _ = load_checkpoint(checkpoint)
-    with fileio.replace_directory(output) as staging:
+    with fileio.replace_directory(output, marker=hf.HF_CONFIG_FILE) as staging:
         report = export_hf_any(params, config, staging, tokenizer, architecture=architecture)
-    report.source = os.path.abspath(checkpoint)
-    report.output = os.path.abspath(output)
+    report.source = storage.abspath(checkpoint)
+    report.output = storage.abspath(output)
     if not report.files:
-        report.files = sorted(os.listdir(output))
+        report.files = sorted(storage.listdir(output))
     return report
 
 
@@ -128,7 +125,7 @@ class convert:  # noqa: N801 (CLI command object)
         report = convert_checkpoint(args.source, args.output, args.source_format,
                                     args.scan_layers)
         print(report)
-        print(f"wrote bert-jax model directory {os.path.abspath(args.output)}")
+        print(f"wrote bert-jax model directory {storage.abspath(args.output)}")
         return 0
 
 
@@ -149,5 +146,5 @@ class export:  # noqa: N801 (CLI command object)
     def run(args: argparse.Namespace) -> int:
         report = export_checkpoint(args.checkpoint, args.output, args.architecture)
         print(report)
-        print(f"wrote Hugging Face directory {os.path.abspath(args.output)}")
+        print(f"wrote Hugging Face directory {storage.abspath(args.output)}")
         return 0

@@ -9,9 +9,9 @@ bert-jax's ``"format"`` beside ``model.safetensors`` / ``pytorch_model.bin`` or 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
+from bert_jax import storage
 from bert_jax.checkpoint import store
 from bert_jax.config import BertConfig
 
@@ -21,21 +21,20 @@ HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch
 
 def is_hf_directory(path: str) -> bool:
     """A Hugging Face model directory (config.json without bert-jax's format + weights)."""
-    config_path = os.path.join(path, store.CONFIG_FILE)
-    if not os.path.isfile(config_path):
+    config_path = storage.join(path, store.CONFIG_FILE)
+    if not storage.isfile(config_path):
         return False
-    with open(config_path, encoding="utf-8") as f:
-        try:
-            if json.load(f).get("format") == "bert_jax":
-                return False
-        except (json.JSONDecodeError, AttributeError):
+    try:
+        if json.loads(storage.read_text(config_path)).get("format") == "bert_jax":
             return False
-    return any(os.path.exists(os.path.join(path, w)) for w in HF_WEIGHT_FILES)
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return False
+    return any(storage.exists(storage.join(path, w)) for w in HF_WEIGHT_FILES)
 
 
 def load_checkpoint(path: str) -> tuple[dict, BertConfig, Any, list[str]]:
     """(params, config, tokenizer-or-None, report lines) of a bert-jax or HF checkpoint."""
-    if os.path.isdir(path) and is_hf_directory(path):
+    if storage.isdir(path) and is_hf_directory(path):
         from bert_jax.checkpoint.families import load_hf_any
 
         params, config, tokenizer, report = load_hf_any(path)

@@ -24,15 +24,14 @@ directions cannot disagree.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
-import shutil
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from bert_jax import fileio, storage
 from bert_jax.checkpoint import hf
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
@@ -302,14 +301,14 @@ def params_from_family_state(state: Mapping[str, Any], config: BertConfig,
 
 def read_family_tokenizer(directory: str, config: BertConfig):
     """The tokenizer a family's directory holds (None if none)."""
-    vocab_json = os.path.join(directory, BPE_VOCAB_FILE)
-    merges = os.path.join(directory, BPE_MERGES_FILE)
-    if os.path.exists(vocab_json) and os.path.exists(merges):
+    vocab_json = storage.join(directory, BPE_VOCAB_FILE)
+    merges = storage.join(directory, BPE_MERGES_FILE)
+    if storage.exists(vocab_json) and storage.exists(merges):
         from bert_jax.tokenization.bpe import ByteLevelBPETokenizer
 
         return ByteLevelBPETokenizer.from_files(vocab_json, merges)
-    spiece = os.path.join(directory, SPIECE_FILE)
-    if os.path.exists(spiece):
+    spiece = storage.join(directory, SPIECE_FILE)
+    if storage.exists(spiece):
         return _read_spiece_tokenizer(directory, spiece)
     return hf.read_hf_tokenizer(directory)
 
@@ -320,8 +319,8 @@ def _read_spiece_tokenizer(directory: str, spiece: str):
     from bert_jax.tokenization.sentencepiece import ALBERT_NORMALIZATION, SentencePieceTokenizer
 
     options = dict(ALBERT_NORMALIZATION)
-    path = os.path.join(directory, hf.TOKENIZER_CONFIG_FILE)
-    if os.path.exists(path):
+    path = storage.join(directory, hf.TOKENIZER_CONFIG_FILE)
+    if storage.exists(path):
         raw = hf._read_json(path)
         for key in ("do_lower_case", "keep_accents", "remove_space"):
             if raw.get(key) is not None:
@@ -336,13 +335,14 @@ def load_hf_any(directory: str, **config_overrides: Any):
     family comes from ``config.json``'s ``model_type``. Returns (params, config, tokenizer,
     report) as :func:`bert_jax.checkpoint.hf.load_hf`."""
     directory = os.fspath(directory)
-    path = os.path.join(directory, hf.HF_CONFIG_FILE)
-    if not os.path.isdir(directory):
+    path = storage.join(directory, hf.HF_CONFIG_FILE)
+    if not storage.isdir(directory):
         raise BertJaxError(f"{directory}: not a directory")
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise BertJaxError(f"{directory}: {hf.HF_CONFIG_FILE} not found (not a Hugging Face "
                            "model directory)")
     raw = hf._read_json(path)
+    directory = storage.localize(directory)  # safetensors and torch open files by name
     if raw.get("model_type", "bert") == "bert" or raw.get("format") == "bert_jax":
         return hf.load_hf(directory, **config_overrides)
     config = config_from_hf(raw, path, **config_overrides)
@@ -406,15 +406,15 @@ def _write_bpe_tokenizer(tokenizer, directory: str, config: BertConfig) -> None:
     tok_config = {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": False,
                   "model_max_length": config.max_sequence_length, "errors": "replace",
                   **tokenizer.hf_special_tokens()}
-    with open(os.path.join(directory, hf.TOKENIZER_CONFIG_FILE), "w", encoding="utf-8") as f:
-        json.dump(tok_config, f, indent=2)
+    fileio.atomic_write_json(storage.join(directory, hf.TOKENIZER_CONFIG_FILE), tok_config,
+                             sort_keys=False)
 
 
 def export_hf_any(params: Mapping[str, Any], config: BertConfig, directory: str,
                   tokenizer=None, architecture: str | None = None) -> hf.ConversionReport:
     """Writes a Hugging Face directory in the family the config belongs to (see
     :func:`export_family`): config.json, model.safetensors, and the tokenizer files."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     family = export_family(config)
     if architecture is not None and ARCHITECTURE_FAMILY.get(architecture) != family:
@@ -424,12 +424,11 @@ def export_hf_any(params: Mapping[str, Any], config: BertConfig, directory: str,
         return hf.export_hf(params, config, directory, tokenizer, architecture)
     architecture = architecture or detect_family_architecture(params, family)
     state, dropped = params_to_family_state(params, config, family, architecture)
-    os.makedirs(directory, exist_ok=True)
-    save_file(state, os.path.join(directory, hf.SAFETENSORS_FILE), metadata={"format": "pt"})
-    with open(os.path.join(directory, hf.HF_CONFIG_FILE), "w", encoding="utf-8") as f:
-        json.dump(config_to_hf(config, family, architecture), f, indent=2,
-                  sort_keys=True)
-        f.write("\n")
+    storage.makedirs(directory)
+    fileio.atomic_write(storage.join(directory, hf.SAFETENSORS_FILE),
+                        save(state, metadata={"format": "pt"}))
+    fileio.atomic_write_json(storage.join(directory, hf.HF_CONFIG_FILE),
+                             config_to_hf(config, family, architecture))
     report = hf.ConversionReport(source=directory, architecture=architecture,
                                  heads=list(FAMILIES[family].architectures[architecture][1]),
                                  unused=dropped,
@@ -440,16 +439,17 @@ def export_hf_any(params: Mapping[str, Any], config: BertConfig, directory: str,
     elif kind == "bpe":
         _write_bpe_tokenizer(tokenizer, directory, config)
     elif kind == "sentencepiece":
-        shutil.copyfile(tokenizer.model_path, os.path.join(directory, SPIECE_FILE))
+        fileio.atomic_write(storage.join(directory, SPIECE_FILE),
+                            storage.read_bytes(tokenizer.model_path))
         options = tokenizer.options()
         tok_config = {"tokenizer_class": "AlbertTokenizer" if family == "albert" else None,
                       "model_max_length": config.max_sequence_length,
                       "do_lower_case": options["do_lower_case"],
                       "keep_accents": options["keep_accents"],
                       "remove_space": options["remove_space"]}
-        with open(os.path.join(directory, hf.TOKENIZER_CONFIG_FILE), "w",
-                  encoding="utf-8") as f:
-            json.dump({k: v for k, v in tok_config.items() if v is not None}, f, indent=2)
+        fileio.atomic_write_json(storage.join(directory, hf.TOKENIZER_CONFIG_FILE),
+                                 {k: v for k, v in tok_config.items() if v is not None},
+                                 sort_keys=False)
     else:
         note = hf._write_tokenizer(tokenizer, directory, config)
         if note:

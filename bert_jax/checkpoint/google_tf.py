@@ -10,13 +10,13 @@ inside :func:`read_tf_checkpoint`.
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 from typing import Any
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.checkpoint.hf import ConversionReport, params_from_hf_state
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
@@ -63,18 +63,21 @@ def tf_to_hf_name(name: str) -> tuple[str, bool] | None:
 def find_checkpoint(path: str) -> tuple[str, str]:
     """A directory or checkpoint prefix -> (checkpoint prefix, directory of its files)."""
     path = os.fspath(path)
-    if os.path.isdir(path):
-        indexes = sorted(glob.glob(os.path.join(path, "*.index")))
+    if storage.is_remote(path):  # TensorFlow's reader opens files by name: a local copy
+        path = (storage.localize(path) if storage.isdir(path) else
+                os.path.join(storage.localize(storage.dirname(path)), storage.basename(path)))
+    if storage.isdir(path):
+        indexes = sorted(storage.glob(storage.join(path, "*.index")))
         if not indexes:
             raise BertJaxError(f"{path}: no TF checkpoint (*.ckpt*.index) found")
-        preferred = [p for p in indexes if os.path.basename(p) == "bert_model.ckpt.index"]
+        preferred = [p for p in indexes if storage.basename(p) == "bert_model.ckpt.index"]
         if not preferred and len(indexes) > 1:
-            found = ", ".join(os.path.basename(p) for p in indexes)
+            found = ", ".join(storage.basename(p) for p in indexes)
             raise BertJaxError(f"{path}: several checkpoints ({found}); pass the prefix of "
                                "one, e.g. DIR/model.ckpt-1000")
         return (preferred or indexes)[0][: -len(".index")], path
-    if os.path.exists(path + ".index"):
-        return path, os.path.dirname(os.path.abspath(path))
+    if storage.exists(path + ".index"):
+        return path, storage.dirname(storage.abspath(path))
     raise BertJaxError(f"{path}: neither a directory nor a TF checkpoint prefix "
                        f"({path}.index not found)")
 
@@ -123,14 +126,14 @@ def load_google_tf(path: str, **config_overrides: Any):
     from bert_jax.tokenization.wordpiece import WordPieceTokenizer
 
     prefix, directory = find_checkpoint(path)
-    config_path = os.path.join(directory, GOOGLE_CONFIG_FILE)
-    if not os.path.exists(config_path):
+    config_path = storage.join(directory, GOOGLE_CONFIG_FILE)
+    if not storage.exists(config_path):
         raise BertJaxError(f"{directory}: {GOOGLE_CONFIG_FILE} not found next to the checkpoint")
     config = BertConfig.from_json_file(config_path, **config_overrides)
     params, report = params_from_tf_variables(read_tf_checkpoint(prefix), config,
                                               source=prefix)
     report.architecture = "google-bert"
-    vocab = os.path.join(directory, VOCAB_FILE)
-    tokenizer = WordPieceTokenizer.from_vocab_file(vocab) if os.path.exists(vocab) else None
+    vocab = storage.join(directory, VOCAB_FILE)
+    tokenizer = WordPieceTokenizer.from_vocab_file(vocab) if storage.exists(vocab) else None
     report.check_tokenizer(tokenizer, config)
     return params, config, tokenizer, report

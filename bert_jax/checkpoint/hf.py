@@ -21,12 +21,12 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from bert_jax import fileio, storage
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 
@@ -342,21 +342,21 @@ def read_hf_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
     (state, weights file or index read)."""
     for index_name, loader in ((SAFETENSORS_INDEX, _load_safetensors),
                                (TORCH_INDEX, _load_torch)):
-        index_path = os.path.join(directory, index_name)
-        if os.path.exists(index_path):
+        index_path = storage.join(directory, index_name)
+        if storage.exists(index_path):
             shards = sorted(set(_read_json(index_path).get("weight_map", {}).values()))
             if not shards:
                 raise BertJaxError(f"{index_path}: no weight_map entries")
             state = {}
             for shard in shards:
-                shard_path = os.path.join(directory, shard)
-                if not os.path.exists(shard_path):
+                shard_path = storage.join(directory, shard)
+                if not storage.exists(shard_path):
                     raise BertJaxError(f"{index_path}: shard {shard} not found")
                 state.update(loader(shard_path))
             return state, index_path
     for name, loader in ((SAFETENSORS_FILE, _load_safetensors), (TORCH_FILE, _load_torch)):
-        path = os.path.join(directory, name)
-        if os.path.exists(path):
+        path = storage.join(directory, name)
+        if storage.exists(path):
             return loader(path), path
     raise BertJaxError(f"{directory}: no weights found (expected {SAFETENSORS_FILE}, "
                        f"{SAFETENSORS_INDEX} or {TORCH_FILE})")
@@ -364,8 +364,8 @@ def read_hf_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
 
 def read_hf_config(directory: str, **overrides: Any) -> tuple[BertConfig, dict[str, Any]]:
     """config.json of a Hugging Face BERT directory -> (BertConfig, raw dict)."""
-    path = os.path.join(directory, HF_CONFIG_FILE)
-    if not os.path.exists(path):
+    path = storage.join(directory, HF_CONFIG_FILE)
+    if not storage.exists(path):
         raise BertJaxError(f"{directory}: {HF_CONFIG_FILE} not found (not a Hugging Face model "
                            "directory)")
     raw = _read_json(path)
@@ -381,12 +381,12 @@ def read_hf_tokenizer(directory: str):
     """WordPiece tokenizer from vocab.txt (+ tokenizer_config.json casing), or None."""
     from bert_jax.tokenization.wordpiece import WordPieceTokenizer
 
-    vocab = os.path.join(directory, VOCAB_FILE)
-    if not os.path.exists(vocab):
+    vocab = storage.join(directory, VOCAB_FILE)
+    if not storage.exists(vocab):
         return None
     options = {}
-    tok_config = os.path.join(directory, TOKENIZER_CONFIG_FILE)
-    if os.path.exists(tok_config):
+    tok_config = storage.join(directory, TOKENIZER_CONFIG_FILE)
+    if storage.exists(tok_config):
         raw = _read_json(tok_config)
         for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars"):
             if raw.get(key) is not None:
@@ -401,8 +401,9 @@ def load_hf(directory: str, **config_overrides: Any):
     layout ``config`` builds (``scan_layers=True`` in the overrides stacks the layers).
     """
     directory = os.fspath(directory)
-    if not os.path.isdir(directory):
+    if not storage.isdir(directory):
         raise BertJaxError(f"{directory}: not a directory")
+    directory = storage.localize(directory)  # safetensors and torch open files by name
     config, raw = read_hf_config(directory, **config_overrides)
     state, weights_path = read_hf_weights(directory)
     params, report = params_from_hf_state(state, config, source=weights_path)
@@ -539,9 +540,8 @@ def _write_tokenizer(tokenizer, directory: str, config: BertConfig) -> list[str]
                 "cls_token": "[CLS]", "mask_token": "[MASK]"}
     kind = getattr(tokenizer, "kind", None)
     if kind == "wordpiece":
-        with open(os.path.join(directory, VOCAB_FILE), "w", encoding="utf-8",
-                  newline="\n") as f:
-            f.writelines(tokenizer.id_to_token(i) + "\n" for i in range(tokenizer.vocab_size))
+        fileio.atomic_write(storage.join(directory, VOCAB_FILE), "".join(
+            tokenizer.id_to_token(i) + "\n" for i in range(tokenizer.vocab_size)))
         options = tokenizer.options()
         tok_config = {
             "tokenizer_class": "BertTokenizer", "do_lower_case": options["do_lower_case"],
@@ -549,7 +549,8 @@ def _write_tokenizer(tokenizer, directory: str, config: BertConfig) -> list[str]
             "tokenize_chinese_chars": options["tokenize_chinese_chars"], **specials}
         written = [VOCAB_FILE]
     elif kind == "sentencepiece":
-        shutil.copyfile(tokenizer.model_path, os.path.join(directory, SPM_FILE))
+        fileio.atomic_write(storage.join(directory, SPM_FILE),
+                            storage.read_bytes(tokenizer.model_path))
         options = tokenizer.options()
         tok_config = {"tokenizer_class": "AlbertTokenizer",
                       "do_lower_case": options["do_lower_case"],
@@ -560,18 +561,10 @@ def _write_tokenizer(tokenizer, directory: str, config: BertConfig) -> list[str]
     else:
         return []
     tok_config["model_max_length"] = config.max_position_embeddings
-    with open(os.path.join(directory, TOKENIZER_CONFIG_FILE), "w", encoding="utf-8") as f:
-        json.dump(tok_config, f, indent=2)
-        f.write("\n")
+    fileio.atomic_write_json(storage.join(directory, TOKENIZER_CONFIG_FILE), tok_config,
+                             sort_keys=False)
     return [*written, TOKENIZER_CONFIG_FILE]
 
-
-def _publish(path: str) -> None:
-    """Files of an export are for others to read: rw-r--r-- (less the umask), whatever mode
-    the writer chose (safetensors writes through a private temporary file)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o644 & ~umask)
 
 
 def export_hf(params: Mapping[str, Any], config: BertConfig, directory: str, tokenizer=None,
@@ -579,22 +572,22 @@ def export_hf(params: Mapping[str, Any], config: BertConfig, directory: str, tok
     """Writes a Hugging Face directory: config.json, model.safetensors (decoder tied, as
     transformers saves it) and the tokenizer in a form ``AutoTokenizer`` loads (WordPiece:
     vocab.txt; SentencePiece: spiece.model; each with tokenizer_config.json). Files are
-    world-readable (0644 less the umask).
+    written with the mode the umask gives (0644 typically).
 
     ``architecture`` defaults to the class the params fill (BertForPreTraining when they have
     the MLM and NSP heads). The report names the checkpoint read (``source``) and the directory
     and files written, and lists params not exported.
     """
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     architecture = architecture or detect_architecture(params)
     state, dropped = params_to_hf_state(params, config, architecture)
     num_labels = state["classifier.bias"].shape[0] if "classifier.bias" in state else None
-    os.makedirs(directory, exist_ok=True)
-    save_file(state, os.path.join(directory, SAFETENSORS_FILE), metadata={"format": "pt"})
-    with open(os.path.join(directory, HF_CONFIG_FILE), "w", encoding="utf-8") as f:
-        json.dump(hf_config_dict(config, architecture, num_labels), f, indent=2, sort_keys=True)
-        f.write("\n")
+    storage.makedirs(directory)
+    fileio.atomic_write(storage.join(directory, SAFETENSORS_FILE),
+                        save(state, metadata={"format": "pt"}))
+    fileio.atomic_write_json(storage.join(directory, HF_CONFIG_FILE),
+                             hf_config_dict(config, architecture, num_labels))
     report = ConversionReport(source=source, architecture=architecture,
                               heads=list(ARCHITECTURES[architecture][2]), unused=dropped,
                               unused_label="NOT EXPORTED: parameters the class has no place for",
@@ -608,6 +601,4 @@ def export_hf(params: Mapping[str, Any], config: BertConfig, directory: str, tok
             report.notes.append(f"tokenizer of kind {getattr(tokenizer, 'kind', '?')!r} not "
                                 "exported (Hugging Face has no tokenizer class for it)")
         report.files += written
-    for name in report.files:
-        _publish(os.path.join(directory, name))
     return report

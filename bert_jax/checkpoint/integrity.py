@@ -10,73 +10,62 @@ naming the first file that is missing, short or different. A directory without a
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 from bert_jax.fileio import atomic_write_json
 
 MANIFEST = "sha256.json"
-_CHUNK = 1 << 22
 
 
 class DamagedCheckpoint(BertJaxError):
     """A checkpoint file is missing, truncated or altered since it was saved."""
 
 
-def _files(directory: str) -> list[str]:
-    out = []
-    for root, dirs, files in os.walk(directory):
-        dirs.sort()
-        for name in sorted(files):
-            rel = os.path.relpath(os.path.join(root, name), directory)
-            if rel != MANIFEST:
-                out.append(rel)
-    return out
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _entries(directory: str) -> dict[str, dict]:
+    """What the manifest records of each file: size and SHA-256 on local disk; in a bucket
+    size and the server's CRC32C (objects are immutable and checksummed by the server, so a
+    listing proves them without downloading the checkpoint again)."""
+    files = storage.files_with_info(directory)
+    files.pop(MANIFEST, None)
+    if storage.is_remote(directory):
+        return files
+    return {rel: {"size": info["size"], "sha256": storage.sha256(storage.join(directory, rel))}
+            for rel, info in files.items()}
 
 
 def write_manifest(directory: str) -> str:
-    """Hashes every file under ``directory`` into ``directory/sha256.json``."""
-    entries = {}
-    for rel in _files(directory):
-        path = os.path.join(directory, rel)
-        entries[rel] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
-    return atomic_write_json(os.path.join(directory, MANIFEST), {"files": entries})
+    """Records every file under ``directory`` in ``directory/sha256.json``."""
+    return atomic_write_json(storage.join(directory, MANIFEST), {"files": _entries(directory)})
 
 
 def has_manifest(directory: str) -> bool:
-    return os.path.isfile(os.path.join(directory, MANIFEST))
+    return storage.isfile(storage.join(directory, MANIFEST))
 
 
 def verify(directory: str) -> bool:
     """True if the manifest matches, False if there is none; DamagedCheckpoint otherwise."""
-    path = os.path.join(directory, MANIFEST)
-    if not os.path.isfile(path):
+    path = storage.join(directory, MANIFEST)
+    if not storage.isfile(path):
         return False
     try:
-        with open(path, encoding="utf-8") as f:
-            entries = json.load(f)["files"]
-        items = [(rel, int(e["size"]), str(e["sha256"])) for rel, e in entries.items()]
+        entries = json.loads(storage.read_text(path))["files"]
+        items = [(rel, int(e["size"]), e.get("sha256"), e.get("crc32c"))
+                 for rel, e in entries.items()]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise DamagedCheckpoint(f"{path}: damaged checksum manifest") from None
-    for rel, size, digest in items:
-        file = os.path.join(directory, rel)
-        if not os.path.isfile(file):
+    found = storage.files_with_info(directory)
+    for rel, size, digest, crc in items:
+        file = storage.join(directory, rel)
+        if rel not in found:
             raise DamagedCheckpoint(f"{file}: missing (listed in {MANIFEST})")
-        actual = os.path.getsize(file)
+        actual = found[rel]["size"]
         if actual != size:
             raise DamagedCheckpoint(f"{file}: {actual} bytes, {size} when saved (truncated or "
                                     "overwritten)")
-        if _sha256(file) != digest:
+        if (crc is not None and found[rel].get("crc32c") != crc) or (
+                digest is not None and storage.sha256(file) != digest):
             raise DamagedCheckpoint(f"{file}: contents differ from when saved (checksum "
                                     "mismatch)")
     return True

@@ -22,7 +22,6 @@ verifies, restores and holds finite values; damaged newer steps are reported and
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from bert_jax import storage
 from bert_jax.checkpoint import integrity
 from bert_jax.checkpoint.store import CHECKPOINTS_DIR, PARAMS_ITEM
 from bert_jax.errors import BertJaxError
@@ -64,7 +64,7 @@ class CheckpointManager:
     """Periodic, asynchronous, keep-last-K checkpoints of the training state."""
 
     def __init__(self, workdir: str, *, every_steps: int, keep: int, async_save: bool = True):
-        self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINTS_DIR)
+        self.directory = storage.join(storage.abspath(workdir), CHECKPOINTS_DIR)
         if every_steps <= 0 or keep <= 0:
             raise BertJaxError(f"checkpoint.every_steps={every_steps} and checkpoint.keep="
                                f"{keep} must be positive")
@@ -117,8 +117,8 @@ class CheckpointManager:
         self._manager.wait_until_finished()
         if jax.process_index() == 0:
             for step in self._unsealed:
-                directory = os.path.join(self.directory, str(step))
-                if os.path.isdir(directory):
+                directory = storage.join(self.directory, str(step))
+                if storage.isdir(directory):
                     integrity.write_manifest(directory)
         self._unsealed = []
 
@@ -131,7 +131,7 @@ class CheckpointManager:
         BertJaxError lists what failed."""
         failures: list[tuple[int, str]] = []
         for step in sorted(self._manager.all_steps(), reverse=True):
-            directory = os.path.join(self.directory, str(step))
+            directory = storage.join(self.directory, str(step))
             try:
                 integrity.verify(directory)
                 state, rng, data_state = self.restore(step, abstract_state, abstract_rng)
@@ -147,7 +147,7 @@ class CheckpointManager:
                 self._set_aside([s for s, _ in failures])
                 log(f"resuming from step {step}, the newest complete checkpoint; the damaged "
                     f"steps {[s for s, _ in failures]} are in "
-                    f"{os.path.join(os.path.dirname(self.directory), DAMAGED_DIR)}")
+                    f"{storage.join(storage.dirname(self.directory), DAMAGED_DIR)}")
             return step, state, rng, data_state
         if failures:
             raise BertJaxError(
@@ -158,15 +158,15 @@ class CheckpointManager:
 
     def _set_aside(self, steps: list[int]) -> None:
         if jax.process_index() == 0:
-            target = os.path.join(os.path.dirname(self.directory), DAMAGED_DIR)
-            os.makedirs(target, exist_ok=True)
+            target = storage.join(storage.dirname(self.directory), DAMAGED_DIR)
+            storage.makedirs(target)
             for step in steps:
-                destination = os.path.join(target, str(step))
+                destination = storage.join(target, str(step))
                 suffix = 0
-                while os.path.exists(destination):
+                while storage.exists(destination):
                     suffix += 1
-                    destination = os.path.join(target, f"{step}.{suffix}")
-                os.replace(os.path.join(self.directory, str(step)), destination)
+                    destination = storage.join(target, f"{step}.{suffix}")
+                storage.move_tree(storage.join(self.directory, str(step)), destination)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 

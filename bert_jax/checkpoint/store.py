@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from typing import Any
 
 import numpy as np
 
-from bert_jax import fileio
+from bert_jax import fileio, storage
 from bert_jax.checkpoint import integrity
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
@@ -31,20 +30,21 @@ CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
 PARAMS_ITEM = "params"
 CHECKPOINTS_DIR = "checkpoints"
+# The file a tokenizer directory is trusted by (tokenization.base.TOKENIZER_JSON).
+TOKENIZER_MARKER = "tokenizer.json"
 
 
 def write_config(directory: str, config: BertConfig, extra: dict[str, Any] | None = None):
     data = {"format": "bert_jax", "config": config.to_dict()}
     data.update(extra or {})
-    fileio.atomic_write_json(os.path.join(directory, CONFIG_FILE), data)
+    fileio.atomic_write_json(storage.join(directory, CONFIG_FILE), data)
 
 
 def read_config(directory: str) -> tuple[BertConfig, dict[str, Any]]:
-    path = os.path.join(directory, CONFIG_FILE)
-    if not os.path.exists(path):
+    path = storage.join(directory, CONFIG_FILE)
+    if not storage.exists(path):
         raise BertJaxError(f"{directory}: not a bert-jax checkpoint ({CONFIG_FILE} not found)")
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = storage.read_bytes(path)
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -72,10 +72,17 @@ def save_model(directory: str, params, config: BertConfig, tokenizer=None,
     import jax
     import orbax.checkpoint as ocp
 
-    directory = os.path.abspath(directory)
+    directory = storage.abspath(directory)
     fileio.check_output_path(directory, directory=True)
-    os.makedirs(directory, exist_ok=True)
-    staging = os.path.join(directory, "." + PARAMS_ITEM + ".new")
+    storage.makedirs(directory)
+    remote = storage.is_remote(directory)
+    if remote and jax.process_index() == 0 and storage.exists(
+            storage.join(directory, CONFIG_FILE)):
+        # No rename in a bucket: config.json is the directory's commit marker. Without it
+        # readers refuse the directory ("not a bert-jax checkpoint") until the new
+        # parameters, their manifest and the tokenizer are in place and it is written last.
+        storage.remove(storage.join(directory, CONFIG_FILE))
+    staging = storage.join(directory, PARAMS_ITEM if remote else "." + PARAMS_ITEM + ".new")
     if jax.process_count() == 1:
         # Host copies: Orbax writes numpy arrays as they are, while for device arrays it first
         # compiles a slice program per shape and device (never cached: ~110 compiles and 3.5 s
@@ -87,21 +94,23 @@ def save_model(directory: str, params, config: BertConfig, tokenizer=None,
     if jax.process_index() != 0:
         return
     integrity.write_manifest(staging)
-    fileio.swap_in(staging, os.path.join(directory, PARAMS_ITEM))
+    if not remote:
+        fileio.swap_in(staging, storage.join(directory, PARAMS_ITEM))
     if tokenizer is not None:
-        with fileio.replace_directory(os.path.join(directory, TOKENIZER_DIR)) as tmp:
+        with fileio.replace_directory(storage.join(directory, TOKENIZER_DIR),
+                                      marker=TOKENIZER_MARKER) as tmp:
             tokenizer.save(tmp)
     write_config(directory, config, extra)
 
 
 def step_dirs(workdir: str) -> list[str]:
     """Step directories under ``workdir/checkpoints`` holding a params item, newest first."""
-    root = os.path.join(workdir, CHECKPOINTS_DIR)
-    if not os.path.isdir(root):
+    root = storage.join(workdir, CHECKPOINTS_DIR)
+    if not storage.isdir(root):
         return []
-    steps = sorted((int(d) for d in os.listdir(root) if d.isdigit()
-                    and os.path.isdir(os.path.join(root, d, PARAMS_ITEM))), reverse=True)
-    return [os.path.join(root, str(s)) for s in steps]
+    steps = sorted((int(d) for d in storage.listdir(root) if d.isdigit()
+                    and storage.isdir(storage.join(root, d, PARAMS_ITEM))), reverse=True)
+    return [storage.join(root, str(s)) for s in steps]
 
 
 def latest_step_dir(workdir: str) -> str | None:
@@ -123,26 +132,26 @@ def _warn(message: str) -> None:
 
 def _candidates(path: str) -> tuple[str, list[str]]:
     """path -> (directory holding config.json, params directories to try, best first)."""
-    path = os.path.abspath(path)
-    if not os.path.exists(path):
+    path = storage.abspath(path)
+    if not storage.exists(path):
         raise BertJaxError(f"{path}: checkpoint path not found")
-    if os.path.isdir(os.path.join(path, PARAMS_ITEM)) and os.path.exists(
-            os.path.join(path, CONFIG_FILE)):
-        return path, [os.path.join(path, PARAMS_ITEM)]
+    if storage.isdir(storage.join(path, PARAMS_ITEM)) and storage.exists(
+            storage.join(path, CONFIG_FILE)):
+        return path, [storage.join(path, PARAMS_ITEM)]
     steps = step_dirs(path)
     if steps:
-        return path, [os.path.join(s, PARAMS_ITEM) for s in steps]
-    parent = os.path.dirname(os.path.dirname(path))
-    if (os.path.isdir(os.path.join(path, PARAMS_ITEM))
-            and os.path.basename(os.path.dirname(path)) == CHECKPOINTS_DIR):
-        return parent, [os.path.join(path, PARAMS_ITEM)]
+        return path, [storage.join(s, PARAMS_ITEM) for s in steps]
+    parent = storage.dirname(storage.dirname(path))
+    if (storage.isdir(storage.join(path, PARAMS_ITEM))
+            and storage.basename(storage.dirname(path)) == CHECKPOINTS_DIR):
+        return parent, [storage.join(path, PARAMS_ITEM)]
     raise BertJaxError(f"{path}: no bert-jax checkpoint found (expected {CONFIG_FILE} with "
                        f"{PARAMS_ITEM}/, or a workdir with {CHECKPOINTS_DIR}/<step>/)")
 
 
 def _check(params_dir: str) -> None:
     """Verifies the manifest covering ``params_dir`` (its step's, or its own)."""
-    parent = os.path.dirname(params_dir)
+    parent = storage.dirname(params_dir)
     if integrity.has_manifest(parent):
         integrity.verify(parent)
     else:
@@ -160,7 +169,7 @@ def resolve(path: str) -> tuple[str, str]:
         except integrity.DamagedCheckpoint as e:
             first_error = first_error or e
             if len(params_dirs) > 1:
-                _warn(f"skipping damaged checkpoint {os.path.dirname(params_dir)}: {e}")
+                _warn(f"skipping damaged checkpoint {storage.dirname(params_dir)}: {e}")
             continue
         return config_dir, params_dir
     raise first_error
@@ -228,12 +237,12 @@ def load_model(path: str, *, with_tokenizer: bool = True):
         except integrity.DamagedCheckpoint as e:
             first_error = first_error or e
             if len(params_dirs) > 1:
-                _warn(f"skipping damaged checkpoint {os.path.dirname(params_dir)}: {e}")
+                _warn(f"skipping damaged checkpoint {storage.dirname(params_dir)}: {e}")
     if params is None:
         raise first_error
     tokenizer = None
-    tok_dir = os.path.join(config_dir, TOKENIZER_DIR)
-    if with_tokenizer and os.path.isdir(tok_dir):
+    tok_dir = storage.join(config_dir, TOKENIZER_DIR)
+    if with_tokenizer and storage.isdir(tok_dir):
         from bert_jax.tokenization import load_tokenizer
 
         tokenizer = load_tokenizer(tok_dir)

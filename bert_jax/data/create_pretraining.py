@@ -34,6 +34,7 @@ import sys
 import time
 from typing import Any
 
+from bert_jax import storage
 from bert_jax.data import documents as document_shards
 from bert_jax.data import instances, text
 from bert_jax.data.example_proto import ExampleEncoder
@@ -105,7 +106,7 @@ def group_files(files: list[str], unit_bytes: int) -> list[list[str]]:
             units.append([])
             size = 0
         units[-1].append(path)
-        size += os.path.getsize(path)
+        size += storage.getsize(path)
     return units
 
 
@@ -274,7 +275,9 @@ class _ShardWriter:
 
         self.names = [f"{prefix}-{i:05d}-of-{num_shards:05d}.tfrecord"
                       for i in range(num_shards)]
-        self._writers = [tf.io.TFRecordWriter(os.path.join(output_dir, n)) for n in self.names]
+        # output_dir is the local staging folder (bert_jax.data.output)
+        self._writers = [tf.io.TFRecordWriter(os.path.join(output_dir, n))  # local: staging
+                         for n in self.names]
         self.counts = [0] * num_shards
         self._next = 0
 
@@ -315,8 +318,8 @@ def _create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir
         raise BertJaxError(f"--num-shards {num_shards}: must be >= 1")
     files = text.list_input_files(inputs)
     units = group_files(files, unit_bytes)
-    total_bytes = sum(os.path.getsize(f) for f in files)
-    os.makedirs(output_dir, exist_ok=True)
+    total_bytes = sum(storage.getsize(f) for f in files)
+    storage.makedirs(output_dir)
     num_eval_shards = max(1, round(num_shards * config.holdout_fraction))
     train = _ShardWriter(output_dir, "train", num_shards)
     holdout = _ShardWriter(output_dir, "eval", num_eval_shards) if config.holdout_fraction else None
@@ -356,7 +359,7 @@ def _create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir
     num_train = sum(s["examples"] for s in train_shards)
     if stats["tokens"] == 0 or num_train == 0:
         for name in [s["file"] for s in train_shards + eval_shards]:
-            os.remove(os.path.join(output_dir, name))
+            storage.remove(storage.join(output_dir, name))
         raise BertJaxError(f"--input {' '.join(inputs)}: empty corpus ({stats['files']} files, "
                            f"{stats['documents']} documents, {stats['tokens']} usable tokens, "
                            f"{stats['documents_too_short']} documents too short)")
@@ -532,7 +535,7 @@ class command:  # noqa: N801 - the CLI registry names this attribute
     def run(args) -> int:
         from bert_jax.tokenization.factory import load_tokenizer
 
-        if not os.path.exists(args.tokenizer):
+        if not storage.exists(args.tokenizer):
             raise BertJaxError(f"--tokenizer {args.tokenizer}: no such file or directory")
         tokenizer = load_tokenizer(args.tokenizer)
         lexicon: tuple[str, ...] = ()

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bert_jax.data import records
 from bert_jax.data.example_proto import ExampleEncoder
 from bert_jax.errors import BertJaxError
 
@@ -136,7 +137,7 @@ def load_document_table(files: Sequence[str], vocab_size: int) -> DocumentTable:
                 p["sentence_lengths"].flat_values, p["sentence_lengths"].row_lengths(),
                 p["document"])
 
-    ds = tf.data.TFRecordDataset(list(files)).batch(1024).map(
+    ds = records.records(files).batch(1024).map(
         parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(2)
     try:
         for tok, tok_counts, sen, sen_counts, key in ds.as_numpy_iterator():

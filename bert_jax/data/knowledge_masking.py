@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
@@ -41,8 +42,7 @@ def load_lexicon(path: str) -> list[str]:
     """Entities/phrases of a lexicon file, one per line (blank lines and ``#`` comments
     skipped); a line with fewer than one word is an error naming the line."""
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        lines = storage.read_text(path).splitlines()
     except OSError as e:
         raise BertJaxError(f"--knowledge-lexicon {path}: {e.strerror}") from None
     except UnicodeDecodeError:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import fileio, storage
 from bert_jax.data.masking import MASKING_MODES
 from bert_jax.errors import BertJaxError
 
@@ -70,6 +71,10 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
     whatever the masking): the batches are
     masked exactly as that run's pipeline masks them. Unset, ``whole_word`` / ``span_masking``
     select the masking flags directly (the pipeline's older switches)."""
+    if storage.is_remote(output_dir):  # memory maps need a local file: stage, then publish
+        args = {k: v for k, v in locals().items() if k not in ("data_dir", "output_dir")}
+        with fileio.replace_directory(output_dir, marker=MANIFEST_JSON) as staging:
+            return materialize_batches(data_dir, staging, **args)
     from tqdm import tqdm
 
     from bert_jax.data.metadata import load_metadata
@@ -98,14 +103,14 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
         shuffle_buffer=shuffle_buffer, split=split, pairing=pairing,
         short_seq_prob=short_seq_prob, **options)
     seq = seq_len or meta.max_seq_length
-    os.makedirs(output_dir, exist_ok=True)
+    storage.makedirs(output_dir)
     first = next(iterator)
     # Packed rows (the pipeline's PACKED_BATCH_KEYS) carry their example slots along.
     k = first["cls_positions"].shape[1] if "cls_positions" in first else 0
     keys = dict(_KEYS_AND_DTYPES + (_PACKED_KEYS_AND_DTYPES if k else ()))
     shapes = {key: first[key].shape[1:] for key in keys}
     on_disk = storage_dtypes(meta.vocab_size, seq, k)
-    arrays = {key: np.lib.format.open_memmap(os.path.join(output_dir, f"{key}.npy.tmp"),
+    arrays = {key: np.lib.format.open_memmap(storage.join(output_dir, f"{key}.npy.tmp"),
                                              mode="w+", dtype=on_disk[key],
                                              shape=(steps, batch_size, *shapes[key]))
               for key in keys}
@@ -120,7 +125,7 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
         array.flush()
     arrays.clear()  # close the memory maps before renaming
     for key in keys:
-        os.replace(os.path.join(output_dir, f"{key}.npy.tmp"),
+        os.replace(os.path.join(output_dir, f"{key}.npy.tmp"),  # local: staging
                    os.path.join(output_dir, f"{key}.npy"))
     manifest = {
         "steps": steps, "batch_size": batch_size, "seq_len": seq,
@@ -133,7 +138,7 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
         "shuffle_buffer": shuffle_buffer, "split": split, "mode": meta.mode,
         "pairing": pairing or ("nsp" if meta.format == "documents" else "static"),
         "short_seq_prob": short_seq_prob,
-        "data_dir": os.path.abspath(data_dir),
+        "data_dir": storage.abspath(data_dir),
         "tokenizer": meta.raw["tokenizer"],
         "packed": bool(k),
         **({"max_examples_per_row": k} if k else {}),
@@ -142,19 +147,17 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
                  for key, dtype in keys.items()},
         "next_state": iterator.state(),
     }
-    with open(os.path.join(output_dir, MANIFEST_JSON), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
+    fileio.atomic_write_json(storage.join(output_dir, MANIFEST_JSON), manifest, sort_keys=False)
     return manifest
 
 
 def load_manifest(directory: str) -> dict[str, Any]:
     """``directory``'s manifest.json; a missing or unreadable one is an error naming it."""
-    path = os.path.join(directory, MANIFEST_JSON)
-    if not os.path.exists(path):
+    path = storage.join(directory, MANIFEST_JSON)
+    if not storage.exists(path):
         raise BertJaxError(f"{path}: not found (run `bert-jax materialize-batches` first)")
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(storage.read_text(path))
     except (OSError, ValueError) as e:
         raise BertJaxError(f"{path}: not a readable manifest ({e})") from None
 
@@ -173,7 +176,7 @@ class MaterializedBatches(Iterator[dict[str, np.ndarray]]):
 
     def __init__(self, directory: str, start_step: int = 0, process_index: int = 0,
                  process_count: int = 1, repeat: bool = False):
-        path = os.path.join(directory, MANIFEST_JSON)
+        path = storage.join(directory, MANIFEST_JSON)
         self.manifest = load_manifest(directory)
         global_batch = self.manifest["batch_size"]
         if not 0 <= process_index < process_count or global_batch % process_count:
@@ -184,7 +187,8 @@ class MaterializedBatches(Iterator[dict[str, np.ndarray]]):
             raise BertJaxError(f"{path}: start_step {start_step} outside [0, {self.steps}]")
         self._arrays, self._dtypes = {}, {}
         for key, spec in self.manifest["keys"].items():
-            array = np.load(os.path.join(directory, f"{key}.npy"), mmap_mode="r")
+            array = np.load(storage.join(storage.localize(directory), f"{key}.npy"),
+                            mmap_mode="r")
             stored = spec.get("storage_dtype", spec["dtype"])
             if list(array.shape) != spec["shape"] or str(array.dtype) != stored:
                 raise BertJaxError(f"{directory}/{key}.npy: shape {array.shape} {array.dtype}, "

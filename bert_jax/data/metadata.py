@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 
 METADATA_JSON = "metadata.json"
@@ -49,7 +49,7 @@ class PretrainingDataConfig:
 
     def check_tokenizer(self, tokenizer) -> None:
         """Raises BertJaxError unless ``tokenizer`` is the one the data was made with."""
-        path = os.path.join(self.directory, METADATA_JSON)
+        path = storage.join(self.directory, METADATA_JSON)
         if tokenizer.vocab_size != self.vocab_size:
             raise BertJaxError(f"{path}: data vocab_size {self.vocab_size} != tokenizer "
                                f"vocab_size {tokenizer.vocab_size}")
@@ -59,7 +59,7 @@ class PretrainingDataConfig:
 
     def check_model(self, vocab_size: int, max_position_embeddings: int | None = None) -> None:
         """Raises BertJaxError if the data does not fit a model of this size."""
-        path = os.path.join(self.directory, METADATA_JSON)
+        path = storage.join(self.directory, METADATA_JSON)
         if vocab_size < self.vocab_size:
             raise BertJaxError(f"{path}: data vocab_size {self.vocab_size} exceeds the model's "
                                f"vocab_size {vocab_size}")
@@ -72,24 +72,23 @@ def write_metadata(directory: str, metadata: dict[str, Any]) -> str:
     """Writes ``metadata.json`` atomically (a temporary name, then rename)."""
     from bert_jax.fileio import atomic_write_json
 
-    return atomic_write_json(os.path.join(directory, METADATA_JSON), metadata)
+    return atomic_write_json(storage.join(directory, METADATA_JSON), metadata)
 
 
 def load_metadata(directory: str) -> PretrainingDataConfig:
     """Reads ``directory/metadata.json``; BertJaxError if missing, malformed or files are gone."""
-    path = os.path.join(directory, METADATA_JSON)
-    if not os.path.exists(path):
+    path = storage.join(directory, METADATA_JSON)
+    if not storage.exists(path):
         raise BertJaxError(f"{path}: not found (run `bert-jax create-pretraining-data` first)")
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
+        raw = json.loads(storage.read_text(path))
         tok = raw["tokenizer"]
         splits = {}
         for split in ("train", "eval"):
             entry = raw["splits"][split]
             names = [s["file"] for s in entry["shards"]]
             counts = [int(s["examples"]) for s in entry["shards"]]
-            splits[split] = ([os.path.join(directory, n) for n in names], counts)
+            splits[split] = ([storage.join(directory, n) for n in names], counts)
         config = PretrainingDataConfig(
             directory=directory, mode=raw["mode"], max_seq_length=int(raw["max_seq_length"]),
             vocab_size=int(tok["vocab_size"]), tokenizer_fingerprint=tok["fingerprint"],
@@ -102,7 +101,7 @@ def load_metadata(directory: str) -> PretrainingDataConfig:
     if raw.get("format_version") != FORMAT_VERSION:
         raise BertJaxError(f"{path}: format_version {raw.get('format_version')!r}, expected "
                            f"{FORMAT_VERSION}")
-    missing = [f for f in config.train_files + config.eval_files if not os.path.exists(f)]
+    missing = [f for f in config.train_files + config.eval_files if not storage.exists(f)]
     if missing:
         raise BertJaxError(f"{path}: shard {missing[0]} is missing ({len(missing)} missing)")
     from bert_jax.data.shards import check_shards

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Iterator
 
-from bert_jax import fileio
+from bert_jax import fileio, storage
 from bert_jax.data.metadata import METADATA_JSON, write_metadata
 from bert_jax.errors import BertJaxError
 
@@ -23,9 +22,9 @@ _DATA_SUFFIXES = (".tfrecord", ".tfrecord.gz", METADATA_JSON)
 
 def _check_replaceable(output_dir: str) -> None:
     fileio.check_output_path(output_dir, directory=True)
-    if not os.path.isdir(output_dir):
+    if not storage.isdir(output_dir):
         return
-    others = sorted(name for name in os.listdir(output_dir)
+    others = sorted(name for name in storage.listdir(output_dir)
                     if not name.startswith(".") and not name.endswith(_DATA_SUFFIXES))
     if others:
         raise BertJaxError(f"--output-dir {output_dir}: holds files that are not pretraining "
@@ -34,12 +33,11 @@ def _check_replaceable(output_dir: str) -> None:
 
 
 def _record_sizes(directory: str) -> None:
-    path = os.path.join(directory, METADATA_JSON)
-    with open(path, encoding="utf-8") as f:
-        metadata = json.load(f)
+    path = storage.join(directory, METADATA_JSON)
+    metadata = json.loads(storage.read_text(path))
     for split in metadata.get("splits", {}).values():
         for shard in split.get("shards", []):
-            shard["bytes"] = os.path.getsize(os.path.join(directory, shard["file"]))
+            shard["bytes"] = storage.getsize(storage.join(directory, shard["file"]))
     write_metadata(directory, metadata)
 
 
@@ -47,9 +45,9 @@ def _record_sizes(directory: str) -> None:
 def staged_data_directory(output_dir: str) -> Iterator[str]:
     """``with staged_data_directory(out) as staging:`` write shards + metadata.json into
     ``staging``; on success they replace ``out`` at once, on failure ``out`` is untouched."""
-    output_dir = os.path.abspath(output_dir)
+    output_dir = storage.abspath(output_dir)
     _check_replaceable(output_dir)
-    with fileio.replace_directory(output_dir) as staging:
+    with fileio.replace_directory(output_dir, marker=METADATA_JSON) as staging:
         yield staging
-        if os.path.exists(os.path.join(staging, METADATA_JSON)):
+        if storage.exists(storage.join(staging, METADATA_JSON)):
             _record_sizes(staging)

@@ -21,13 +21,13 @@ masked with vectorised ops (:mod:`bert_jax.data.masking`), ``AUTOTUNE`` parallel
 from __future__ import annotations
 
 import dataclasses
-import glob
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from bert_jax import storage
+from bert_jax.data import records
 from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch, mix_seed, mode_flags
 from bert_jax.data.metadata import METADATA_JSON, PretrainingDataConfig, load_metadata
 from bert_jax.errors import BertJaxError
@@ -72,28 +72,28 @@ def resolve_files(pattern_or_files: str | Sequence[str]) -> tuple[list[str], lis
     listed in a metadata.json beside them are counted by reading them once.
     """
     if isinstance(pattern_or_files, str):
-        if os.path.isdir(pattern_or_files):
+        if storage.isdir(pattern_or_files):
             meta = load_metadata(pattern_or_files)
             return meta.train_files, meta.train_examples, meta.max_seq_length
-        files = sorted(glob.glob(pattern_or_files))
+        files = sorted(storage.glob(pattern_or_files))
         if not files:
             raise BertJaxError(f"{pattern_or_files}: no files match")
     else:
         files = [str(f) for f in pattern_or_files]
-        missing = [f for f in files if not os.path.exists(f)]
+        missing = [f for f in files if not storage.exists(f)]
         if missing or not files:
             raise BertJaxError(f"pretraining files: {missing[0] if missing else 'none given'} "
                                "not found")
     known: dict[str, tuple[int, int]] = {}
-    for directory in sorted({os.path.dirname(os.path.abspath(f)) for f in files}):
-        if os.path.exists(os.path.join(directory, METADATA_JSON)):
+    for directory in sorted({storage.dirname(storage.abspath(f)) for f in files}):
+        if storage.exists(storage.join(directory, METADATA_JSON)):
             meta = load_metadata(directory)
             for split in ("train", "eval"):
                 for f, c in zip(*meta.files(split), strict=True):
-                    known[os.path.abspath(f)] = (c, meta.max_seq_length)
+                    known[storage.abspath(f)] = (c, meta.max_seq_length)
     counts, lengths = [], set()
     for f in files:
-        count, length = known.get(os.path.abspath(f)) or _scan(f)
+        count, length = known.get(storage.abspath(f)) or _scan(f)
         counts.append(count)
         lengths.add(length)
     if len(lengths - {0}) > 1:
@@ -106,7 +106,7 @@ def _scan(path: str) -> tuple[int, int]:
     import tensorflow as tf
 
     count, length = 0, 0
-    for record in tf.data.TFRecordDataset(path):
+    for record in records.file_records(path):
         if count == 0:
             example = tf.train.Example.FromString(record.numpy())
             length = len(example.features.feature["input_ids"].int64_list.value)
@@ -169,14 +169,14 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
 
     def epoch_examples(epoch):
         if host.example_stride > 1:  # fewer files than hosts: a fixed example split
-            ds = tf.data.TFRecordDataset(host_files).shard(host.example_stride,
-                                                           host.example_offset)
+            ds = records.records(host.files).shard(host.example_stride,
+                                                   host.example_offset)
         else:
             order = tf.random.experimental.stateless_shuffle(
                 host_files, tf.stack([tf.constant(mix_seed(seed, 1), tf.int64), epoch]),
                 alg="philox")
             ds = tf.data.Dataset.from_tensor_slices(order).interleave(
-                tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
+                records.reader_for(host.files), cycle_length=cycle, block_length=1,
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if shuffle_buffer > 1:
             ds = ds.shuffle(shuffle_buffer, seed=tf.constant(mix_seed(seed, 2), tf.int64) + epoch,
@@ -249,7 +249,7 @@ def check_pairing(meta: PretrainingDataConfig, pairing: str) -> None:
     shards, dynamic pairing document shards)."""
     from bert_jax.data.pairing import PAIRINGS
 
-    path = os.path.join(meta.directory, METADATA_JSON)
+    path = storage.join(meta.directory, METADATA_JSON)
     if pairing not in ("static", *PAIRINGS):
         raise BertJaxError(f"pairing {pairing!r}: expected 'static' or one of {PAIRINGS}")
     if meta.format == "documents" and pairing == "static":
@@ -289,7 +289,7 @@ def examples_per_row(meta: PretrainingDataConfig, requested: int = 0) -> int:
     stored = int(meta.raw["max_examples_per_row"]) if meta.raw.get("packed") else 0
     if requested and requested != stored:
         raise BertJaxError(
-            f"{os.path.join(meta.directory, METADATA_JSON)}: pair shards are packed when "
+            f"{storage.join(meta.directory, METADATA_JSON)}: pair shards are packed when "
             f"created (create-pretraining-data --pack; these hold "
             f"{f'{stored} examples a row' if stored else 'one example a row'}); "
             f"examples_per_row (data.max_examples_per_row) = {requested} packs document "

@@ -9,9 +9,9 @@ were recorded, hold exactly the recorded number of complete TFRecord frames.
 
 from __future__ import annotations
 
-import os
 import struct
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 
 _HEADER = 12  # uint64 length + uint32 masked CRC of the length
@@ -20,9 +20,9 @@ _FOOTER = 4  # uint32 masked CRC of the data
 
 def count_records(path: str) -> tuple[int, bool]:
     """(complete TFRecord frames, whether the file ends exactly after the last one)."""
-    size = os.path.getsize(path)
+    size = storage.getsize(path)
     count, offset = 0, 0
-    with open(path, "rb") as f:
+    with storage.open_read(path, block_size=1 << 16) as f:
         while offset < size:
             header = f.read(_HEADER)
             if len(header) < _HEADER:
@@ -40,7 +40,7 @@ def check_shards(metadata_path: str, files: list[str], examples: list[int],
                  sizes: list[int | None]) -> None:
     """BertJaxError naming the first shard that is empty, short or of another size."""
     for path, count, size in zip(files, examples, sizes, strict=True):
-        actual = os.path.getsize(path)
+        actual = storage.getsize(path)
         if count > 0 and actual == 0:
             raise BertJaxError(f"{path}: empty (0 bytes), but {metadata_path} lists {count} "
                                "examples; recreate the data with `bert-jax "

@@ -18,6 +18,7 @@ import os
 import re
 import sys
 
+from bert_jax import storage
 from bert_jax.corpus import list_corpus_files
 from bert_jax.errors import BertJaxError
 
@@ -50,13 +51,13 @@ def list_input_files(inputs: list[str]) -> list[str]:
     corpus = list_corpus_files(inputs)
     if corpus.skipped:
         print(corpus.skipped_note(), file=sys.stderr)
-    return sorted(dict.fromkeys(os.path.normpath(f) for f in corpus.files))
+    return sorted(dict.fromkeys(storage.abspath(f) if storage.is_remote(f) else os.path.normpath(f)
+                                for f in corpus.files))
 
 
 def read_text_file(path: str) -> TextFile:
     """Reads a file as UTF-8, replacing undecodable bytes with U+FFFD and counting them."""
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = storage.read_bytes(path)
     text = raw.decode("utf-8", errors="replace")
     # Only count replacements that decoding introduced, not U+FFFD already in the file.
     replaced = text.count("\ufffd") - raw.count("\ufffd".encode())

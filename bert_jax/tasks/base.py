@@ -14,12 +14,12 @@ import itertools
 import json
 import logging
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 from bert_jax.fileio import atomic_write
 
@@ -74,7 +74,7 @@ def resolve_file(split: str, filenames: dict[str, Sequence[str]], data_dir: str 
     ``data_dir/<subdir>`` (so both a task folder and the GLUE root folder work).
     """
     if files is not None:
-        if not os.path.isfile(files):
+        if not storage.isfile(files):
             raise BertJaxError(f"{files}: no such file")
         return files
     if split not in filenames:
@@ -82,10 +82,10 @@ def resolve_file(split: str, filenames: dict[str, Sequence[str]], data_dir: str 
     if data_dir is None:
         raise BertJaxError("pass data_dir (the dataset folder) or files (the file of the split)")
     tried = []
-    for folder in (data_dir, *(os.path.join(data_dir, s) for s in subdirs)):
+    for folder in (data_dir, *(storage.join(data_dir, s) for s in subdirs)):
         for name in filenames[split]:
-            path = os.path.join(folder, name)
-            if os.path.isfile(path):
+            path = storage.join(folder, name)
+            if storage.isfile(path):
                 return path
             tried.append(path)
     raise BertJaxError(f"no file for split {split!r}; tried: {', '.join(tried)}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import fileio, storage
 from bert_jax.errors import BertJaxError
 from bert_jax.tasks import metrics as M
 from bert_jax.tasks.base import (
@@ -89,7 +91,7 @@ def file_format(path: str, configured: str = "") -> str:
 
 def read_rows(path: str, fmt: str) -> tuple[list[str] | None, Iterator[tuple[int, dict]]]:
     """(header or None for JSON lines, iterator of (1-based line, {column: value}))."""
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise BertJaxError(f"{path}: no such file")
     if fmt == "jsonl":
         return None, _jsonl_rows(path)
@@ -349,15 +351,15 @@ class CustomTask(Task):
             raise BertJaxError(f"{self.name}: {len(predictions)} predictions for "
                                f"{len(examples)} examples")
         fmt, header = self._read.get(split, ("jsonl", None))
-        os.makedirs(output_dir, exist_ok=True)
-        path = os.path.join(output_dir, f"predictions.{split}.{fmt}")
+        storage.makedirs(output_dir)
+        path = storage.join(output_dir, f"predictions.{split}.{fmt}")
         tagging = self.kind == "token_classification"
-        with open(path, "w", encoding="utf-8", newline="") as f:
-            if fmt == "jsonl":
-                for ex, pred in zip(examples, predictions, strict=True):
-                    f.write(json.dumps({**ex.row, PREDICTION_COLUMN: pred},
-                                       ensure_ascii=False) + "\n")
-                return [path]
+        f = io.StringIO(newline="")
+        if fmt == "jsonl":
+            for ex, pred in zip(examples, predictions, strict=True):
+                f.write(json.dumps({**ex.row, PREDICTION_COLUMN: pred},
+                                   ensure_ascii=False) + "\n")
+        else:
             columns = [*(header or []), PREDICTION_COLUMN]
             rows = [[*(str(ex.row.get(c, "")) for c in header or []),
                      " ".join(pred) if tagging else
@@ -371,6 +373,7 @@ class CustomTask(Task):
                 f.write("\t".join(columns) + "\n")
                 for r in rows:
                     f.write("\t".join(r) + "\n")
+        fileio.atomic_write(path, f.getvalue())
         return [path]
 
 

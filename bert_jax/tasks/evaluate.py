@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 
+from bert_jax import storage
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.params import to_layout
@@ -77,8 +78,8 @@ def predict(workdir: str, split: str, output_dir: str, overrides: Sequence[str] 
             for s in _predict_splits(task, split)]
     if task.name == "mnli" and split == "test":
         ax = get_task("ax")
-        roots = [d for d in (config.data_dir, config.data_dir and os.path.dirname(
-            os.path.normpath(config.data_dir))) if d]
+        roots = [d for d in (config.data_dir, config.data_dir and storage.dirname(
+            storage.abspath(config.data_dir))) if d]
         for root in ([None] if ax_file else roots):
             try:
                 jobs.append((ax, "test", ax.read("test", data_dir=root, files=ax_file)))

@@ -18,7 +18,6 @@ A tqdm bar with ETA follows the steps (``progress_bar=false`` turns it off).
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -26,7 +25,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import parallel
+from bert_jax import parallel, storage
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
 from bert_jax.fileio import WorkdirLock
@@ -74,8 +73,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, *, overwrite: bool
         from bert_jax.tasks.packing import check_supported
 
         check_supported(task, config)
-    workdir = os.path.abspath(workdir)
-    if config.init_checkpoint and os.path.abspath(config.init_checkpoint) == workdir:
+    workdir = storage.abspath(workdir)
+    if config.init_checkpoint and storage.abspath(config.init_checkpoint) == workdir:
         raise BertJaxError(f"{workdir}: is the init_checkpoint; fine-tuning would replace the "
                            "model it starts from. Choose another --workdir")
     check_run_kind(workdir, "fine-tuning", overwrite=overwrite)
@@ -162,7 +161,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task,
                                              if steady_seconds > 0 else None),
               "seed": config.seed, "holdout_seed": config.holdout_seed, "report": report}
     if jax.process_index() == 0:
-        write_json(os.path.join(workdir, METRICS_FILE), result)
+        write_json(storage.join(workdir, METRICS_FILE), result)
     return result
 
 

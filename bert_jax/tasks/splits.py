@@ -13,6 +13,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 from bert_jax.tasks.base import ExampleList
 
@@ -40,8 +41,7 @@ def holdout_rows(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nda
 
 def squad_articles(path: str) -> dict[str, int]:
     """Question id -> index of its article in an official SQuAD JSON file."""
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+    data = json.loads(storage.read_text(path))
     return {qa["id"]: a for a, article in enumerate(data["data"])
             for paragraph in article.get("paragraphs", []) for qa in paragraph["qas"]}
 

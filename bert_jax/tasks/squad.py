@@ -19,11 +19,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Sequence
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 from bert_jax.tasks import squad_eval
 from bert_jax.tasks.base import (
@@ -425,12 +425,12 @@ class SquadTask(Task):
     def write_predictions(self, predictions: SpanPredictions, examples, output_dir,
                           split) -> list[str]:
         """predictions.json and nbest_predictions.json (+ null_odds.json for v2)."""
-        os.makedirs(output_dir, exist_ok=True)
-        paths = [write_json(os.path.join(output_dir, "predictions.json"), predictions.answers),
-                 write_json(os.path.join(output_dir, "nbest_predictions.json"),
+        storage.makedirs(output_dir)
+        paths = [write_json(storage.join(output_dir, "predictions.json"), predictions.answers),
+                 write_json(storage.join(output_dir, "nbest_predictions.json"),
                             predictions.nbest)]
         if predictions.null_odds is not None:
-            paths.append(write_json(os.path.join(output_dir, "null_odds.json"),
+            paths.append(write_json(storage.join(output_dir, "null_odds.json"),
                                     predictions.null_odds))
         return paths
 

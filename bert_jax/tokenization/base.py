@@ -14,10 +14,10 @@ import dataclasses
 import hashlib
 import json
 import multiprocessing
-import os
 
 import numpy as np
 
+from bert_jax import fileio, storage
 from bert_jax.errors import BertJaxError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -226,16 +226,14 @@ def _encode_parallel(tokenizer: Tokenizer, texts: list[str], num_workers: int) -
 
 def write_metadata(directory: str, meta: dict) -> None:
     """Writes ``tokenizer.json`` (kind, files, options, fingerprint) beside the vocabulary."""
-    with open(os.path.join(directory, TOKENIZER_JSON), "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=2)
+    fileio.atomic_write_json(storage.join(directory, TOKENIZER_JSON), meta, sort_keys=False)
 
 
 def read_metadata(directory: str, kind: str) -> dict:
     """Reads ``tokenizer.json`` and checks that it describes a tokenizer of ``kind``."""
-    meta_path = os.path.join(directory, TOKENIZER_JSON)
+    meta_path = storage.join(directory, TOKENIZER_JSON)
     try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = json.loads(storage.read_text(meta_path))
     except (OSError, ValueError) as e:
         raise BertJaxError(f"{meta_path}: cannot read tokenizer metadata ({e})") from None
     if meta.get("kind") != kind:

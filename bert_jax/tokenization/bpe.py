@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 
 import numpy as np
 import regex
 
+from bert_jax import fileio, storage
 from bert_jax.errors import BertJaxError
 from bert_jax.tokenization.base import (
     TableTokenizer,
@@ -96,19 +96,17 @@ class ByteLevelBPETokenizer(TableTokenizer):
     def from_files(cls, vocab_path: str, merges_path: str) -> ByteLevelBPETokenizer:
         """Reads ``vocab.json`` and ``merges.txt`` (GPT-2 / RoBERTa / HF tokenizers format)."""
         for path in (vocab_path, merges_path):
-            if not os.path.isfile(path):
+            if not storage.isfile(path):
                 raise BertJaxError(f"{path}: file not found")
         try:
-            with open(vocab_path, encoding="utf-8") as f:
-                vocab = json.load(f)
+            vocab = json.loads(storage.read_text(vocab_path))
         except (ValueError, UnicodeDecodeError) as e:
             raise BertJaxError(f"{vocab_path}: not a JSON vocabulary ({e})") from None
         if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
             raise BertJaxError(f"{vocab_path}: expected an object of token -> integer id")
         merges = []
-        with open(merges_path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                line = line.rstrip("\n")
+        if True:
+            for n, line in enumerate(storage.read_text(merges_path).split("\n"), 1):
                 if not line or (n == 1 and line.startswith("#version")):
                     continue
                 parts = line.split(" ")
@@ -117,19 +115,17 @@ class ByteLevelBPETokenizer(TableTokenizer):
                                        f"one space, got {line!r}")
                 if parts[0] + parts[1] not in vocab:
                     raise BertJaxError(f"{merges_path}:{n}: merge result {parts[0] + parts[1]!r} "
-                                       f"is not in {os.path.basename(vocab_path)}")
+                                       f"is not in {storage.basename(vocab_path)}")
                 merges.append((parts[0], parts[1]))
         return cls(vocab, merges, source=vocab_path)
 
     def save_vocab_files(self, directory: str) -> None:
         """``vocab.json`` + ``merges.txt`` as transformers and tokenizers read them."""
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, VOCAB_FILE), "w", encoding="utf-8") as f:
-            json.dump(self._vocab, f, ensure_ascii=False)
-        with open(os.path.join(directory, MERGES_FILE), "w", encoding="utf-8",
-                  newline="\n") as f:
-            f.write(_MERGES_HEADER + "\n")
-            f.writelines(f"{a} {b}\n" for a, b in self._merges)
+        storage.makedirs(directory)
+        fileio.atomic_write(storage.join(directory, VOCAB_FILE),
+                            json.dumps(self._vocab, ensure_ascii=False))
+        fileio.atomic_write(storage.join(directory, MERGES_FILE),
+                            _MERGES_HEADER + "\n" + "".join(f"{a} {b}\n" for a, b in self._merges))
 
     def save(self, directory: str) -> None:
         self.save_vocab_files(directory)
@@ -140,8 +136,8 @@ class ByteLevelBPETokenizer(TableTokenizer):
     @classmethod
     def load(cls, directory: str) -> ByteLevelBPETokenizer:
         meta = read_metadata(directory, cls.kind)
-        tok = cls.from_files(os.path.join(directory, meta.get("vocab_file", VOCAB_FILE)),
-                             os.path.join(directory, meta.get("merges_file", MERGES_FILE)))
+        tok = cls.from_files(storage.join(directory, meta.get("vocab_file", VOCAB_FILE)),
+                             storage.join(directory, meta.get("merges_file", MERGES_FILE)))
         if "fingerprint" in meta and meta["fingerprint"] != tok.fingerprint():
             raise BertJaxError(f"{directory}: vocabulary fingerprint {tok.fingerprint()} does "
                                f"not match the recorded {meta['fingerprint']}")

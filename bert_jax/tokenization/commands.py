@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import types
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 
 
@@ -55,17 +57,23 @@ def run(args: argparse.Namespace) -> int:
         train_sentencepiece,
     )
 
-    if os.path.isfile(args.output):
+    if storage.isfile(args.output):
         raise BertJaxError(f"{args.output}: --output must be a directory, found a file")
     if args.model_type in ("wordpiece", "byte-bpe"):
         return _run_merge_trainer(args)
-    prefix = os.path.join(args.output, os.path.splitext(MODEL_FILE)[0])
-    report = train_sentencepiece(
-        args.input, prefix, args.vocab_size, model_type=args.model_type,
-        character_coverage=args.character_coverage, input_sentence_size=args.input_sentence_size,
-        num_threads=args.num_threads, byte_fallback=args.byte_fallback, seed=args.seed)
-    print(f"read {report.summary()}")
-    SentencePieceTokenizer(prefix + ".model").save(args.output)
+    storage.check_reachable(args.output)
+    # SentencePiece writes its model to a local file: for a gs:// output, into a temporary
+    # folder, then saved to the bucket (the tokenizer.json marker last).
+    with tempfile.TemporaryDirectory(prefix="bert-jax-spm-") as local:
+        folder = local if storage.is_remote(args.output) else args.output
+        prefix = os.path.join(folder, os.path.splitext(MODEL_FILE)[0])
+        report = train_sentencepiece(
+            args.input, prefix, args.vocab_size, model_type=args.model_type,
+            character_coverage=args.character_coverage,
+            input_sentence_size=args.input_sentence_size, num_threads=args.num_threads,
+            byte_fallback=args.byte_fallback, seed=args.seed)
+        print(f"read {report.summary()}")
+        SentencePieceTokenizer(prefix + ".model").save(args.output)
     tokenizer = load_tokenizer(args.output)
     print(f"wrote {args.output}: {args.model_type} vocabulary of {tokenizer.vocab_size} pieces "
           f"({tokenizer.fingerprint()})")

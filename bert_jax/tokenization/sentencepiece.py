@@ -12,11 +12,11 @@ import dataclasses
 import functools
 import os
 import re
-import shutil
 import unicodedata
 
 import numpy as np
 
+from bert_jax import fileio, storage
 from bert_jax.corpus import list_corpus_files
 from bert_jax.errors import BertJaxError
 from bert_jax.tokenization.base import (
@@ -36,10 +36,8 @@ def _processor(model_path: str | None = None, proto: bytes | None = None):
 
     sp = spm.SentencePieceProcessor()
     try:
-        if proto is not None:
-            sp.load_from_serialized_proto(proto)
-        else:
-            sp.load(model_path)
+        sp.load_from_serialized_proto(proto if proto is not None
+                                      else storage.read_bytes(model_path))
     except (OSError, RuntimeError) as e:
         raise BertJaxError(f"{model_path}: not a SentencePiece model ({e})") from None
     return sp
@@ -76,7 +74,7 @@ class SentencePieceTokenizer(Tokenizer):
 
     def __init__(self, model_path: str, do_lower_case: bool = False, keep_accents: bool = True,
                  remove_space: bool = False, replace_quotes: bool = False):
-        if not os.path.isfile(model_path):
+        if not storage.isfile(model_path):
             raise BertJaxError(f"{model_path}: SentencePiece model file not found")
         self.model_path = model_path
         self.do_lower_case = bool(do_lower_case)
@@ -144,10 +142,10 @@ class SentencePieceTokenizer(Tokenizer):
 
     # ---- persistence --------------------------------------------------------------------
     def save(self, directory: str) -> None:
-        os.makedirs(directory, exist_ok=True)
-        target = os.path.join(directory, MODEL_FILE)
-        if not (os.path.exists(target) and os.path.samefile(target, self.model_path)):
-            shutil.copyfile(self.model_path, target)
+        storage.makedirs(directory)
+        target = storage.join(directory, MODEL_FILE)
+        if not storage.same_path(target, self.model_path):
+            fileio.atomic_write(target, storage.read_bytes(self.model_path))
         meta = {"kind": self.kind, "model_file": MODEL_FILE, "vocab_size": self.vocab_size,
                 "fingerprint": self.fingerprint()}
         if self.normalizes:
@@ -156,10 +154,10 @@ class SentencePieceTokenizer(Tokenizer):
 
     @classmethod
     def load(cls, directory: str) -> SentencePieceTokenizer:
-        meta_path = os.path.join(directory, TOKENIZER_JSON)
+        meta_path = storage.join(directory, TOKENIZER_JSON)
         meta = read_metadata(directory, cls.kind)
         options = {k: meta[k] for k in _NO_NORMALIZATION if k in meta}
-        tok = cls(os.path.join(directory, meta.get("model_file", MODEL_FILE)), **options)
+        tok = cls(storage.join(directory, meta.get("model_file", MODEL_FILE)), **options)
         if "fingerprint" in meta and meta["fingerprint"] != tok.fingerprint():
             raise BertJaxError(f"{meta_path}: model fingerprint {tok.fingerprint()} does not "
                                f"match the recorded {meta['fingerprint']}")
@@ -266,7 +264,7 @@ def list_text_files(paths: list[str], report: CorpusReport | None = None) -> lis
 def iter_lines(files: list[str], report: CorpusReport, max_bytes: int):
     """Stripped, decodable, non-empty lines of ``files``; skips are counted in ``report``."""
     for path in files:
-        with open(path, "rb") as f:
+        with storage.open_read(path, block_size=1 << 20) as f:
             if b"\0" in f.read(8192):
                 report.binary_files += 1
                 continue
@@ -303,7 +301,7 @@ def train_sentencepiece(inputs: list[str], output_prefix: str, vocab_size: int,
         raise BertJaxError(f"vocab_size={vocab_size} leaves no room beside the special tokens")
     report = CorpusReport()
     files = list_text_files(inputs, report)
-    os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)  # local: staging
     spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(

@@ -15,13 +15,13 @@ regexes compiled once from the Unicode tables, and word -> ids results are cache
 from __future__ import annotations
 
 import functools
-import os
 import re
 import sys
 import unicodedata
 
 import numpy as np
 
+from bert_jax import fileio, storage
 from bert_jax.errors import BertJaxError
 from bert_jax.tokenization.base import (
     SPECIAL_TOKENS,
@@ -79,10 +79,9 @@ def _unicode_regexes() -> tuple[re.Pattern, re.Pattern, re.Pattern, re.Pattern]:
 
 def read_vocab_file(path: str) -> list[str]:
     """One token per line, the line number is its id (BERT ``vocab.txt``)."""
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise BertJaxError(f"{path}: vocabulary file not found")
-    with open(path, "rb") as f:
-        data = f.read()
+    data = storage.read_bytes(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -150,9 +149,9 @@ class WordPieceTokenizer(TableTokenizer):
                 "split_special_tokens": self.split_special_tokens}
 
     def save(self, directory: str) -> None:
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, VOCAB_FILE), "w", encoding="utf-8", newline="\n") as f:
-            f.writelines(t + "\n" for t in self._tokens)
+        storage.makedirs(directory)
+        fileio.atomic_write(storage.join(directory, VOCAB_FILE),
+                            "".join(t + "\n" for t in self._tokens))
         meta = {"kind": self.kind, "vocab_file": VOCAB_FILE, **self.options(),
                 "vocab_size": self.vocab_size, "fingerprint": self.fingerprint()}
         write_metadata(directory, meta)
@@ -160,12 +159,12 @@ class WordPieceTokenizer(TableTokenizer):
     @classmethod
     def load(cls, directory: str) -> WordPieceTokenizer:
         """Loads a directory written by ``save``."""
-        meta_path = os.path.join(directory, TOKENIZER_JSON)
+        meta_path = storage.join(directory, TOKENIZER_JSON)
         meta = read_metadata(directory, cls.kind)
         known = {"do_lower_case", "strip_accents", "tokenize_chinese_chars",
                  "max_input_chars_per_word", "split_special_tokens"}
         options = {k: v for k, v in meta.items() if k in known}
-        tok = cls.from_vocab_file(os.path.join(directory, meta.get("vocab_file", VOCAB_FILE)),
+        tok = cls.from_vocab_file(storage.join(directory, meta.get("vocab_file", VOCAB_FILE)),
                                   **options)
         if "fingerprint" in meta and meta["fingerprint"] != tok.fingerprint():
             raise BertJaxError(f"{meta_path}: vocabulary fingerprint {tok.fingerprint()} does not "

@@ -11,7 +11,6 @@ the compiler rejects it for memory), 2 for bad input.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
@@ -110,6 +109,6 @@ def task_spec(task: str) -> str:
 def _write_json(path: str | None, record: dict) -> None:
     if not path:
         return
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1, sort_keys=True)
-        f.write("\n")
+    from bert_jax import fileio
+
+    fileio.atomic_write_json(path, record, indent=1)

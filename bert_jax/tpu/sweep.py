@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
+
+from bert_jax import fileio, storage
 
 FSDP = ("--config.parallel.mesh.data=1", "--config.parallel.mesh.fsdp=-1")
 SCAN = ("--config.model.scan_layers=true",)
@@ -151,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         records = []
         for path in args.table:
-            with open(path, encoding="utf-8") as f:
-                records += [json.loads(line) for line in f if line.strip()]
+            records += [json.loads(line) for line in storage.read_text(path).splitlines()
+                        if line.strip()]
         print(markdown(records))
         return 0
     rows = [r for r in ROWS if args.only in r.label or args.only in r.topology]
@@ -164,29 +165,30 @@ def main(argv: list[str] | None = None) -> int:
     from bert_jax.tpu.topologies import prepare_environment
 
     prepare_environment()
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "sweep.jsonl")
+    storage.makedirs(args.out)
+    path = storage.join(args.out, "sweep.jsonl")
     done = {}
-    if os.path.exists(path):  # rows already compiled (an interrupted sweep) are kept
-        with open(path, encoding="utf-8") as f:
-            done = {r["command"]: r for r in map(json.loads, filter(str.strip, f))}
+    if storage.exists(path):  # rows already compiled (an interrupted sweep) are kept
+        done = {r["command"]: r for r in map(
+            json.loads, filter(str.strip, storage.read_text(path).splitlines()))}
     records = [done[r.command()] for r in rows if r.command() in done]
-    with open(path, "a", encoding="utf-8") as f:
+    kept = list(done.values())
+    if True:
         for row in rows:
             if row.command() in done:
                 continue
             print(f"[{len(records) + 1}/{len(rows)}] {row.command()}", flush=True)
             record = run_row(row)
             records.append(record)
-            f.write(json.dumps(record, sort_keys=True) + "\n")
-            f.flush()
+            kept.append(record)  # each finished row is saved at once (one rewrite)
+            fileio.atomic_write(path, "".join(json.dumps(r, sort_keys=True) + "\n"
+                                              for r in kept))
             print(f"  {'fits' if record.get('fits') else 'does not fit'}"
                   f"{'' if record.get('compiled') else ' (not compiled)'}, "
                   f"{record['seconds']:.0f} s", flush=True)
     order = {r.command(): i for i, r in enumerate(rows)}
     records.sort(key=lambda r: order.get(r["command"], len(order)))
-    with open(os.path.join(args.out, "sweep.md"), "w", encoding="utf-8") as f:
-        f.write(markdown(records) + "\n")
+    fileio.atomic_write(storage.join(args.out, "sweep.md"), markdown(records) + "\n")
     print(markdown(records))
     return 0
 

@@ -139,9 +139,10 @@ def quiet_libtpu_without_tpus() -> None:
 
     if importlib.util.find_spec("libtpu") is None:
         return
-    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):  # Google's PCI vendor: a TPU
+    # local: system files. Google's PCI vendor id marks a TPU.
+    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):  # local: system file
         try:
-            with open(path, encoding="ascii") as f:
+            with open(path, encoding="ascii") as f:  # local: system file
                 if f.read().strip() == "0x1ae0":
                     return
         except OSError:

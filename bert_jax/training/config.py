@@ -239,7 +239,7 @@ def _find_file(path: str) -> str:
     candidates = [path, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))), path)]
     for candidate in candidates:
-        if os.path.isfile(candidate):
+        if os.path.isfile(candidate):  # local: an experiment config is Python source
             return candidate
     raise BertJaxError(f"{path}: experiment config file not found")
 

@@ -16,7 +16,6 @@ Every source yields this process's rows as numpy dicts and has a JSON-serializab
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.errors import BertJaxError
 
 MASK_ID = 4  # BERT's special ids: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4
@@ -108,11 +108,11 @@ def resolve_source(data) -> str:
             "no training data: set --config.data.directory=DIR (the output of `bert-jax "
             "create-pretraining-data` or `bert-jax materialize-batches`), or "
             "--config.data.source=synthetic to train on random token ids (smoke tests only)")
-    if not os.path.isdir(directory):
+    if not storage.isdir(directory):
         raise BertJaxError(f"data.directory={directory!r}: no such directory")
     found = [kind for kind, marker in (("tfrecord", METADATA_JSON),
                                        ("materialized", MANIFEST_JSON))
-             if os.path.exists(os.path.join(directory, marker))]
+             if storage.exists(storage.join(directory, marker))]
     if not found:
         raise BertJaxError(
             f"data.directory={directory!r} holds neither {METADATA_JSON} (TFRecord shards from "
@@ -134,7 +134,7 @@ def describe_source(data) -> str:
         return ("data: SYNTHETIC random token ids (data.source='synthetic'); the model learns "
                 "nothing about language. Point --config.data.directory at real data instead.")
     kind = {"tfrecord": "TFRecord shards", "materialized": "materialized batches"}[data.source]
-    return f"data: {kind} from {os.path.abspath(data.directory)}"
+    return f"data: {kind} from {storage.abspath(data.directory)}"
 
 
 def examples_per_row(config) -> int:
@@ -148,10 +148,10 @@ def examples_per_row(config) -> int:
 
     data = config.data
     requested = int(data.get("max_examples_per_row", 0))
-    has_metadata = bool(data.directory) and os.path.exists(
-        os.path.join(data.directory, METADATA_JSON))
-    has_manifest = bool(data.directory) and os.path.exists(
-        os.path.join(data.directory, materialize.MANIFEST_JSON))
+    has_metadata = bool(data.directory) and storage.exists(
+        storage.join(data.directory, METADATA_JSON))
+    has_manifest = bool(data.directory) and storage.exists(
+        storage.join(data.directory, materialize.MANIFEST_JSON))
     materialized = data.source == "materialized" or (
         data.source == "auto" and has_manifest and not has_metadata)
     if data.source == "synthetic" or materialized or not has_metadata:
@@ -162,7 +162,7 @@ def examples_per_row(config) -> int:
             return 0  # resolve_source names a missing folder
         k = materialize.examples_per_row(materialize.load_manifest(data.directory))
         eval_dir = data.get("eval_directory")
-        if eval_dir and os.path.exists(os.path.join(eval_dir, materialize.MANIFEST_JSON)):
+        if eval_dir and storage.exists(storage.join(eval_dir, materialize.MANIFEST_JSON)):
             eval_k = materialize.examples_per_row(materialize.load_manifest(eval_dir))
             if eval_k != k:
                 raise BertJaxError(

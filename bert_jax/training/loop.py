@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import fileio, parallel
+from bert_jax import fileio, parallel, storage
 from bert_jax.checkpoint import store
 from bert_jax.checkpoint.manager import CheckpointManager, NonFiniteState
 from bert_jax.config import BertConfig
@@ -105,7 +105,8 @@ def _write_workdir_files(config, workdir: str, model_cfg: BertConfig, tokenizer)
         return
     store.write_config(workdir, model_cfg, extra={"experiment": config.to_dict()})
     if tokenizer is not None:
-        with fileio.replace_directory(os.path.join(workdir, store.TOKENIZER_DIR)) as tmp:
+        with fileio.replace_directory(storage.join(workdir, store.TOKENIZER_DIR),
+                                      marker=store.TOKENIZER_MARKER) as tmp:
             tokenizer.save(tmp)
 
 
@@ -161,7 +162,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     completed | preempted). The workdir is locked for the run and checked (kind of run,
     model shape against its checkpoints) before anything is written into it."""
     parallel.maybe_initialize_distributed()
-    workdir = os.path.abspath(workdir)
+    workdir = storage.abspath(workdir)
     config.data.source = resolve_source(config.data)
     _log(describe_source(config.data))
     data_vocab = _data_vocab_size(config)  # the data's shards checked before anything else
@@ -265,7 +266,7 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
             preemption.idle = True  # until the first step: nothing to save, exit at once
             while step < total_steps:
                 if profile and step == profile[0]:
-                    jax.profiler.start_trace(os.path.join(workdir, "profile"))
+                    jax.profiler.start_trace(storage.join(workdir, "profile"))
                 try:
                     batch, next_data_state = next(prefetch)
                 except StopIteration:
@@ -336,7 +337,8 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
                     result.update(step=step, stopped="preempted")
                     return result
                 # Save first: an evaluation that fails never costs the training.
-                checkpoints.save(step, state, dropout_rng, data_state, force=at_end)
+                if checkpoints.save(step, state, dropout_rng, data_state, force=at_end):
+                    writer.flush()  # the records up to a checkpoint are as durable as it
                 if at_end:
                     checkpoints.wait()
                 if config.eval_steps > 0 and (step % config.eval_every == 0 or at_end):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
+from bert_jax import fileio, storage
 from bert_jax.errors import BertJaxError
 
 PLOT_FILE = "curves.png"
@@ -26,12 +26,12 @@ def _series(records: list[dict], split: str, key: str) -> tuple[list[int], list[
 
 
 def read_records(workdir: str) -> list[dict]:
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
+    path = storage.join(workdir, "metrics.jsonl")
+    if not storage.exists(path):
         raise BertJaxError(f"{path}: not found (is {workdir} a pretraining workdir?)")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    if True:
+        for number, line in enumerate(storage.read_text(path).splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -56,7 +56,7 @@ def plot_metrics(workdir: str, output: str | None = None, *,
         raise BertJaxError("plot-metrics needs matplotlib: pip install 'bert-jax[monitor]' "
                            "(or pip install matplotlib)") from None
     records = read_records(workdir)
-    output = output or os.path.join(workdir, PLOT_FILE)
+    output = output or storage.join(workdir, PLOT_FILE)
     baselines = baselines or {}
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
     for ax, key, title in ((axes[0], "mlm_loss", "masked-LM loss"),
@@ -71,10 +71,9 @@ def plot_metrics(workdir: str, output: str | None = None, *,
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(os.path.basename(os.path.abspath(workdir)))
+    fig.suptitle(storage.basename(storage.abspath(workdir)))
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    fig.savefig(output)
+    fileio.atomic_write(output, lambda f: fig.savefig(f, format="png"))
     plt.close(fig)
     return output
 

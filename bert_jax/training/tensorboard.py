@@ -12,7 +12,7 @@ import os
 import socket
 import time
 
-from bert_jax import protowire
+from bert_jax import fileio, protowire, storage
 
 
 def _event(step: int | None = None, scalars: dict[str, float] | None = None,
@@ -32,23 +32,41 @@ def _event(step: int | None = None, scalars: dict[str, float] | None = None,
 
 
 class EventWriter:
-    """Appends scalar summaries to a new event file in ``directory`` (created if missing)."""
+    """Appends scalar summaries to a new event file in ``directory`` (created if missing).
+
+    In a bucket (no append) the events are kept in memory and :meth:`flush` uploads the
+    whole file again; TensorBoard reads it like any other event file."""
 
     def __init__(self, directory: str):
-        os.makedirs(directory, exist_ok=True)
+        storage.makedirs(directory)
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
-        self.path = os.path.join(directory, name)
-        self._file = open(self.path, "ab")
-        self._file.write(protowire.tfrecord(_event(file_version="brain.Event:2")))
+        self.path = storage.join(directory, name)
+        self.remote = storage.is_remote(self.path)
+        first = protowire.tfrecord(_event(file_version="brain.Event:2"))
+        if self.remote:
+            self._events = bytearray(first)
+        else:
+            self._file = open(self.path, "ab")  # local: append
+            self._file.write(first)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """One event at ``step`` holding every ``tag: value`` of ``values``."""
         if step < 0:
             raise ValueError(f"a TensorBoard step must be non-negative, got {step}")
-        self._file.write(protowire.tfrecord(_event(step, values)))
+        event = protowire.tfrecord(_event(step, values))
+        if self.remote:
+            self._events += event
+        else:
+            self._file.write(event)
 
     def flush(self) -> None:
-        self._file.flush()
+        if self.remote:
+            fileio.atomic_write(self.path, bytes(self._events))
+        else:
+            self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if self.remote:
+            self.flush()
+        else:
+            self._file.close()

@@ -9,9 +9,9 @@ config had been replaced.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from bert_jax import storage
 from bert_jax.checkpoint import store
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
@@ -46,17 +46,17 @@ def _get(tree: dict[str, Any], keys: tuple[str, ...]):
 def check_run_kind(workdir: str, kind: str, *, overwrite: bool = False) -> None:
     """BertJaxError if ``workdir`` holds a run of another kind than ``kind`` (a fine-tuning
     run in a pretraining workdir, a converted model...), unless ``overwrite``. Reads only."""
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
+    if storage.exists(workdir) and not storage.isdir(workdir):
         raise BertJaxError(f"{workdir}: exists and is not a directory")
     if overwrite:
         return
-    config_path = os.path.join(workdir, store.CONFIG_FILE)
-    if os.path.exists(config_path):
+    config_path = storage.join(workdir, store.CONFIG_FILE)
+    if storage.exists(config_path):
         _, extra = store.read_config(workdir)
         found = run_kind(extra)
     elif store.step_dirs(workdir):
         found = "pretraining"
-    elif os.path.isdir(os.path.join(workdir, store.PARAMS_ITEM)):
+    elif storage.isdir(storage.join(workdir, store.PARAMS_ITEM)):
         found = "model"
     else:
         return
@@ -71,7 +71,7 @@ def check_pretraining_workdir(workdir: str, model_cfg: BertConfig, experiment: d
     """BertJaxError if ``workdir`` holds another kind of run, or checkpoints that this
     model/optimizer cannot resume. Reads only; call before writing into the workdir."""
     check_run_kind(workdir, "pretraining", overwrite=overwrite)
-    if not os.path.exists(os.path.join(workdir, store.CONFIG_FILE)):
+    if not storage.exists(storage.join(workdir, store.CONFIG_FILE)):
         return
     saved_cfg, extra = store.read_config(workdir)
     if run_kind(extra) != "pretraining" or not store.step_dirs(workdir):
