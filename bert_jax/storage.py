@@ -54,6 +54,12 @@ def configure_environment() -> None:
     # gcsfs's zonal/hierarchical-bucket probe goes through a gRPC control-plane client that
     # emulators do not serve; standard buckets need none of it.
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    # Every gcsfs instance of the process (ours and the one etils makes for Orbax) lists the
+    # bucket afresh: other hosts and other clients write into the same prefixes, and a cached
+    # listing would show a step directory that was moved away.
+    import fsspec.config
+
+    fsspec.config.conf.setdefault("gs", {}).setdefault("use_listings_cache", False)
     emulator = emulator_url()
     if emulator:
         os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", emulator)
@@ -147,8 +153,6 @@ def same_path(a: str, b: str) -> bool:
 def _gcs():
     import gcsfs
 
-    # Listings are not cached: other processes (the other hosts of a pod, Orbax's own client)
-    # write into the same prefixes.
     return gcsfs.GCSFileSystem(token="anon" if emulator_url() else None,
                                use_listings_cache=False, retries=REMOTE_RETRIES)
 
