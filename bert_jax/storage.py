@@ -151,8 +151,13 @@ def same_path(a: str, b: str) -> bool:
 # ---- the remote client ----------------------------------------------------------------------
 @functools.cache
 def _gcs():
+    import logging
+
     import gcsfs
 
+    # gcsfs logs each failed try with its traceback; the failure that remains after the
+    # retries reaches the user as one line (_describe).
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
     return gcsfs.GCSFileSystem(token="anon" if emulator_url() else None,
                                use_listings_cache=False, retries=REMOTE_RETRIES)
 
@@ -165,7 +170,8 @@ def _describe(url: str, error: BaseException) -> BertJaxError | None:
     """A BertJaxError for a failure the user can act on, or None for a plain not-found."""
     text = str(error)
     status = getattr(error, "code", None) or getattr(error, "status", None)
-    if isinstance(error, PermissionError) or status in (401, 403) or " 403" in text[:80]:
+    if (isinstance(error, PermissionError) or status in (401, 403)
+            or text.startswith(("Forbidden", "Unauthorized")) or " 403" in text[:80]):
         return BertJaxError(f"{url}: permission denied by {endpoint()} (HTTP 403); check the "
                             "credentials of this machine and the bucket's permissions")
     if _is_connection_error(error):

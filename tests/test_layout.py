@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import functools
 import pathlib
+import re
 
 import pytest
 
@@ -20,8 +21,17 @@ FORBIDDEN = {
     "data": {"tasks", "training", "cli"},
     "tokenization": {"modeling", "training", "tasks"},
 }
-# config.py is pure data: of bert_jax, it imports only errors.
-CONFIG_MAY_IMPORT = {"bert_jax.errors"}
+# config.py is pure data: of bert_jax, it imports only errors and, to read and write its
+# JSON files wherever they are, the storage layer.
+CONFIG_MAY_IMPORT = {"bert_jax.errors", "bert_jax.storage", "bert_jax.fileio"}
+# The storage layer: the only modules that open, list, rename or delete paths with os, open,
+# shutil or glob. Elsewhere a line that does so must say why the path is always local
+# (``# local: <reason>``: a staging folder, a system file, this machine's cache).
+STORAGE_LAYER = {"bert_jax.storage", "bert_jax.fileio"}
+FILE_OPERATIONS = re.compile(
+    r"(?<![\w.])open\(|\bos\.(makedirs|mkdir|rename|replace|remove|unlink|rmdir|listdir|scandir|"
+    r"walk|stat|utime|chmod|fdopen)\(|\bos\.path\.(exists|isdir|isfile|getsize|getmtime|"
+    r"samefile)\(|\bshutil\.\w+\(|\bglob\.glob\(|\bpathlib\.Path\(")
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -161,3 +171,32 @@ def test_no_upward_imports(layer):
             if (_layer(m) == layer if layer != "config" else m == "bert_jax.config")}
     assert mine, layer
     assert layer_violations(mine) == []
+
+
+def file_operations_outside_storage() -> list[str]:
+    """``file:line`` of each os/open/shutil/glob file operation outside the storage layer
+    that does not say why its path is local."""
+    found = []
+    for module, path in _modules().items():
+        if module in STORAGE_LAYER:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if FILE_OPERATIONS.search(code) and "# local:" not in line:
+                found.append(f"{path.relative_to(ROOT.parent)}:{number}: {line.strip()}")
+    return found
+
+
+def test_user_paths_go_through_the_storage_layer():
+    assert file_operations_outside_storage() == []
+
+
+def test_the_storage_rule_sees_file_operations(tmp_path, monkeypatch):
+    package = tmp_path / "bert_jax"
+    package.mkdir()
+    (package / "ok.py").write_text("import os\nos.path.join('a', 'b')\nstorage.exists(p)\n"
+                                   "os.makedirs(d)  # local: staging\n")
+    (package / "bad.py").write_text("import os, shutil\nwith open(p) as f:\n    pass\n"
+                                    "os.listdir(d)\nshutil.rmtree(d)\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", package)
+    assert [f.split(":")[1] for f in file_operations_outside_storage()] == ["2", "4", "5"]
