@@ -58,7 +58,8 @@ class GCSServer:
                     break
             except (urllib.error.URLError, OSError):
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"fake-gcs-server did not start (log: {self._log.name})")
+                    raise RuntimeError(
+                        f"fake-gcs-server did not start (log: {self._log.name})") from None
                 time.sleep(0.05)
         atexit.register(self.stop)
 

@@ -1,5 +1,4 @@
 import pytest
-
 from gcs_server import server
 
 

@@ -196,7 +196,7 @@ def test_finetune_evaluate_predict_export_embed_from_and_to_the_bucket(env, data
     rows = ["text,label"] + [f"{'good fine happy' if i % 2 else 'bad sad poor'} day {i},"
                              f"{'pos' if i % 2 else 'neg'}" for i in range(64)]
     storage.put_bytes(f"{bucket}/task/train.csv", "\n".join(rows).encode())
-    storage.put_bytes(f"{bucket}/task/test.csv", "text\ngood fine happy\nbad sad poor\n".encode())
+    storage.put_bytes(f"{bucket}/task/test.csv", b"text\ngood fine happy\nbad sad poor\n")
     ft = f"{bucket}/ft"
     cli(env, "finetune", "--config", f"{EXPERIMENTS}/custom.py:classification", "--workdir", ft,
         f"--config.init_checkpoint={bucket}/run", f"--config.train_file={bucket}/task/train.csv",

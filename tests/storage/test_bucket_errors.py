@@ -53,7 +53,8 @@ def run(tmp_path, endpoint, *args):
 
 def commands(url):
     return [[*PRETRAIN, "--workdir", f"{url}/run"],
-            ["train-tokenizer", "--input", f"{url}/corpus", "--output", "tok", "--vocab-size", "100"],
+            ["train-tokenizer", "--input", f"{url}/corpus", "--output", "tok",
+             "--vocab-size", "100"],
             ["embed", f"{url}/model", "--text", "x", "--output", "v.npy"]]
 
 
