@@ -38,6 +38,8 @@ SUITES: dict[str, tuple[str, str | dict[str, tuple[str, str]]]] = {
     "packing": ("effective tokens/s of the pretraining and fine-tuning steps, packed rows "
                 "against one example a row", "bench.packing"),
     "data": ("pretraining-data creation and masking pipeline rates", "bench.data"),
+    "bucket": ("the masking pipeline and TFRecord reader from a bucket against local disk",
+               "bench.bucket"),
     "tokenizer": ("WordPiece tokenizer throughput", "bench.tokenizer"),
     "summary": ("markdown tables from the JSON lines of the other suites", "bench.summarize"),
     "fp8": ("FP8 matmuls (model.fp8) against bf16 and transformers; MLM accuracy at equal "

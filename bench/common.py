@@ -79,7 +79,9 @@ def results_file(out_dir: str, suite: str) -> str:
     """``out_dir/<suite>.jsonl``; a path already ending in ``.jsonl`` is taken as the file."""
     if out_dir.endswith(".jsonl") or out_dir == os.devnull:
         return out_dir
-    return os.path.join(out_dir, f"{suite}.jsonl")
+    from bert_jax import storage
+
+    return storage.join(out_dir, f"{suite}.jsonl")
 
 
 def run_suite(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -158,8 +160,13 @@ def timed_against_reference(jitted, inputs, args, record: dict, want: dict, key,
 
 
 def write_result(path: str, record: dict) -> None:
+    from bert_jax import fileio, storage
+
     record = dict(record, host=platform.node(), time=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+    if path == os.devnull:
+        print(json.dumps(record), flush=True)
+        return
+    # Appended by a rewrite: the folder may be a bucket (gs://), which has no append.
+    before = storage.read_bytes(path) if storage.exists(path) else b""
+    fileio.atomic_write(path, before + (json.dumps(record) + "\n").encode())
     print(json.dumps(record), flush=True)
