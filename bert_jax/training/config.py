@@ -236,12 +236,22 @@ def load_config(spec: str, overrides: Sequence[str] = (),
 
 
 def _find_file(path: str) -> str:
-    candidates = [path, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))), path)]
+    """An experiment file: ``path`` as given (relative to the working folder), else under
+    the checkout the package runs from, else among the configs installed with the package
+    (``bert_jax/experiments/``, see setup.py). ``pretrain`` stands for
+    ``experiments/pretrain.py``."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not path.endswith(".py") and os.sep not in path and "/" not in path:
+        path = f"experiments/{path}.py"
+    candidates = [path, os.path.join(os.path.dirname(package), path)]
+    if path.startswith("experiments/"):
+        candidates.append(os.path.join(package, path))
     for candidate in candidates:
         if os.path.isfile(candidate):  # local: an experiment config is Python source
             return candidate
-    raise BertJaxError(f"{path}: experiment config file not found")
+    raise BertJaxError(f"{path}: experiment config file not found (give a path to a .py file, "
+                       "or one of the shipped names: pretrain, glue, squad, ner, swag, custom, "
+                       "e2e, feature_ner)")
 
 
 def parse_override_args(args: Sequence[str]) -> list[tuple[str, str]]:
