@@ -18,10 +18,11 @@ documented recipe otherwise: 2 epochs, length 384, stride 128, batch 32), then t
 transformers peer (``python -m bench quality peer``) on that run's own config
 (``W/config.json``'s ``finetune`` section): same examples, features, order and
 hyperparameters. ``--variant NAME:KEY=VALUE,...`` adds bert-jax runs with more
-``--config.KEY=VALUE`` overrides. Runs go ``--parallel`` at a time (one GPU holds several
-runs of a small model). Both sides are scored with bert-jax's official SQuAD scorer after
-the last epoch. Writes OUT/squad_seeds.json (every run) and OUT/squad_seeds.md (mean ± sample
-std per side and learning rate).
+``--config.KEY=VALUE`` overrides; ``--peer-head-init`` starts the peer from each bert-jax
+run's initial span head (same seed: same head on both sides). Runs go ``--parallel`` at a
+time (one GPU holds several runs of a small model). Both sides are scored with bert-jax's
+official SQuAD scorer after the last epoch. Writes OUT/squad_seeds.json (every run) and
+OUT/squad_seeds.md (mean ± sample std per side and learning rate).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from bench.common import REPO
 
 EXPERIMENT = os.path.join("experiments", "squad.py") + ":v1"
 FILES = ("train-v1.1.json", "dev-v1.1.json")
+HEAD_SHARED = "transformers from bert-jax's head"
+SIDES = ("bert_jax", "transformers", HEAD_SHARED)
 
 
 # ---- split ----------------------------------------------------------------------------------
@@ -129,12 +132,21 @@ def run_one(job: dict, args) -> dict:
                     config_path, "--checkpoint", args.checkpoint, "--out", out]
             if args.peer_no_compile:
                 peer.append("--no-compile")
+            side = "transformers"
+            if args.peer_head_init:  # the peer starts from this run's initial head
+                from bench.quality_finetune import bert_jax_initial_head
+                from bert_jax.tasks.config import config_from_dict
+
+                os.makedirs(workdir + ".head", exist_ok=True)
+                peer += ["--head-init", bert_jax_initial_head(config_from_dict(run_config),
+                                                              workdir + ".head")]
+                side = HEAD_SHARED
             t0 = time.perf_counter()
             subprocess.run(peer, check=True, cwd=REPO, stdout=log, stderr=log)
             with open(out, encoding="utf-8") as f:
                 p = json.load(f)
             metrics = next(iter(p["metrics"].values()))
-            record["transformers"] = {"exact_match": metrics["exact_match"],
+            record[side] = {"exact_match": metrics["exact_match"],
                                       "f1": metrics["f1"], "train_losses": p["train_losses"],
                                       "seconds": time.perf_counter() - t0, "command": peer,
                                       "torch": p["torch"], "transformers": p["transformers"]}
@@ -143,7 +155,7 @@ def run_one(job: dict, args) -> dict:
     finally:
         log.close()
     brief = {k: record[k] for k in ("variant", "learning_rate", "seed", "error") if k in record}
-    for side in ("bert_jax", "transformers"):
+    for side in SIDES:
         if side in record:
             brief[side] = {k: round(record[side][k], 2) for k in ("exact_match", "f1", "seconds")}
     print(json.dumps(brief), flush=True)
@@ -161,9 +173,9 @@ def summary(records: list[dict]) -> str:
     """Mean ± sample std over seeds of EM and F1, per learning rate, side and variant."""
     rows: dict[tuple, list[dict]] = {}
     for r in records:
-        for side in ("bert_jax", "transformers"):
+        for side in SIDES:
             if side in r:
-                name = side if side == "transformers" or r["variant"] == "default" \
+                name = side if side != "bert_jax" or r["variant"] == "default" \
                     else f"bert_jax {r['variant']}"
                 rows.setdefault((r["learning_rate"], name), []).append(r[side])
     lines = ["| lr | side | seeds | EM mean ± std | F1 mean ± std | F1 per seed |",
@@ -199,6 +211,8 @@ def run_main(argv) -> int:
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--peer-no-compile", action="store_true",
                     help="transformers without torch.compile (same numerics, no compile time)")
+    ap.add_argument("--peer-head-init", action="store_true",
+                    help="the peer starts from each bert-jax run's initial span head")
     ap.add_argument("--parallel", type=int, default=1, help="runs at a time")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)

@@ -59,10 +59,15 @@ def test_summary_mean_and_sample_std():
                for s, (em, f1) in enumerate([(10.0, 20.0), (20.0, 30.0), (30.0, 40.0)])]
     records.append({"variant": "google", "seed": 0, "learning_rate": 3e-5,
                     "bert_jax": {"exact_match": 5.0, "f1": 6.0}})
+    records.append({"variant": "default", "seed": 0, "learning_rate": 1e-4,
+                    "bert_jax": {"exact_match": 40.0, "f1": 50.0},
+                    quality_squad.HEAD_SHARED: {"exact_match": 41.0, "f1": 52.0}})
     table = quality_squad.summary(records)
     assert "| 3e-05 | bert_jax | 3 | 20.00 ± 10.00 | 30.00 ± 10.00 | 20.0, 30.0, 40.0 |" in table
     assert "| 3e-05 | transformers | 3 | 21.00 ± 10.00 | 32.00 ± 10.00 |" in table
     assert "| 3e-05 | bert_jax google | 1 | 5.00 ± 0.00 | 6.00 ± 0.00 | 6.0 |" in table
+    assert "| 0.0001 | transformers from bert-jax's head | 1 | 41.00 ± 0.00 | 52.00 ± 0.00 |" \
+        in table
 
 
 def test_cli_command_is_the_documented_recipe():
