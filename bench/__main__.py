@@ -30,6 +30,8 @@ SUITES: dict[str, tuple[str, str | dict[str, tuple[str, str]]]] = {
         "finetune": ("GLUE / CoNLL / SQuAD fine-tuning, bert-jax and transformers",
                      "bench.quality_finetune"),
         "peer": ("the transformers side of one fine-tuning run", "bench.peer_finetune_hf"),
+        "squad": ("SQuAD from the CLI against transformers over seeds, held-out articles",
+                  "bench.quality_squad"),
         "e2e": ("tables and plots of the end-to-end run (docs/results.md)",
                 "bench.e2e_report"),
         "demo": ("the demo's pretraining repeated by transformers on the same batches",

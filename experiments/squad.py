@@ -6,7 +6,8 @@ lr 3e-5, 2 epochs; decoding with n-best 20 and max answer length 30; v2.0 predic
 answer" when the null score beats the best span by more than ``null_score_diff_threshold``.
 ``data_dir`` (default ``$BERT_JAX_DATA/squad``) holds train-v1.1.json / dev-v1.1.json (or
 v2.0); without a dev file the dev split is held out from train by article.
-``v1_quick``/``v2_quick``: CPU smoke runs.
+``v1_quick``/``v2_quick``: CPU smoke runs. A small model on a few thousand questions needs a
+higher learning rate (docs/finetuning.md, "SQuAD: what the recipe reaches").
 """
 
 from __future__ import annotations

@@ -229,9 +229,27 @@ class BertForQuestionAnswering(nn.Module):
     def __call__(self, input_ids, input_mask=None, segment_ids=None, *,
                  deterministic: bool = True) -> dict[str, Any]:
         out, seq = _encode(self, False, input_ids, input_mask, segment_ids, deterministic)
-        logits = _classify(self, seq, 2, deterministic, name="qa_outputs", dropout=False)
+        logits = dense(span_head_config(self.config), 2, ("embed", "classes"),
+                       "qa_outputs")(seq).astype(jnp.float32)
         out["start_logits"], out["end_logits"] = logits[..., 0], logits[..., 1]
         return out
+
+
+# Standard deviation of a normal truncated at +-2 standard deviations, over the untruncated one.
+TRUNCATED_NORMAL_STD = 0.87962566103423978
+
+
+def span_head_config(config: BertConfig) -> BertConfig:
+    """``config`` for the span head's dense layer: its kernel is drawn with standard deviation
+    ``initializer_range``, as transformers draws it (normal(0, initializer_range)), instead of
+    the 0.88x of Google's ``truncated_normal(initializer_range)`` that the rest keeps.
+
+    Why it matters: at fine-tuning learning rates Adam moves each head weight by about the
+    learning rate per step, far less than its initial size, so the head stays near its random
+    draw and its scale multiplies how fast the start/end logits follow the encoder's updates.
+    At 0.88x, SQuAD fine-tuning from a small model at lr 3e-5 trained slower than
+    transformers from the same checkpoint."""
+    return config.replace(initializer_range=config.initializer_range / TRUNCATED_NORMAL_STD)
 
 
 class BertForMultipleChoice(nn.Module):
