@@ -205,13 +205,14 @@ class export:  # noqa: N801 (CLI command object)
     def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument("checkpoint", help="bert-jax model directory, pretraining or "
                                           "fine-tuning workdir, step directory, or Hugging "
-                                          "Face BERT directory")
+                                          "Face directory")
         p.add_argument("--output", required=True,
                        help="directory to write: config.json, model.safetensors and the "
                             "tokenizer (AutoTokenizer loads it)")
         p.add_argument("--format", choices=["hf"], default="hf", help="output format")
         p.add_argument("--architecture", choices=sorted(ARCHITECTURE_FAMILY),
-                       help="Hugging Face class to export as (default: from the heads present)")
+                       help="Hugging Face class to export as (default: the fine-tuned "
+                            "task's class, else the one the heads present fill)")
 
     @staticmethod
     def run(args: argparse.Namespace) -> int:

@@ -178,6 +178,9 @@ def test_class_that_does_not_fit_the_head_is_one_error(tiny_classifier_params, t
     with pytest.raises(BertJaxError, match="has no pooler: its classifier reads every token"):
         families.export_hf_any(tagger, config, out,
                                architecture="DistilBertForSequenceClassification")
+    with pytest.raises(BertJaxError, match="pooler applies relu; this model's pooler applies "
+                       "tanh"):
+        families.export_hf_any(params, config.replace(pooler_activation="tanh"), out)
     featured = {**params, "feature_mix": {"weights": np.zeros(3, np.float32)}}
     with pytest.raises(BertJaxError, match="combined hidden states"):
         families.export_hf_any(featured, config, out)
@@ -337,6 +340,34 @@ def test_cli_export_of_workdirs_picks_the_task_class(tiny_classifier_params, tmp
     assert main(["export", mixed, "--output", str(tmp_path / "mix_hf")]) == 2
     assert "feature_layers='second_to_last'" in capsys.readouterr().err
     assert not (tmp_path / "mix_hf").exists()
+
+
+def test_task_and_labels_of_workdir_configs():
+    """What export reads from a workdir's config.json: the task's kind and label names (a
+    custom task's from its run config), or the converted source's class and labels."""
+    from bert_jax.checkpoint.commands import checkpoint_task
+    from bert_jax.tasks.config import base_config
+
+    def extra(task, **run_overrides):
+        run = base_config()
+        run.task = task
+        for key, value in run_overrides.items():
+            setattr(run, key, value)
+        return {"task": task, "finetune": run.to_dict()}
+
+    assert checkpoint_task(extra("stsb"), "w") == ("regression", ())
+    assert checkpoint_task(extra("squad_v1"), "w") == ("span", ())
+    assert checkpoint_task(extra("conll2003"), "w")[0] == "token_classification"
+    assert checkpoint_task(extra("custom_classification", labels='["spam", "ham"]',
+                                 text_column="text"), "w") == (
+        "classification", ("spam", "ham"))
+    converted = {"converted_from": {"architecture": "AlbertForSequenceClassification",
+                                    "labels": ["x", "y"], "problem_type": "regression"}}
+    assert checkpoint_task(converted, "w") == ("regression", ("x", "y"))
+    assert checkpoint_task({"converted_from": {"architecture": "BertForPreTraining"}},
+                           "w") == (None, ())
+    with pytest.raises(BertJaxError, match="feature_head='bilstm'"):
+        checkpoint_task(extra("conll2003", feature_head="bilstm"), "w")
 
 
 def test_convert_then_export_keeps_class_and_labels(tmp_path):
