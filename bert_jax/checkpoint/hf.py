@@ -562,8 +562,8 @@ def detect_task_class(params: Mapping[str, Any], kind: str | None = None) -> str
 def check_task_head(params: Mapping[str, Any], architecture: str, kind: str | None = None
                     ) -> None:
     """One clear error when a task class does not fit the checkpoint's head: another task
-    kind, a feature-based head, a pooled head without a pooler (or the reverse), or a
-    multiple-choice classifier with more than one output."""
+    kind, a feature-based head, a pooled head without a pooler (or, where the task is not
+    known, the reverse), or a multiple-choice classifier with more than one output."""
     suffix = task_class_suffix(architecture)
     if suffix is None:
         return
@@ -586,7 +586,7 @@ def check_task_head(params: Mapping[str, Any], architecture: str, kind: str | No
         raise BertJaxError(f"{architecture} classifies the pooled first token, but this "
                            "checkpoint has no pooler: its classifier reads every token; choose "
                            f"{name}{TOKEN_CLASS}")
-    if suffix == TOKEN_CLASS and "pooler" in params["bert"]:
+    if suffix == TOKEN_CLASS and kind is None and "pooler" in params["bert"]:
         raise BertJaxError(f"{architecture} classifies every token, but this checkpoint's "
                            "classifier reads the pooled first token (it has a pooler); choose "
                            f"{name}{SEQUENCE_CLASS} or {name}{CHOICE_CLASS}")
