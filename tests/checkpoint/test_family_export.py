@@ -372,7 +372,8 @@ def test_task_and_labels_of_workdir_configs():
 
 def test_convert_then_export_keeps_class_and_labels(tmp_path):
     """`bert-jax convert` of a multiple-choice model and of a labelled tagger: `export` gives
-    back the same classes with the same label names."""
+    back the same classes with the same label names; so does `export` of the source
+    directory itself."""
     choice = _source_model("electra", "ElectraForMultipleChoice")
     choice.save_pretrained(tmp_path / "mc")
     tagger = _source_model("roberta", "RobertaForTokenClassification", num_labels=3,
@@ -390,3 +391,7 @@ def test_convert_then_export_keeps_class_and_labels(tmp_path):
         assert type(back).__name__ == type(source).__name__
         assert back.config.id2label == source.config.id2label
         assert hf.task_class_suffix(type(back).__name__) is not None
+    # A Hugging Face directory exports directly, keeping its class too.
+    assert main(["export", str(tmp_path / "mc"), "--output", str(tmp_path / "mc_again")]) == 0
+    written = json.loads((tmp_path / "mc_again" / "config.json").read_text())
+    assert written["architectures"] == ["ElectraForMultipleChoice"]
