@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from bert_jax import fileio, storage
 from bert_jax.checkpoint import hf
@@ -58,19 +59,74 @@ def convert_checkpoint(source: str, output: str, source_format: str = "auto",
         from bert_jax.checkpoint.families import load_hf_any
 
         params, config, tokenizer, report = load_hf_any(source, scan_layers=scan_layers)
+        head_info = _hf_head_info(hf._read_json(storage.join(source, hf.HF_CONFIG_FILE)))
     elif fmt == "google":
         from bert_jax.checkpoint.google_tf import load_google_tf
 
         params, config, tokenizer, report = load_google_tf(source, scan_layers=scan_layers)
+        head_info = {}
     else:
         raise BertJaxError(f"unknown source format {fmt!r} (expected hf, google or auto)")
     fileio.check_output_path(output, directory=True)
     _refuse_foreign_config(output, "bert-jax")
     extra = {"converted_from": {"format": fmt, "source": storage.abspath(source),
                                 "architecture": report.architecture, "heads": report.heads,
-                                "unused": report.unused}}
+                                "unused": report.unused, **head_info}}
     save_model(output, params, config, tokenizer, extra=extra)
     return report
+
+
+def _hf_head_info(raw: dict[str, Any]) -> dict[str, Any]:
+    """A Hugging Face classifier's label names and problem type (config.json's ``id2label``
+    and ``problem_type``), kept with a converted checkpoint so that its export gives them back."""
+    suffix = hf.task_class_suffix(",".join(raw.get("architectures") or []))
+    out: dict[str, Any] = {}
+    id2label = raw.get("id2label")
+    if suffix in (hf.SEQUENCE_CLASS, hf.TOKEN_CLASS) and isinstance(id2label, dict):
+        try:
+            out["labels"] = [str(id2label[k]) for k in sorted(id2label, key=int)]
+        except ValueError:  # keys that are not numbers: no usable label names
+            pass
+    if raw.get("problem_type"):
+        out["problem_type"] = raw["problem_type"]
+    return out
+
+
+def _kind_of_hf_class(architecture: str, problem_type: str | None) -> str | None:
+    """The fine-tuning task kind a Hugging Face class serves (None where not a task class, or
+    a sequence classifier whose problem type is not single-label or regression)."""
+    suffix = hf.task_class_suffix(architecture)
+    if suffix == hf.SEQUENCE_CLASS:
+        return {"regression": "regression",
+                "single_label_classification": "classification"}.get(problem_type or "")
+    return {hf.TOKEN_CLASS: "token_classification", hf.QA_CLASS: "span",
+            hf.CHOICE_CLASS: "multiple_choice"}.get(suffix)
+
+
+def checkpoint_task(extra: dict[str, Any], source: str
+                    ) -> tuple[str | None, tuple[str, ...]]:
+    """(task kind, label names) of a bert-jax checkpoint from its config.json: a fine-tuning
+    workdir's task, or the Hugging Face class a converted checkpoint came from; (None, ())
+    where it records neither. A head on combined hidden states (feature_layers other than
+    ``last``, or a BiLSTM) is refused: no Hugging Face class computes it."""
+    if "task" in extra and isinstance(extra.get("finetune"), dict):
+        from bert_jax.tasks.config import config_from_dict
+        from bert_jax.tasks.registry import get_task
+
+        run = config_from_dict(extra["finetune"], source=source)
+        layers, head = run.get("feature_layers", "last"), run.get("feature_head", "linear")
+        if (layers, head) != ("last", "linear"):
+            raise BertJaxError(f"{source}: fine-tuned with feature_layers={layers!r}, "
+                               f"feature_head={head!r}; no Hugging Face class computes that "
+                               "head (only feature_layers=last with a linear head exports)")
+        task = get_task(extra["task"], run)
+        return task.kind, tuple(task.labels)
+    converted = extra.get("converted_from")
+    if isinstance(converted, dict):
+        kind = _kind_of_hf_class(converted.get("architecture") or "",
+                                 converted.get("problem_type"))
+        return kind, tuple(converted.get("labels") or ())
+    return None, ()
 
 
 # What an export writes: an output directory holding anything else is refused, not replaced.
@@ -84,10 +140,15 @@ def export_checkpoint(checkpoint: str, output: str, architecture: str | None = N
     """Exports any checkpoint fine-tuning accepts (bert-jax model dir, workdir, step dir, or a
     Hugging Face directory) to a Hugging Face directory with its tokenizer.
 
+    A fine-tuned checkpoint exports as its family's class for the task (sequence or token
+    classification, question answering, multiple choice), with the task's label names in
+    config.json (:func:`checkpoint_task`); ``architecture`` names another class.
+
     The export is written under a staging name and swapped in complete: an earlier export
     in ``output`` stays whole until then."""
-    from bert_jax.checkpoint.detect import load_checkpoint
-    from bert_jax.checkpoint.families import export_hf_any
+    from bert_jax.checkpoint.detect import is_hf_directory
+    from bert_jax.checkpoint.families import export_hf_any, load_hf_any
+    from bert_jax.checkpoint.store import load_model
 
     if storage.abspath(checkpoint) == storage.abspath(output):
         raise BertJaxError(f"{output}: --output is the checkpoint itself; choose another "
@@ -99,9 +160,19 @@ def export_checkpoint(checkpoint: str, output: str, architecture: str | None = N
         if others:
             raise BertJaxError(f"{output}: holds files an export does not write "
                                f"({', '.join(others[:3])}); choose a new or empty --output")
-    params, config, tokenizer, _ = load_checkpoint(checkpoint)
+    if storage.isdir(checkpoint) and is_hf_directory(checkpoint):
+        params, config, tokenizer, _ = load_hf_any(checkpoint)
+        raw = hf._read_json(storage.join(checkpoint, hf.HF_CONFIG_FILE))
+        info = _hf_head_info(raw)
+        kind = _kind_of_hf_class(",".join(raw.get("architectures") or []),
+                                 info.get("problem_type"))
+        labels = tuple(info.get("labels") or ())
+    else:
+        params, config, tokenizer, extra = load_model(checkpoint)
+        kind, labels = checkpoint_task(extra, checkpoint)
     with fileio.replace_directory(output, marker=hf.HF_CONFIG_FILE) as staging:
-        report = export_hf_any(params, config, staging, tokenizer, architecture=architecture)
+        report = export_hf_any(params, config, staging, tokenizer, architecture=architecture,
+                               kind=kind, labels=labels)
     report.source = storage.abspath(checkpoint)
     report.output = storage.abspath(output)
     if not report.files:
@@ -134,13 +205,14 @@ class export:  # noqa: N801 (CLI command object)
     def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument("checkpoint", help="bert-jax model directory, pretraining or "
                                           "fine-tuning workdir, step directory, or Hugging "
-                                          "Face BERT directory")
+                                          "Face directory")
         p.add_argument("--output", required=True,
                        help="directory to write: config.json, model.safetensors and the "
                             "tokenizer (AutoTokenizer loads it)")
         p.add_argument("--format", choices=["hf"], default="hf", help="output format")
         p.add_argument("--architecture", choices=sorted(ARCHITECTURE_FAMILY),
-                       help="Hugging Face class to export as (default: from the heads present)")
+                       help="Hugging Face class to export as (default: the fine-tuned "
+                            "task's class, else the one the heads present fill)")
 
     @staticmethod
     def run(args: argparse.Namespace) -> int:

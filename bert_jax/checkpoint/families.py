@@ -43,38 +43,75 @@ SPIECE_FILE = "spiece.model"
 
 
 @dataclasses.dataclass(frozen=True)
+class Architecture:
+    """An exportable class: whether it holds the pooler, the bert-jax heads it holds, and its
+    head's own renames (tried before the family's in both directions)."""
+
+    pooler: bool
+    heads: tuple[str, ...] = ()
+    rules: tuple[tuple[str, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     model_type: str
     prefix: str  # the encoder's name inside task classes ("roberta.")
-    # (family template, BERT template); the first matching rule wins in either direction.
+    class_prefix: str  # the start of its class names ("Roberta")
+    # (family template, BERT template) for the encoder and pretraining heads; the first
+    # matching rule wins in either direction.
     rules: tuple[tuple[str, str], ...]
-    # Exportable class -> (keep the pooler, heads it holds); the first is the base model.
-    architectures: dict[str, tuple[bool, tuple[str, ...]]]
+    # Exportable class -> what it holds; the first is the base model.
+    architectures: dict[str, Architecture]
+
+    @property
+    def import_rules(self) -> tuple[tuple[str, str], ...]:
+        """Import reads any class: every class's head renames (their family names differ),
+        then the family's."""
+        heads = dict.fromkeys(r for a in self.architectures.values() for r in a.rules)
+        return (*heads, *self.rules)
+
+    def export_rules(self, architecture: str) -> tuple[tuple[str, str], ...]:
+        return (*self.architectures[architecture].rules, *self.rules)
 
 
 def _layer_rules(family_layer: str, names: tuple[tuple[str, str], ...]):
     return tuple((f"{family_layer}.{a}.*", f"bert.encoder.layer.{{i}}.{b}.*") for a, b in names)
 
 
+def _task_classes(name: str, sequence_rules=(), choice_rules=()) -> dict[str, Architecture]:
+    """The four fine-tuned classes: the sequence and multiple-choice classifiers read the
+    pooled first token (``sequence_rules`` / ``choice_rules`` name the family's pooling
+    layer), the token classifier and ``qa_outputs`` a plain linear layer on every token."""
+    return {f"{name}{hf.SEQUENCE_CLASS}": Architecture(True, ("classifier",), sequence_rules),
+            f"{name}{hf.TOKEN_CLASS}": Architecture(False, ("classifier",)),
+            f"{name}{hf.QA_CLASS}": Architecture(False, ("qa_outputs",)),
+            f"{name}{hf.CHOICE_CLASS}": Architecture(True, ("classifier",), choice_rules)}
+
+
 _MLM = "cls.predictions"
 # RoBERTa's and ELECTRA's sequence-classification head (dense + activation on the first token,
-# then out_proj) is BERT's pooler + classifier; DistilBERT's pre_classifier is its pooler.
+# then out_proj) is BERT's pooler + classifier; their token and QA heads are plain linear
+# layers (``classifier`` / ``qa_outputs``). RobertaForMultipleChoice keeps RoBERTa's pooler;
+# ElectraForMultipleChoice pools with ``sequence_summary.summary`` (+ gelu). DistilBERT's
+# ``pre_classifier`` (+ relu) is the pooler of its sequence and multiple-choice classifiers.
 _CLASSIFICATION_HEAD = (("classifier.dense.*", "bert.pooler.dense.*"),
                         ("classifier.out_proj.*", "classifier.*"))
+_PRE_CLASSIFIER = (("pre_classifier.*", "bert.pooler.dense.*"),)
 # The activation after each family's pooler / classification-head dense layer.
-POOLER_ACTIVATIONS = {"roberta": "tanh", "albert": "tanh", "electra": "gelu",
+POOLER_ACTIVATIONS = {"bert": "tanh", "roberta": "tanh", "albert": "tanh", "electra": "gelu",
                       "distilbert": "relu"}
 
 FAMILIES: dict[str, Family] = {
-    "roberta": Family("roberta", "roberta.", (
+    "roberta": Family("roberta", "roberta.", "Roberta", (
         ("roberta.*", "bert.*"),
         ("lm_head.dense.*", f"{_MLM}.transform.dense.*"),
         ("lm_head.layer_norm.*", f"{_MLM}.transform.LayerNorm.*"),
         ("lm_head.bias", f"{_MLM}.bias"),
         ("lm_head.decoder.*", f"{_MLM}.decoder.*"),
-        *_CLASSIFICATION_HEAD,
-    ), {"RobertaModel": (True, ()), "RobertaForMaskedLM": (False, ("mlm",))}),
-    "albert": Family("albert", "albert.", (
+    ), {"RobertaModel": Architecture(True),
+        "RobertaForMaskedLM": Architecture(False, ("mlm",)),
+        **_task_classes("Roberta", _CLASSIFICATION_HEAD)}),
+    "albert": Family("albert", "albert.", "Albert", (
         ("albert.encoder.embedding_hidden_mapping_in.*", "bert.embeddings.embedding_projection.*"),
         ("albert.embeddings.*", "bert.embeddings.*"),
         *_layer_rules("albert.encoder.albert_layer_groups.0.albert_layers.{i}", (
@@ -91,9 +128,11 @@ FAMILIES: dict[str, Family] = {
         ("predictions.bias", f"{_MLM}.bias"),
         ("predictions.decoder.*", f"{_MLM}.decoder.*"),
         ("sop_classifier.classifier.*", "cls.seq_relationship.*"),
-    ), {"AlbertModel": (True, ()), "AlbertForPreTraining": (True, ("mlm", "nsp")),
-        "AlbertForMaskedLM": (False, ("mlm",))}),
-    "electra": Family("electra", "electra.", (
+    ), {"AlbertModel": Architecture(True),
+        "AlbertForPreTraining": Architecture(True, ("mlm", "nsp")),
+        "AlbertForMaskedLM": Architecture(False, ("mlm",)),
+        **_task_classes("Albert")}),
+    "electra": Family("electra", "electra.", "Electra", (
         ("electra.embeddings_project.*", "bert.embeddings.embedding_projection.*"),
         ("electra.*", "bert.*"),
         ("generator_predictions.dense.*", f"{_MLM}.transform.dense.*"),
@@ -102,10 +141,12 @@ FAMILIES: dict[str, Family] = {
         ("generator_lm_head.weight", f"{_MLM}.decoder.weight"),
         ("discriminator_predictions.dense_prediction.*", "rtd.prediction.*"),
         ("discriminator_predictions.dense.*", "rtd.dense.*"),
-        *_CLASSIFICATION_HEAD,
-    ), {"ElectraModel": (False, ()), "ElectraForPreTraining": (False, ("rtd",)),
-        "ElectraForMaskedLM": (False, ("mlm",))}),
-    "distilbert": Family("distilbert", "distilbert.", (
+    ), {"ElectraModel": Architecture(False),
+        "ElectraForPreTraining": Architecture(False, ("rtd",)),
+        "ElectraForMaskedLM": Architecture(False, ("mlm",)),
+        **_task_classes("Electra", _CLASSIFICATION_HEAD,
+                        (("sequence_summary.summary.*", "bert.pooler.dense.*"),))}),
+    "distilbert": Family("distilbert", "distilbert.", "DistilBert", (
         ("distilbert.embeddings.*", "bert.embeddings.*"),
         *_layer_rules("distilbert.transformer.layer.{i}", (
             ("attention.q_lin", "attention.self.query"),
@@ -119,9 +160,11 @@ FAMILIES: dict[str, Family] = {
         ("vocab_layer_norm.*", f"{_MLM}.transform.LayerNorm.*"),
         ("vocab_projector.bias", f"{_MLM}.bias"),
         ("vocab_projector.weight", f"{_MLM}.decoder.weight"),
-        ("pre_classifier.*", "bert.pooler.dense.*"),
-    ), {"DistilBertModel": (False, ()), "DistilBertForMaskedLM": (False, ("mlm",))}),
+    ), {"DistilBertModel": Architecture(False),
+        "DistilBertForMaskedLM": Architecture(False, ("mlm",)),
+        **_task_classes("DistilBert", _PRE_CLASSIFIER, _PRE_CLASSIFIER)}),
 }
+CLASS_PREFIXES = {"bert": "Bert", **{f.model_type: f.class_prefix for f in FAMILIES.values()}}
 # Every exportable class of every family (BERT's included) -> its model_type.
 ARCHITECTURE_FAMILY = {**{a: "bert" for a in hf.ARCHITECTURES},
                        **{a: f.model_type for f in FAMILIES.values() for a in f.architectures}}
@@ -216,10 +259,11 @@ def export_family(config: BertConfig) -> str:
 
 
 def config_to_hf(config: BertConfig, family: str, architecture: str,
-                 num_labels: int | None = None) -> dict[str, Any]:
-    """BertConfig -> the family's ``config.json`` dict."""
+                 task_fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """BertConfig -> the family's ``config.json`` dict (``task_fields``: a classifier's
+    labels, :func:`bert_jax.checkpoint.hf.task_config_fields`)."""
     if family == "bert":
-        return hf.hf_config_dict(config, architecture, num_labels)
+        return hf.hf_config_dict(config, architecture, task_fields)
     fields = {k: getattr(config, k) for k in _BERT_KEYS}
     if family == "distilbert":
         if config.layer_norm_eps != 1e-12:
@@ -234,6 +278,9 @@ def config_to_hf(config: BertConfig, family: str, architecture: str,
             out["embedding_size"] = config.embedding_dim
         if family == "albert":
             out.update(num_hidden_groups=1, inner_group_num=1, classifier_dropout_prob=0.1)
+        if family == "electra":  # ElectraForMultipleChoice's pooling: gelu(dense(first))
+            out.update(summary_type="first", summary_use_proj=True, summary_activation="gelu",
+                       summary_last_dropout=0.1)
         if family == "roberta":
             if config.position_offset != config.pad_token_id + 1:
                 raise BertJaxError(f"RoBERTa positions start at pad_token_id + 1 = "
@@ -246,10 +293,8 @@ def config_to_hf(config: BertConfig, family: str, architecture: str,
         raise BertJaxError(f"{family} has a token-type table; this model has none")
     if family != "albert" and config.share_layers:
         raise BertJaxError(f"{family} does not share layers (share_layers=True is ALBERT)")
-    out.update(model_type=family, architectures=[architecture], tie_word_embeddings=True)
-    if num_labels is not None:
-        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
-        out["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+    out.update(model_type=family, architectures=[architecture], tie_word_embeddings=True,
+               **(task_fields or {}))
     return out
 
 
@@ -275,7 +320,7 @@ def params_from_family_state(state: Mapping[str, Any], config: BertConfig,
     family = FAMILIES[config.model_type]
     if not any(k.startswith(family.prefix) for k in state):  # the base model class
         state = {family.prefix + k: v for k, v in state.items()}
-    names = rename(state, family.rules, to_bert=True)
+    names = rename(state, family.import_rules, to_bert=True)
     bert_state = {names[k]: np.asarray(v) for k, v in state.items()}
     original = _FamilyNames(family, {new: old for old, new in names.items()})
     rtd = {k: bert_state.pop(k) for k in list(bert_state) if k.startswith("rtd.")}
@@ -359,13 +404,19 @@ def load_hf_any(directory: str, **config_overrides: Any):
 
 
 # ---- export ------------------------------------------------------------------------------------
-def detect_family_architecture(params: Mapping[str, Any], family: str) -> str:
-    """The family's class whose weights ``params`` fills best."""
+def detect_family_architecture(params: Mapping[str, Any], family: str,
+                               kind: str | None = None) -> str:
+    """The family's class whose weights ``params`` fills best: a fine-tuned checkpoint's task
+    class (from the task ``kind`` where known, else from its head), else the pretraining
+    class with the most of its heads."""
+    suffix = hf.detect_task_class(params, kind)
+    if suffix is not None:
+        return CLASS_PREFIXES[family] + suffix
     if family == "bert":
         return hf.detect_architecture(params)
     choices = FAMILIES[family].architectures
-    for arch, (_, heads) in sorted(choices.items(), key=lambda kv: -len(kv[1][1])):
-        if heads and all(h in params for h in heads):
+    for arch, spec in sorted(choices.items(), key=lambda kv: -len(kv[1].heads)):
+        if spec.heads and all(h in params for h in spec.heads):
             return arch
     return next(iter(choices))
 
@@ -377,21 +428,21 @@ def params_to_family_state(params: Mapping[str, Any], config: BertConfig, family
     if architecture not in fam.architectures:
         raise BertJaxError(f"{architecture} is not a {family} class; choose one of "
                            f"{sorted(fam.architectures)}")
-    with_pooler, heads = fam.architectures[architecture]
-    bert_heads = tuple(h for h in heads if h != "rtd")
-    missing = [h for h in heads if h not in params]
+    spec = fam.architectures[architecture]
+    bert_heads = tuple(h for h in spec.heads if h != "rtd")
+    missing = [h for h in spec.heads if h not in params]
     if missing:
         raise BertJaxError(f"{architecture} needs the {missing} head(s), which this checkpoint "
                            f"does not have (it has {sorted(params)})")
-    state, dropped = hf.bert_named_state(params, config, architecture, "bert.", with_pooler,
-                                         bert_heads)
-    if "rtd" in heads:
+    state, dropped = hf.bert_named_state(params, config, architecture, "bert.", spec.pooler,
+                                         bert_heads, POOLER_ACTIVATIONS[family])
+    if "rtd" in spec.heads:
         for name in ("dense", "prediction"):
             state[f"rtd.{name}.weight"] = np.asarray(params["rtd"][name]["kernel"]).T
             state[f"rtd.{name}.bias"] = np.asarray(params["rtd"][name]["bias"])
         dropped.remove("rtd")
-    names = rename(state, fam.rules, to_bert=False)
-    base = not heads
+    names = rename(state, fam.export_rules(architecture), to_bert=False)
+    base = not spec.heads
     out = {}
     for key, value in state.items():
         name = names[key]
@@ -411,9 +462,15 @@ def _write_bpe_tokenizer(tokenizer, directory: str, config: BertConfig) -> None:
 
 
 def export_hf_any(params: Mapping[str, Any], config: BertConfig, directory: str,
-                  tokenizer=None, architecture: str | None = None) -> hf.ConversionReport:
+                  tokenizer=None, architecture: str | None = None, kind: str | None = None,
+                  labels=()) -> hf.ConversionReport:
     """Writes a Hugging Face directory in the family the config belongs to (see
-    :func:`export_family`): config.json, model.safetensors, and the tokenizer files."""
+    :func:`export_family`): config.json, model.safetensors, and the tokenizer files.
+
+    A fine-tuned checkpoint exports as the family's task class (``*ForSequenceClassification``,
+    ``*ForTokenClassification``, ``*ForQuestionAnswering``, ``*ForMultipleChoice``): the one
+    of the task ``kind`` where given, else the one its head fits; ``labels`` (the task's label
+    names) become config.json's ``id2label`` / ``label2id``."""
     from safetensors.numpy import save
 
     family = export_family(config)
@@ -421,24 +478,29 @@ def export_hf_any(params: Mapping[str, Any], config: BertConfig, directory: str,
         raise BertJaxError(f"--architecture {architecture} does not fit this {family} model; "
                            f"choose one of {sorted(_architectures(family))}")
     if family == "bert":
-        return hf.export_hf(params, config, directory, tokenizer, architecture)
-    architecture = architecture or detect_family_architecture(params, family)
+        return hf.export_hf(params, config, directory, tokenizer, architecture, kind=kind,
+                            labels=labels)
+    architecture = architecture or detect_family_architecture(params, family, kind)
+    hf.check_task_head(params, architecture, kind)
     state, dropped = params_to_family_state(params, config, family, architecture)
+    task_fields = hf.task_config_fields(params, architecture, kind, labels)
     storage.makedirs(directory)
     fileio.atomic_write(storage.join(directory, hf.SAFETENSORS_FILE),
                         save(state, metadata={"format": "pt"}))
     fileio.atomic_write_json(storage.join(directory, hf.HF_CONFIG_FILE),
-                             config_to_hf(config, family, architecture))
+                             config_to_hf(config, family, architecture, task_fields))
     report = hf.ConversionReport(source=directory, architecture=architecture,
-                                 heads=list(FAMILIES[family].architectures[architecture][1]),
+                                 heads=list(FAMILIES[family].architectures[architecture].heads),
                                  unused=dropped,
-                                 unused_label="NOT EXPORTED: parameters the class has no place for")
-    kind = getattr(tokenizer, "kind", None)
+                                 unused_label="NOT EXPORTED: parameters the class has no place for",
+                                 files=[hf.SAFETENSORS_FILE, hf.HF_CONFIG_FILE])
+    tokenizer_kind = getattr(tokenizer, "kind", None)
     if tokenizer is None:
         report.notes.append("no tokenizer in the checkpoint: no tokenizer files written")
-    elif kind == "bpe":
+    elif tokenizer_kind == "bpe":
         _write_bpe_tokenizer(tokenizer, directory, config)
-    elif kind == "sentencepiece":
+        report.files += [BPE_VOCAB_FILE, BPE_MERGES_FILE, hf.TOKENIZER_CONFIG_FILE]
+    elif tokenizer_kind == "sentencepiece":
         fileio.atomic_write(storage.join(directory, SPIECE_FILE),
                             storage.read_bytes(tokenizer.model_path))
         options = tokenizer.options()
@@ -450,10 +512,14 @@ def export_hf_any(params: Mapping[str, Any], config: BertConfig, directory: str,
         fileio.atomic_write_json(storage.join(directory, hf.TOKENIZER_CONFIG_FILE),
                                  {k: v for k, v in tok_config.items() if v is not None},
                                  sort_keys=False)
+        report.files += [SPIECE_FILE, hf.TOKENIZER_CONFIG_FILE]
     else:
-        note = hf._write_tokenizer(tokenizer, directory, config)
-        if note:
-            report.notes.append(note)
+        written = hf._write_tokenizer(tokenizer, directory, config,
+                                      f"{CLASS_PREFIXES[family]}Tokenizer")
+        if not written:
+            report.notes.append(f"tokenizer of kind {tokenizer_kind!r} not exported (Hugging "
+                                "Face has no tokenizer class for it)")
+        report.files += written
     return report
 
 

@@ -452,11 +452,13 @@ def params_to_hf_state(params: Mapping[str, Any], config: BertConfig, architectu
 
 
 def bert_named_state(params: Mapping[str, Any], config: BertConfig, architecture: str,
-                     prefix: str, with_pooler: bool, heads: tuple[str, ...]
+                     prefix: str, with_pooler: bool, heads: tuple[str, ...],
+                     pooler_activation: str = "tanh"
                      ) -> tuple[dict[str, np.ndarray], list[str]]:
     """bert-jax params -> a state dict in BERT's names (the other families rename it);
     shared layers export as layer 0, factorized embeddings add
-    ``embeddings.embedding_projection``."""
+    ``embeddings.embedding_projection``. ``pooler_activation``: what the class applies after
+    the pooler (or the head's dense layer that takes its place)."""
     missing = [h for h in heads if h not in params]
     if missing:
         raise BertJaxError(f"{architecture} needs the {missing} head(s), which this checkpoint "
@@ -493,9 +495,10 @@ def bert_named_state(params: Mapping[str, Any], config: BertConfig, architecture
         _norm_out(layer["output_norm"], f"{p}.output.LayerNorm", state)
     dropped = []
     if "pooler" in bert:
-        if with_pooler and config.pooler_activation != "tanh":
-            raise BertJaxError(f"{architecture}'s pooler applies tanh; this model's pooler "
-                               f"applies {config.pooler_activation} (pooler_activation)")
+        if with_pooler and config.pooler_activation != pooler_activation:
+            raise BertJaxError(f"{architecture}'s pooler applies {pooler_activation}; this "
+                               f"model's pooler applies {config.pooler_activation} "
+                               "(pooler_activation)")
         if with_pooler:
             _linear_out(bert["pooler"], f"{prefix}pooler.dense", state)
         else:
@@ -515,24 +518,117 @@ def bert_named_state(params: Mapping[str, Any], config: BertConfig, architecture
     return state, dropped
 
 
-def hf_config_dict(config: BertConfig, architecture: str, num_labels: int | None = None
-                   ) -> dict[str, Any]:
+def hf_config_dict(config: BertConfig, architecture: str,
+                   task_fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
     out = config.to_hf_dict()
-    out.update(architectures=[architecture], tie_word_embeddings=True)
-    if num_labels is not None:
-        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
-        out["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+    out.update(architectures=[architecture], tie_word_embeddings=True, **(task_fields or {}))
+    return out
+
+
+# ---- fine-tuned task heads ----------------------------------------------------------------------
+SEQUENCE_CLASS, TOKEN_CLASS = "ForSequenceClassification", "ForTokenClassification"
+QA_CLASS, CHOICE_CLASS = "ForQuestionAnswering", "ForMultipleChoice"
+# A fine-tuning task's kind (bert_jax.tasks) -> the suffix of the class holding its head, the
+# same in every family (BertForTokenClassification, RobertaForTokenClassification...).
+TASK_CLASS_SUFFIX = {"classification": SEQUENCE_CLASS, "regression": SEQUENCE_CLASS,
+                     "token_classification": TOKEN_CLASS, "span": QA_CLASS,
+                     "multiple_choice": CHOICE_CLASS}
+# Heads of the feature-based models (modeling/feature_heads.py): no Hugging Face class has them.
+FEATURE_HEADS = ("feature_mix", "bilstm")
+
+
+def task_class_suffix(architecture: str) -> str | None:
+    """The task suffix of a class name (``ForTokenClassification``), None for other classes."""
+    return next((s for s in (SEQUENCE_CLASS, TOKEN_CLASS, QA_CLASS, CHOICE_CLASS)
+                 if architecture.endswith(s)), None)
+
+
+def detect_task_class(params: Mapping[str, Any], kind: str | None = None) -> str | None:
+    """The task suffix for a checkpoint with a task head: from the fine-tuning ``kind`` where
+    known, else from the heads (``qa_outputs``; a classifier on the pooled first token, which
+    needs a pooler, or on every token). None without a task head."""
+    if kind is not None:
+        if kind not in TASK_CLASS_SUFFIX:
+            raise BertJaxError(f"a {kind!r} task has no Hugging Face class; exportable kinds: "
+                               f"{', '.join(TASK_CLASS_SUFFIX)}")
+        return TASK_CLASS_SUFFIX[kind]
+    if "qa_outputs" in params:
+        return QA_CLASS
+    if "classifier" in params:
+        return SEQUENCE_CLASS if "pooler" in params["bert"] else TOKEN_CLASS
+    return None
+
+
+def check_task_head(params: Mapping[str, Any], architecture: str, kind: str | None = None
+                    ) -> None:
+    """One clear error when a task class does not fit the checkpoint's head: another task
+    kind, a feature-based head, a pooled head without a pooler (or, where the task is not
+    known, the reverse), or a multiple-choice classifier with more than one output."""
+    suffix = task_class_suffix(architecture)
+    if suffix is None:
+        return
+    name = architecture.removesuffix(suffix)
+    features = [h for h in FEATURE_HEADS if h in params]
+    if features:
+        raise BertJaxError(f"this checkpoint's head reads combined hidden states ({features}: "
+                           "feature_layers / feature_head), which no Hugging Face class has; "
+                           "fine-tune with feature_layers=last and feature_head=linear to export")
+    if kind is not None and TASK_CLASS_SUFFIX.get(kind) != suffix:
+        fits = f"; choose {name}{TASK_CLASS_SUFFIX[kind]}" if kind in TASK_CLASS_SUFFIX else ""
+        raise BertJaxError(f"{architecture} does not fit this checkpoint: its head is for a "
+                           f"{kind} task{fits}")
+    head = "qa_outputs" if suffix == QA_CLASS else "classifier"
+    if head not in params:
+        raise BertJaxError(f"{architecture} needs the [{head!r}] head, which this checkpoint "
+                           f"does not have (it has {sorted(params)})")
+    pooled = suffix in (SEQUENCE_CLASS, CHOICE_CLASS)
+    if pooled and "pooler" not in params["bert"]:
+        raise BertJaxError(f"{architecture} classifies the pooled first token, but this "
+                           "checkpoint has no pooler: its classifier reads every token; choose "
+                           f"{name}{TOKEN_CLASS}")
+    if suffix == TOKEN_CLASS and kind is None and "pooler" in params["bert"]:
+        raise BertJaxError(f"{architecture} classifies every token, but this checkpoint's "
+                           "classifier reads the pooled first token (it has a pooler); choose "
+                           f"{name}{SEQUENCE_CLASS} or {name}{CHOICE_CLASS}")
+    width = np.shape(params[head]["bias"])[-1]
+    if suffix == CHOICE_CLASS and width != 1:
+        raise BertJaxError(f"{architecture} scores each choice with one output; this "
+                           f"classifier has {width}: choose {name}{SEQUENCE_CLASS}")
+
+
+def task_config_fields(params: Mapping[str, Any], architecture: str, kind: str | None = None,
+                       labels=()) -> dict[str, Any]:
+    """config.json's label fields of a classifier class: ``id2label`` / ``label2id`` from the
+    task's ``labels`` (``LABEL_i`` where the checkpoint does not know them) and
+    ``problem_type`` where the task kind is known. Empty for the other classes."""
+    suffix = task_class_suffix(architecture)
+    if suffix not in (SEQUENCE_CLASS, TOKEN_CLASS):
+        return {}
+    width = int(np.shape(params["classifier"]["bias"])[-1])
+    labels = [str(label) for label in labels or ()]
+    if labels and len(labels) != width:
+        raise BertJaxError(f"the task has {len(labels)} labels {labels} but the classifier has "
+                           f"{width} outputs")
+    names = labels or [f"LABEL_{i}" for i in range(width)]
+    out: dict[str, Any] = {"id2label": {str(i): n for i, n in enumerate(names)},
+                           "label2id": {n: i for i, n in enumerate(names)}}
+    if suffix == SEQUENCE_CLASS and kind in ("classification", "regression"):
+        out["problem_type"] = ("regression" if kind == "regression"
+                               else "single_label_classification")
     return out
 
 
 SPM_FILE = "spiece.model"  # the name AlbertTokenizer / T5Tokenizer look for
 
 
-def _write_tokenizer(tokenizer, directory: str, config: BertConfig) -> list[str]:
+def _write_tokenizer(tokenizer, directory: str, config: BertConfig,
+                     wordpiece_class: str = "BertTokenizer") -> list[str]:
     """The tokenizer in a form ``transformers.AutoTokenizer`` loads; returns the files written
     (none for a kind Hugging Face cannot load).
 
-    WordPiece: vocab.txt + tokenizer_config.json (BertTokenizer). SentencePiece: the model as
+    WordPiece: vocab.txt + tokenizer_config.json (``wordpiece_class``: BertTokenizer, or the
+    family's own, whose model inputs match the family's: DistilBertTokenizer gives no
+    token_type_ids). SentencePiece: the model as
     spiece.model + tokenizer_config.json naming AlbertTokenizer (the SentencePiece tokenizer
     of a BERT-style model: [CLS] x [SEP] framing, [MASK]) with the tokenizer's own
     lower-casing and accent options, so it encodes text exactly as bert-jax does."""
@@ -544,7 +640,7 @@ def _write_tokenizer(tokenizer, directory: str, config: BertConfig) -> list[str]
             tokenizer.id_to_token(i) + "\n" for i in range(tokenizer.vocab_size)))
         options = tokenizer.options()
         tok_config = {
-            "tokenizer_class": "BertTokenizer", "do_lower_case": options["do_lower_case"],
+            "tokenizer_class": wordpiece_class, "do_lower_case": options["do_lower_case"],
             "strip_accents": options["strip_accents"],
             "tokenize_chinese_chars": options["tokenize_chinese_chars"], **specials}
         written = [VOCAB_FILE]
@@ -568,26 +664,32 @@ def _write_tokenizer(tokenizer, directory: str, config: BertConfig) -> list[str]
 
 
 def export_hf(params: Mapping[str, Any], config: BertConfig, directory: str, tokenizer=None,
-              architecture: str | None = None, source: str = "") -> ConversionReport:
+              architecture: str | None = None, source: str = "", kind: str | None = None,
+              labels=()) -> ConversionReport:
     """Writes a Hugging Face directory: config.json, model.safetensors (decoder tied, as
     transformers saves it) and the tokenizer in a form ``AutoTokenizer`` loads (WordPiece:
     vocab.txt; SentencePiece: spiece.model; each with tokenizer_config.json). Files are
     written with the mode the umask gives (0644 typically).
 
-    ``architecture`` defaults to the class the params fill (BertForPreTraining when they have
-    the MLM and NSP heads). The report names the checkpoint read (``source``) and the directory
-    and files written, and lists params not exported.
+    ``architecture`` defaults to the class the params fill: the fine-tuning task's class where
+    ``kind`` (the task kind) is given, else from the heads (BertForPreTraining when they have
+    the MLM and NSP heads). ``labels``: the task's label names for config.json's
+    ``id2label``. The report names the checkpoint read (``source``) and the directory and
+    files written, and lists params not exported.
     """
     from safetensors.numpy import save
 
-    architecture = architecture or detect_architecture(params)
+    if architecture is None:
+        suffix = detect_task_class(params, kind)
+        architecture = f"Bert{suffix}" if suffix else detect_architecture(params)
+    check_task_head(params, architecture, kind)
     state, dropped = params_to_hf_state(params, config, architecture)
-    num_labels = state["classifier.bias"].shape[0] if "classifier.bias" in state else None
+    task_fields = task_config_fields(params, architecture, kind, labels)
     storage.makedirs(directory)
     fileio.atomic_write(storage.join(directory, SAFETENSORS_FILE),
                         save(state, metadata={"format": "pt"}))
     fileio.atomic_write_json(storage.join(directory, HF_CONFIG_FILE),
-                             hf_config_dict(config, architecture, num_labels))
+                             hf_config_dict(config, architecture, task_fields))
     report = ConversionReport(source=source, architecture=architecture,
                               heads=list(ARCHITECTURES[architecture][2]), unused=dropped,
                               unused_label="NOT EXPORTED: parameters the class has no place for",

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_families import _batch, _hf_model
 
-from bert_jax.checkpoint import families, hf
+from bert_jax.checkpoint import families
 from bert_jax.modeling import BertForSequenceClassification
 
 NUM_LABELS = 3
@@ -53,15 +53,9 @@ def test_sequence_classifier_logits_loss_and_gradients_match(family, tmp_path):
     np.testing.assert_allclose(np.asarray(logits), ref.logits.detach().numpy(), atol=1e-5)
     np.testing.assert_allclose(float(loss), ref.loss.item(), atol=1e-6)
 
-    # Our gradients in the family's names (the export mapping), against torch's .grad.
-    state, _ = hf.bert_named_state(jax.device_get(grads), cfg, cls_name, "bert.", False,
-                                   ("classifier",))
-    state["bert.pooler.dense.weight"] = np.asarray(grads["bert"]["pooler"]["kernel"]).T
-    state["bert.pooler.dense.bias"] = np.asarray(grads["bert"]["pooler"]["bias"])
-    names = families.rename(state, families.FAMILIES[family].rules, to_bert=False)
-    # RoBERTa's / ELECTRA's pooler is the head's dense layer (export names the base pooler).
-    ours_by_name = {names[k].replace(f"{family}.pooler.dense", "classifier.dense"): v
-                    for k, v in state.items()}
+    # Our gradients in the family's names (the class's export mapping), against torch's .grad.
+    ours_by_name, _ = families.params_to_family_state(jax.device_get(grads), cfg, family,
+                                                      cls_name)
     torch_grads = {n: p.grad.numpy() for n, p in model.named_parameters()
                    if p.grad is not None}
     assert sorted(ours_by_name) == sorted(torch_grads)

@@ -1,8 +1,9 @@
 """Every family end to end through the CLI: tiny random RoBERTa, ALBERT, ELECTRA and
 DistilBERT masked-LM models saved by transformers with their tokenizers (byte-level BPE,
 SentencePiece with ALBERT's normalisation, WordPiece), `bert-jax convert`, then `fill-mask`
-and `embed` against transformers, `finetune` / `evaluate` / `predict` on a toy SST-2, and
-`export` back to transformers."""
+and `embed` against transformers, `finetune` / `evaluate` / `predict` on a toy SST-2 with
+`export` of the fine-tuned classifier (the family's sequence-classification class, bert-jax's
+logits), and `export` back to transformers."""
 
 from __future__ import annotations
 
@@ -178,6 +179,36 @@ def test_finetune_evaluate_predict(family, converted, sst2, tmp_path, capsys):
     rows = open(tmp_path / "pred" / "SST-2.tsv").read().splitlines()
     assert rows[0] == "index\tprediction" and len(rows) == 5
     assert {r.split("\t")[1] for r in rows[1:]} <= {"0", "1"}
+    _check_classifier_export(family, workdir, tmp_path / "hf")
+
+
+def _check_classifier_export(family: str, workdir: str, out: Path):
+    """`export` of the SST-2 workdir: the family's sequence classifier with SST-2's labels,
+    whose tokenizer and logits are bert-jax's."""
+    import jax
+
+    from bert_jax.checkpoint.families import CLASS_PREFIXES
+    from bert_jax.modeling import BertForSequenceClassification
+    from bert_jax.modeling.params import to_layout
+
+    assert main(["export", workdir, "--output", str(out)]) == 0
+    back = transformers.AutoModelForSequenceClassification.from_pretrained(
+        out, attn_implementation="eager")
+    assert type(back).__name__ == f"{CLASS_PREFIXES[family]}ForSequenceClassification"
+    assert back.config.id2label == {0: "0", 1: "1"}
+    params, cfg, tok, _ = store.load_model(workdir)
+    text = "the old man sits in a big park ."
+    enc = tok.encode(text)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    hf_enc = hf_tok(text, return_tensors="pt")
+    assert hf_enc["input_ids"][0].tolist() == enc.input_ids
+    ids = np.array([enc.input_ids])
+    ours = jax.jit(BertForSequenceClassification(cfg, 2).apply)(
+        {"params": to_layout(params, cfg)}, ids, np.ones_like(ids),
+        np.array([enc.segment_ids]))["logits"]
+    with torch.no_grad():
+        ref = back.eval()(**hf_enc).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", ["roberta", "distilbert"])
