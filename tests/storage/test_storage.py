@@ -124,3 +124,30 @@ def test_missing_bucket_and_unreachable_server(gcs, monkeypatch):
         storage.exists("gs://no-such-bucket-x/run")
     with pytest.raises(BertJaxError, match="s3:// paths are not supported"):
         storage.exists("s3://bucket/run")
+
+
+def test_tfrecords_from_a_bucket_match_tensorflow_and_name_damage(bucket, tmp_path):
+    import tensorflow as tf
+
+    from bert_jax.data import records
+
+    path = str(tmp_path / "a.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        for i in range(300):
+            w.write(f"record {i} ".encode() * (i % 7 + 1))
+    want = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+    storage.upload(path, f"{bucket}/a.tfrecord")
+    url = f"{bucket}/a.tfrecord"
+    # Small chunks: frames straddle the ranged reads.
+    assert list(records.iter_records(url, chunk_bytes=97)) == want
+    assert [r.numpy() for r in records.records([url, url])] == want + want
+    raw = bytearray(open(path, "rb").read())
+    raw[40] ^= 1  # inside the second record's data (the first frame is 25 bytes)
+    storage.put_bytes(f"{bucket}/bad.tfrecord", bytes(raw))
+    with pytest.raises(ValueError, match=r"bad.tfrecord: corrupted record at byte 25 \(data"):
+        list(records.iter_records(f"{bucket}/bad.tfrecord"))
+    storage.put_bytes(f"{bucket}/cut.tfrecord", bytes(raw[:-3]))
+    with pytest.raises(ValueError, match=r"cut.tfrecord: truncated record at byte \d+"):
+        list(records.iter_records(f"{bucket}/cut.tfrecord", check_crc=False))
+    with storage.open_read(url, block_size=64) as f:  # buffered ranged reads
+        assert f.read() == open(path, "rb").read()
