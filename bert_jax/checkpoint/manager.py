@@ -5,6 +5,8 @@ Items per step (the layout ``bert_jax.checkpoint.store`` reads):
   opt_state    optimizer state pytree
   train_state  {step, rng, skipped_total, skipped_in_row}
   data_state   the input iterator's JSON state (exact data-stream position)
+  digest       content digests of params and opt_state (``bert_jax.checkpoint.digest``),
+               committed with the step, so a step killed before its manifest is checkable
 
 Saves are asynchronous (the device->host copy happens before ``save`` returns, the write in
 the background) and atomic: Orbax writes ``<step>.orbax-checkpoint-tmp-*`` and renames it to
@@ -16,7 +18,9 @@ first such leaf): every saved step is finite, whatever damaged the state.
 
 Once a save is on disk, process 0 adds ``<step>/sha256.json`` (``integrity``: size and hash
 of every file). :meth:`CheckpointManager.restore_latest` restores the newest step that
-verifies, restores and holds finite values; damaged newer steps are reported and moved to
+verifies, restores and holds finite values; a step without a manifest (the process was killed
+after Orbax committed it) is trusted only once its arrays match the committed ``digest``, and
+then gets its manifest; damaged newer steps are reported and moved to
 ``WORKDIR/checkpoints.damaged/`` so that the run saves those steps afresh.
 """
 
@@ -30,11 +34,11 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from bert_jax import storage
-from bert_jax.checkpoint import integrity
+from bert_jax.checkpoint import digest, integrity
 from bert_jax.checkpoint.store import CHECKPOINTS_DIR, PARAMS_ITEM
 from bert_jax.errors import BertJaxError
 
-ITEMS = (PARAMS_ITEM, "opt_state", "train_state", "data_state")
+ITEMS = (PARAMS_ITEM, "opt_state", "train_state", "data_state", digest.DIGEST_ITEM)
 DAMAGED_DIR = CHECKPOINTS_DIR + ".damaged"
 
 
@@ -99,11 +103,13 @@ class CheckpointManager:
                    else "No step was saved before."))
         self._seal()
         counters = dict(state.counters(), rng=rng)
+        digests = digest.compute({"params": state.params, "opt_state": state.opt_state})
         args = ocp.args.Composite(**{
             PARAMS_ITEM: ocp.args.StandardSave(state.params),
             "opt_state": ocp.args.StandardSave(state.opt_state),
             "train_state": ocp.args.StandardSave(counters),
             "data_state": ocp.args.JsonSave(data_state),
+            digest.DIGEST_ITEM: ocp.args.JsonSave(digests),
         })
         saved = self._manager.save(step, args=args, force=True)
         if saved:
@@ -133,11 +139,14 @@ class CheckpointManager:
         for step in sorted(self._manager.all_steps(), reverse=True):
             directory = storage.join(self.directory, str(step))
             try:
-                integrity.verify(directory)
+                verified = integrity.verify(directory)
                 state, rng, data_state = self.restore(step, abstract_state, abstract_rng)
-                leaf = first_non_finite({"params": state.params, "opt_state": state.opt_state})
+                arrays = {"params": state.params, "opt_state": state.opt_state}
+                leaf = first_non_finite(arrays)
                 if leaf is not None:
                     raise integrity.DamagedCheckpoint(f"{directory}: {leaf} holds NaN/Inf")
+                if not verified:
+                    self._verify_unsealed(directory, arrays)
             except Exception as e:  # Orbax/tensorstore errors for truncated/missing files
                 reason = integrity.describe_failure(directory, e)
                 log(f"warning: checkpoint step {step} is damaged and skipped: {reason}")
@@ -155,6 +164,18 @@ class CheckpointManager:
                 " If the config changed, rerun with the config the run was started with; to "
                 "start afresh, move the checkpoints directory away")
         return None
+
+    def _verify_unsealed(self, directory: str, arrays) -> None:
+        """A step without its manifest (killed after Orbax committed it): its restored arrays
+        must match the digests committed with it; then it gets its manifest."""
+        recorded = digest.read(directory)
+        if recorded is not None:
+            leaf = digest.first_mismatch(recorded, arrays)
+            if leaf is not None:
+                raise integrity.DamagedCheckpoint(
+                    f"{directory}: {leaf} differs from when saved (content digest mismatch)")
+        if jax.process_index() == 0:
+            integrity.write_manifest(directory)
 
     def _set_aside(self, steps: list[int]) -> None:
         if jax.process_index() == 0:

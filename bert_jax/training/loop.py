@@ -113,8 +113,7 @@ def _write_workdir_files(config, workdir: str, model_cfg: BertConfig, tokenizer)
 def _load_init_params(path: str, model_cfg: BertConfig, params, shardings):
     """Copies matching parameters from another run/model (phase 1 -> phase 2) into the
     freshly initialized sharded ``params``; returns (params, paths not taken)."""
-    _, params_dir = store.resolve(path)
-    loaded = flatten_params(to_layout(store.load_params(params_dir), model_cfg))
+    loaded = flatten_params(to_layout(store.load_newest(path)[2], model_cfg))
     flat = flatten_params(params)
     flat_shardings = flatten_params(shardings)
     for name, value in loaded.items():
