@@ -254,6 +254,16 @@ class WorkdirLock:
         self._stop = threading.Event()
         self._file = _BucketLockFile(self.path) if storage.is_remote(workdir) else \
             _LocalLockFile(self.path)
+        # The outermost folder the lock creates (a new workdir and any missing parents):
+        # removed again at release if the run left no file in it, so that a run rejected
+        # after taking the lock leaves the filesystem as it found it.
+        self._created: str | None = None
+        if not storage.is_remote(workdir):
+            missing = None
+            folder = workdir
+            while not os.path.lexists(folder):  # local: where the lock starts creating
+                missing, folder = folder, os.path.dirname(folder)
+            self._created = missing
 
     def acquire(self) -> None:
         me = {"pid": os.getpid(), "host": socket.gethostname()}
@@ -303,7 +313,18 @@ class WorkdirLock:
             owner, _ = self._file.read()
             if owner == {"pid": os.getpid(), "host": socket.gethostname()}:
                 self._file.delete()
+                self._remove_created_if_empty()
         self._held = False
+
+    def _remove_created_if_empty(self) -> None:
+        """Removes the folders the lock created when the run wrote no file into them."""
+        if self._created is None or not os.path.isdir(self._created):  # local: see __init__
+            return
+        for _, _, files in os.walk(self._created):  # local: see __init__
+            if files:
+                return
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self._created)  # local: only empty folders the lock made
 
     def __enter__(self) -> WorkdirLock:
         self.acquire()

@@ -26,13 +26,22 @@ def _pretrain_without(*keys):
 
 
 def _snapshot(directory):
+    """Every file (with its bytes and mode) and every folder under ``directory``."""
+    directory = str(directory)
     if not os.path.exists(directory):
         return None
     if os.path.isfile(directory):
         return open(directory, "rb").read()
-    return {os.path.relpath(os.path.join(d, f), directory):
-            open(os.path.join(d, f), "rb").read()
-            for d, _, files in os.walk(directory) for f in files}
+    tree = {}
+    for d, dirs, files in os.walk(directory):
+        for name in dirs:
+            path = os.path.join(d, name)
+            tree[os.path.relpath(path, directory) + "/"] = os.stat(path).st_mode
+        for name in files:
+            path = os.path.join(d, name)
+            tree[os.path.relpath(path, directory)] = (os.stat(path).st_mode,
+                                                      open(path, "rb").read())
+    return tree
 
 
 def _largest_file(directory):
@@ -117,6 +126,32 @@ def pretrain_zero_byte_shard(tmp, _):
     open(data / "train-00001-of-00002.tfrecord", "w").close()
     return [*_pretrain_without("model.vocab_size", "data.source"), "--workdir", f"{tmp}/w",
             "--config.data.source=tfrecord", f"--config.data.directory={data}"], tmp
+
+
+def pretrain_decay_before_warmup(tmp, _):
+    """Found only when the optimizer is built: still nothing written, no folder made."""
+    return [*PRETRAIN, "--workdir", f"{tmp}/new/w", "--config.optimizer.warmup_steps=30",
+            "--config.optimizer.decay_steps=25"], tmp
+
+
+def pretrain_decay_before_warmup_in_existing_workdir(tmp, _):
+    workdir = tmp / "run"
+    config = config_lib.load_config(f"{EXPERIMENT}:tiny", SMALL)
+    store.write_config(str(workdir), config_lib.model_config(config),
+                       extra={"experiment": config.to_dict()})
+    return [*PRETRAIN, "--workdir", str(workdir), "--config.optimizer.warmup_steps=30",
+            "--config.optimizer.decay_steps=25", "--config.model.hidden_dropout_prob=0.2"], tmp
+
+
+def pretrain_garbage_init_checkpoint(tmp, model_dir):
+    import shutil
+
+    shutil.copytree(model_dir, tmp / "init")
+    garbage = _largest_file(tmp / "init" / "params")
+    size = os.path.getsize(garbage)
+    with open(garbage, "wb") as f:
+        f.write(os.urandom(size))
+    return [*PRETRAIN, "--workdir", f"{tmp}/w", f"--config.init_checkpoint={tmp}/init"], tmp
 
 
 def fill_mask_zero_top_k(tmp, model_dir):
@@ -265,7 +300,9 @@ def predict_output_is_a_file(tmp, model_dir):
 CASES = [pretrain_zero_batch, pretrain_nan_learning_rate, pretrain_zero_log_every,
          pretrain_zero_eval_every, pretrain_probability_above_one, pretrain_unknown_variant,
          pretrain_other_model_shape, pretrain_into_fine_tuning_workdir,
-         pretrain_workdir_is_a_file, pretrain_zero_byte_shard, fill_mask_zero_top_k,
+         pretrain_workdir_is_a_file, pretrain_zero_byte_shard, pretrain_decay_before_warmup,
+         pretrain_decay_before_warmup_in_existing_workdir, pretrain_garbage_init_checkpoint,
+         fill_mask_zero_top_k,
          fill_mask_negative_top_k, fill_mask_damaged_checkpoint, embed_non_utf8_input,
          fill_mask_input_is_a_directory, embed_output_is_a_directory, embed_damaged_config,
          export_damaged_checkpoint,
@@ -288,6 +325,9 @@ EXPECTED = {
     "pretrain_into_fine_tuning_workdir": "holds a fine-tuning run",
     "pretrain_workdir_is_a_file": "exists and is not a directory",
     "pretrain_zero_byte_shard": "train-00001-of-00002.tfrecord: empty (0 bytes)",
+    "pretrain_decay_before_warmup": "optimizer.decay_steps=25 must exceed",
+    "pretrain_decay_before_warmup_in_existing_workdir": "optimizer.decay_steps=25 must exceed",
+    "pretrain_garbage_init_checkpoint": "checksum mismatch",
     "fill_mask_zero_top_k": "--top-k 0: expected an integer >= 1",
     "fill_mask_negative_top_k": "--top-k -3",
     "fill_mask_damaged_checkpoint": "bytes,",
@@ -318,7 +358,9 @@ EXPECTED = {
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
 def test_one_error_line_and_nothing_touched(case, tmp_path, model_dir, capsys):
     argv, keep = case(tmp_path, model_dir)
-    before = _snapshot(keep)
+    # The whole parent folder: a rejected run leaves no new folder and no changed file.
+    watched = [tmp_path, keep, model_dir]
+    before = [_snapshot(w) for w in watched]
     rc = main(argv)
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
@@ -326,4 +368,9 @@ def test_one_error_line_and_nothing_touched(case, tmp_path, model_dir, capsys):
     assert len(errors) == 1, err
     assert "Traceback" not in err
     assert EXPECTED[case.__name__] in errors[0], errors[0]
-    assert _snapshot(keep) == before
+    after = [_snapshot(w) for w in watched]
+    for was, now in zip(before, after, strict=True):
+        if isinstance(was, dict) and isinstance(now, dict):
+            assert sorted(set(was) ^ set(now)) == [], "created or removed"
+            assert [k for k in was if was[k] != now[k]] == [], "changed"
+        assert was == now

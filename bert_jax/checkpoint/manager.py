@@ -76,7 +76,7 @@ class CheckpointManager:
         self._unsealed: list[int] = []
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
-            enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True)
+            enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=False)
         self._manager = ocp.CheckpointManager(self.directory, item_names=ITEMS,
                                               options=options)
 
@@ -111,6 +111,7 @@ class CheckpointManager:
             "data_state": ocp.args.JsonSave(data_state),
             digest.DIGEST_ITEM: ocp.args.JsonSave(digests),
         })
+        storage.makedirs(self.directory)  # created with the first save, not before
         saved = self._manager.save(step, args=args, force=True)
         if saved:
             self._unsealed.append(step)

@@ -184,8 +184,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, tokenizer,
            lock: fileio.WorkdirLock) -> dict[str, Any]:
-    _write_workdir_files(config, workdir, model_cfg, tokenizer)
-
     training = build_training(config, model_cfg, mesh)
     abstract_state, state_shardings = training.abstract_state, training.state_shardings
     seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
@@ -216,6 +214,9 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
             state = state.replace(params=training.init_params(state.params,
                                                               state_shardings.params))
 
+    # Written only now: a config, checkpoint or init_checkpoint rejected above leaves the
+    # workdir as it was.
+    _write_workdir_files(config, workdir, model_cfg, tokenizer)
     train_step, eval_step, to_global = (training.train_step, training.eval_step,
                                         training.global_batch)
 
