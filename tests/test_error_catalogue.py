@@ -220,6 +220,44 @@ def create_data_output_holds_other_files(tmp, _):
             "--no-progress"], tmp
 
 
+def _vocab(tmp):
+    vocab = tmp / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "one"]) + "\n")
+    return str(vocab)
+
+
+def create_data_binary_input(tmp, _):
+    (tmp / "random.bin").write_bytes(bytes(range(256)) * 800)
+    return ["create-pretraining-data", "--input", str(tmp / "random.bin"), "--tokenizer",
+            _vocab(tmp), "--output-dir", str(tmp / "out"), "--num-workers", "1",
+            "--no-progress"], tmp
+
+
+def create_data_folder_mostly_not_text(tmp, _):
+    (tmp / "corpus").mkdir()
+    (tmp / "corpus" / "a.txt").write_text("One sentence. Another one.\n\nA second doc.\n")
+    (tmp / "corpus" / "random.bin").write_bytes(bytes(range(256)) * 800)
+    return ["create-pretraining-data", "--input", str(tmp / "corpus"), "--tokenizer",
+            _vocab(tmp), "--output-dir", str(tmp / "out"), "--num-workers", "1",
+            "--no-progress"], tmp
+
+
+def _latin1_tokenizer_case(model_type):
+    def case(tmp, _):
+        (tmp / "latin1.txt").write_bytes("the caf\u00e9 is open\n".encode("latin-1") * 50
+                                         + "na\u00efve\n".encode("latin-1") * 10)
+        return ["train-tokenizer", "--input", str(tmp / "latin1.txt"), "--output",
+                str(tmp / "tok"), "--vocab-size", "40", "--model-type", model_type], tmp
+
+    case.__name__ = f"train_tokenizer_latin1_{model_type.replace('-', '_')}"
+    return case
+
+
+train_tokenizer_latin1_unigram = _latin1_tokenizer_case("unigram")
+train_tokenizer_latin1_bpe = _latin1_tokenizer_case("bpe")
+train_tokenizer_latin1_wordpiece = _latin1_tokenizer_case("wordpiece")
+
+
 def _sst2(tmp):
     from tests.finetune.helpers import write_sst2
 
@@ -307,7 +345,9 @@ CASES = [pretrain_zero_batch, pretrain_nan_learning_rate, pretrain_zero_log_ever
          fill_mask_input_is_a_directory, embed_output_is_a_directory, embed_damaged_config,
          export_damaged_checkpoint,
          export_output_is_a_file, convert_truncated_safetensors,
-         create_data_output_holds_other_files, finetune_zero_batch, finetune_zero_epochs,
+         create_data_output_holds_other_files, create_data_binary_input,
+         create_data_folder_mostly_not_text, train_tokenizer_latin1_unigram,
+         train_tokenizer_latin1_bpe, train_tokenizer_latin1_wordpiece, finetune_zero_batch, finetune_zero_epochs,
          finetune_zero_eval_batch, finetune_nan_learning_rate,
          finetune_warmup_proportion_above_one, finetune_unknown_variant,
          finetune_into_pretraining_workdir, finetune_into_its_init_checkpoint,
@@ -339,6 +379,11 @@ EXPECTED = {
     "export_output_is_a_file": "exists and is not a directory",
     "convert_truncated_safetensors": "model.safetensors: not a readable safetensors file",
     "create_data_output_holds_other_files": "not pretraining data (a.txt)",
+    "create_data_binary_input": "random.bin: not utf-8 text (binary: NUL byte at offset 0)",
+    "create_data_folder_mostly_not_text": "1 of 2 files found are not utf-8 text",
+    "train_tokenizer_latin1_unigram": "latin1.txt: not utf-8 text (byte offset 7, line 1",
+    "train_tokenizer_latin1_bpe": "latin1.txt: not utf-8 text (byte offset 7, line 1",
+    "train_tokenizer_latin1_wordpiece": "latin1.txt: not utf-8 text (byte offset 7, line 1",
     "finetune_zero_batch": "global_batch_size=0: expected an integer >= 1",
     "finetune_zero_epochs": "epochs=0: expected an integer >= 1",
     "finetune_zero_eval_batch": "eval_batch_size=0",
