@@ -321,6 +321,15 @@ def finetune_non_utf8_tsv(tmp, model_dir):
     return _finetune(tmp, model_dir, data=data), tmp
 
 
+def finetune_header_only_tsv(tmp, model_dir):
+    data = _sst2(tmp)
+    with open(os.path.join(data, "train.tsv"), encoding="utf-8") as f:
+        header = f.readline()
+    with open(os.path.join(data, "train.tsv"), "w", encoding="utf-8") as f:
+        f.write(header)
+    return _finetune(tmp, model_dir, data=data), tmp
+
+
 def evaluate_pretraining_workdir(tmp, model_dir):
     return ["evaluate", "--workdir", model_dir], model_dir
 
@@ -352,7 +361,8 @@ CASES = [pretrain_zero_batch, pretrain_nan_learning_rate, pretrain_zero_log_ever
          finetune_zero_eval_batch, finetune_nan_learning_rate,
          finetune_warmup_proportion_above_one, finetune_unknown_variant,
          finetune_into_pretraining_workdir, finetune_into_its_init_checkpoint,
-         finetune_score_out_of_range, finetune_non_utf8_tsv, evaluate_pretraining_workdir,
+         finetune_score_out_of_range, finetune_non_utf8_tsv, finetune_header_only_tsv,
+         evaluate_pretraining_workdir,
          evaluate_damaged_checkpoint, predict_output_is_a_file]
 # What the single error line must name, per case.
 EXPECTED = {
@@ -395,6 +405,7 @@ EXPECTED = {
     "finetune_into_its_init_checkpoint": "is the init_checkpoint",
     "finetune_score_out_of_range": "train.tsv:8: score '9.5' is outside the task's range",
     "finetune_non_utf8_tsv": "train.tsv: not utf-8 text (byte offset",
+    "finetune_header_only_tsv": "SST-2/train.tsv: no train examples (empty, or only a header)",
     "evaluate_pretraining_workdir": "not a fine-tuned workdir",
     "evaluate_damaged_checkpoint": "bytes,",
     "predict_output_is_a_file": "exists and is not a directory",
