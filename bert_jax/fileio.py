@@ -68,10 +68,11 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def check_output_path(path: str, *, directory: bool) -> None:
+def check_output_path(path: str, *, directory: bool, probe: bool = True) -> None:
     """BertJaxError if ``path`` cannot be written as a file (``directory=False``) or a
-    directory: an existing entry of the other kind, or a parent that is a file. For a URL:
-    also that its bucket exists and answers."""
+    directory: an existing entry of the other kind, a parent that is a file, or (``probe``)
+    a nearest existing folder that refuses a new entry (read-only, no permission, /proc). For
+    a URL: also that its bucket exists and answers. Commands call this before any work."""
     if storage.is_remote(path):
         path = storage.abspath(path)
         storage.check_reachable(path)
@@ -91,6 +92,14 @@ def check_output_path(path: str, *, directory: bool) -> None:
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
         raise BertJaxError(f"{path}: {parent} is a file, not a directory")
+    if probe and parent:
+        try:  # the only reliable test (root passes access(2) checks that writes then fail)
+            fd, tmp = tempfile.mkstemp(prefix=".bert-jax-probe.", dir=parent)
+            os.close(fd)
+            os.remove(tmp)  # local: the probe just made
+        except OSError as e:
+            raise BertJaxError(f"{path}: cannot be written ({parent}: "
+                               f"{e.strerror or type(e).__name__})") from None
 
 
 def atomic_write(path: str, data: str | bytes | Callable[[Any], None], *,
@@ -107,11 +116,14 @@ def atomic_write(path: str, data: str | bytes | Callable[[Any], None], *,
         storage.put_bytes(path, data.encode(encoding) if isinstance(data, str) else data)
         return path
     path = os.path.abspath(path)
-    check_output_path(path, directory=False)
+    check_output_path(path, directory=False, probe=False)
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                   dir=directory)
+    except OSError as e:  # named by the output's path, not a temporary name
+        raise BertJaxError(f"{path}: cannot be written ({e.strerror or e})") from None
     try:
         with os.fdopen(fd, "wb") as f:
             if callable(data):

@@ -182,6 +182,12 @@ def embed_output_is_a_directory(tmp, model_dir):
     return ["embed", model_dir, "--text", "the cat", "--output", str(tmp / "out.npy")], tmp
 
 
+def embed_output_cannot_be_written(tmp, _):
+    """Checked before anything else: the checkpoint named does not even exist."""
+    return ["embed", str(tmp / "no-model"), "--text", "the cat", "--output",
+            "/proc/x.npy"], tmp
+
+
 def embed_damaged_config(tmp, model_dir):
     damaged = _damaged_model(tmp, model_dir)
     with open(os.path.join(damaged, "config.json"), "r+b") as f:
@@ -352,6 +358,7 @@ CASES = [pretrain_zero_batch, pretrain_nan_learning_rate, pretrain_zero_log_ever
          fill_mask_zero_top_k,
          fill_mask_negative_top_k, fill_mask_damaged_checkpoint, embed_non_utf8_input,
          fill_mask_input_is_a_directory, embed_output_is_a_directory, embed_damaged_config,
+         embed_output_cannot_be_written,
          export_damaged_checkpoint,
          export_output_is_a_file, convert_truncated_safetensors,
          create_data_output_holds_other_files, create_data_binary_input,
@@ -385,6 +392,7 @@ EXPECTED = {
     "embed_non_utf8_input": "in.txt: not utf-8 text (byte offset 12, line 2",
     "fill_mask_input_is_a_directory": "Is a directory",
     "embed_output_is_a_directory": "out.npy: is a directory",
+    "embed_output_cannot_be_written": "/proc/x.npy: cannot be written (/proc:",
     "embed_damaged_config": "config.json: not valid JSON",
     "export_damaged_checkpoint": "truncated",
     "export_output_is_a_file": "exists and is not a directory",

@@ -95,3 +95,25 @@ def first_mismatch(recorded: dict[str, str], tree) -> str | None:
         if name in recorded and recorded[name] != value:
             return name
     return None
+
+
+_finite = None
+
+
+def first_non_finite(tree) -> str | None:
+    """The path of the first floating-point leaf of ``tree`` holding NaN/Inf, or None (one
+    device pass and one transfer of a boolean per leaf)."""
+    import jax
+    import jax.numpy as jnp
+
+    global _finite
+    if _finite is None:
+        _finite = jax.jit(lambda leaves: jnp.stack([jnp.all(jnp.isfinite(x))
+                                                    for x in leaves]))
+    named = [(jax.tree_util.keystr(path), x) for path, x in
+             jax.tree_util.tree_flatten_with_path(tree)[0]
+             if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+    if not named:
+        return None
+    flags = jax.device_get(_finite([x for _, x in named]))
+    return next((name for (name, _), ok in zip(named, flags, strict=True) if not ok), None)

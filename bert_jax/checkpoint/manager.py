@@ -30,11 +30,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from bert_jax import storage
 from bert_jax.checkpoint import digest, integrity
+from bert_jax.checkpoint.digest import first_non_finite
 from bert_jax.checkpoint.store import CHECKPOINTS_DIR, PARAMS_ITEM
 from bert_jax.errors import BertJaxError
 
@@ -44,24 +44,6 @@ DAMAGED_DIR = CHECKPOINTS_DIR + ".damaged"
 
 class NonFiniteState(BertJaxError):
     """The state to save holds NaN or Inf; nothing was saved."""
-
-
-@jax.jit
-def _leaves_finite(leaves) -> jax.Array:
-    """One device-side boolean per array of ``leaves``: it holds no NaN/Inf."""
-    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
-
-
-def first_non_finite(tree) -> str | None:
-    """The path of the first floating-point leaf of ``tree`` holding NaN/Inf, or None (one
-    device pass and one transfer of a boolean per leaf)."""
-    named = [(jax.tree_util.keystr(path), x) for path, x in
-             jax.tree_util.tree_flatten_with_path(tree)[0]
-             if jnp.issubdtype(x.dtype, jnp.inexact)]
-    if not named:
-        return None
-    flags = jax.device_get(_leaves_finite([x for _, x in named]))
-    return next((name for (name, _), ok in zip(named, flags, strict=True) if not ok), None)
 
 
 class CheckpointManager:

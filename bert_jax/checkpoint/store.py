@@ -264,9 +264,8 @@ def _check_values(params_dir: str, params, verified: bool) -> None:
     """No parameter read from a checkpoint may hold NaN/Inf; a step without its manifest
     must match the digests committed with it."""
     from bert_jax.checkpoint import digest
-    from bert_jax.checkpoint.manager import first_non_finite
 
-    leaf = first_non_finite(params)
+    leaf = digest.first_non_finite(params)
     if leaf is not None:
         raise integrity.DamagedCheckpoint(f"{params_dir}: {leaf} holds NaN/Inf")
     if verified:
