@@ -43,6 +43,32 @@ from bert_jax.errors import BertJaxError
 LOCK_FILE = ".lock"
 
 
+def move_contents_aside(workdir: str) -> str | None:
+    """Moves everything in ``workdir`` but its lock into a new sibling ``WORKDIR.replaced-N``
+    (the first free N) and returns that path; None when there is nothing to move."""
+    workdir = storage.abspath(workdir)
+    if not storage.isdir(workdir):
+        return None
+    entries = [e for e in storage.listdir(workdir) if e != LOCK_FILE]
+    if not entries:
+        return None
+    number = 1
+    while storage.exists(f"{workdir}.replaced-{number}"):
+        number += 1
+    aside = f"{workdir}.replaced-{number}"
+    storage.makedirs(aside)
+    for entry in entries:
+        storage.move(storage.join(workdir, entry), storage.join(aside, entry))
+    return aside
+
+
+def move_contents_back(aside: str, workdir: str) -> None:
+    """Undoes :func:`move_contents_aside` (a run rejected before it wrote anything)."""
+    for entry in storage.listdir(aside):
+        storage.move(storage.join(aside, entry), storage.join(workdir, entry))
+    storage.rmtree(aside)
+
+
 def _umask() -> int:
     """The process's umask, read without changing it where the system says it (Linux)."""
     with contextlib.suppress(OSError, ValueError):

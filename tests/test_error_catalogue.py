@@ -143,6 +143,15 @@ def pretrain_decay_before_warmup_in_existing_workdir(tmp, _):
             "--config.optimizer.decay_steps=25", "--config.model.hidden_dropout_prob=0.2"], tmp
 
 
+def pretrain_overwrite_rejected_late(tmp, _):
+    """--overwrite moves the old contents aside; a run rejected later moves them back."""
+    config = config_lib.load_config(f"{EXPERIMENT}:tiny", SMALL)
+    store.write_config(str(tmp / "ft"), config_lib.model_config(config),
+                       extra={"task": "sst2", "finetune": {}})
+    return [*PRETRAIN, "--workdir", str(tmp / "ft"), "--overwrite",
+            "--config.optimizer.warmup_steps=30", "--config.optimizer.decay_steps=25"], tmp
+
+
 def pretrain_garbage_init_checkpoint(tmp, model_dir):
     import shutil
 
@@ -355,6 +364,7 @@ CASES = [pretrain_zero_batch, pretrain_nan_learning_rate, pretrain_zero_log_ever
          pretrain_other_model_shape, pretrain_into_fine_tuning_workdir,
          pretrain_workdir_is_a_file, pretrain_zero_byte_shard, pretrain_decay_before_warmup,
          pretrain_decay_before_warmup_in_existing_workdir, pretrain_garbage_init_checkpoint,
+         pretrain_overwrite_rejected_late,
          fill_mask_zero_top_k,
          fill_mask_negative_top_k, fill_mask_damaged_checkpoint, embed_non_utf8_input,
          fill_mask_input_is_a_directory, embed_output_is_a_directory, embed_damaged_config,
@@ -385,6 +395,7 @@ EXPECTED = {
     "pretrain_zero_byte_shard": "train-00001-of-00002.tfrecord: empty (0 bytes)",
     "pretrain_decay_before_warmup": "optimizer.decay_steps=25 must exceed",
     "pretrain_decay_before_warmup_in_existing_workdir": "optimizer.decay_steps=25 must exceed",
+    "pretrain_overwrite_rejected_late": "optimizer.decay_steps=25 must exceed",
     "pretrain_garbage_init_checkpoint": "checksum mismatch",
     "fill_mask_zero_top_k": "--top-k 0: expected an integer >= 1",
     "fill_mask_negative_top_k": "--top-k -3",

@@ -39,7 +39,7 @@ from bert_jax.training.setup import build_training
 from bert_jax.training.signals import Preemption
 from bert_jax.training.state import TrainState
 from bert_jax.training.steps import summarize
-from bert_jax.training.workdir import check_pretraining_workdir
+from bert_jax.training.workdir import check_pretraining_workdir, locked_workdir
 
 
 class TrainingDiverged(BertJaxError):
@@ -173,13 +173,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     check_pretraining_workdir(workdir, model_cfg, config.to_dict(), overwrite=overwrite)
     mesh = parallel.create_mesh(config.parallel.mesh, config.parallel.dcn_mesh)
     local_batch = _check_sizes(config, model_cfg, mesh)
-    lock = fileio.WorkdirLock(workdir)
-    if jax.process_index() == 0:
-        lock.acquire()
-    try:
+    with locked_workdir(workdir, overwrite=overwrite, log=_log) as lock:
         return _train(config, workdir, model_cfg, mesh, local_batch, tokenizer, lock)
-    finally:
-        lock.release()
 
 
 def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, tokenizer,
