@@ -280,6 +280,17 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# The locks this process holds, released by a signal that ends the process at once.
+_HELD_LOCKS: set[WorkdirLock] = set()
+
+
+def release_held_locks() -> None:
+    """Releases every workdir lock this process holds (a process exiting on a signal)."""
+    for lock in list(_HELD_LOCKS):
+        with contextlib.suppress(Exception):
+            lock.release()
+
+
 class WorkdirLock:
     """``WORKDIR/.lock`` (pid, host) for the life of a run; see the module docstring."""
 
@@ -308,6 +319,7 @@ class WorkdirLock:
         for _ in range(3):
             if self._file.create(me):
                 self._held = True
+                _HELD_LOCKS.add(self)
                 self._stop.clear()
                 threading.Thread(target=self._heartbeat, daemon=True,
                                  name="workdir-lock").start()
@@ -329,6 +341,7 @@ class WorkdirLock:
                   file=sys.stderr, flush=True)
             if self._file.take_over(me, seen):
                 self._held = True
+                _HELD_LOCKS.add(self)
                 self._stop.clear()
                 threading.Thread(target=self._heartbeat, daemon=True,
                                  name="workdir-lock").start()
@@ -347,6 +360,7 @@ class WorkdirLock:
 
     def release(self) -> None:
         self._stop.set()
+        _HELD_LOCKS.discard(self)
         if self._held:
             owner, _ = self._file.read()
             if owner == {"pid": os.getpid(), "host": socket.gethostname()}:

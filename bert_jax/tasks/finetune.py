@@ -25,7 +25,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import parallel, storage
+from bert_jax import parallel, startup, storage
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.params import to_layout
@@ -65,6 +65,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, *, overwrite: bool
     the run, and each new best
     model replaces the previous one only once written completely."""
     parallel.maybe_initialize_distributed()
+    startup.backends_ready()
     task = get_task(config.task, config)
     if not task.label_keys:
         raise BertJaxError(f"task {task.name} has no training data (predict it with a model "

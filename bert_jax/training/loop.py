@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import fileio, parallel, storage
+from bert_jax import fileio, parallel, startup, storage
 from bert_jax.checkpoint import store
 from bert_jax.checkpoint.manager import CheckpointManager, NonFiniteState
 from bert_jax.config import BertConfig
@@ -161,6 +161,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     completed | preempted). The workdir is locked for the run and checked (kind of run,
     model shape against its checkpoints) before anything is written into it."""
     parallel.maybe_initialize_distributed()
+    startup.backends_ready()
     workdir = storage.abspath(workdir)
     config.data.source = resolve_source(config.data)
     _log(describe_source(config.data))
