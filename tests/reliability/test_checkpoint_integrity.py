@@ -293,3 +293,23 @@ def test_tools_report_a_damaged_step_once(tmp_path, capsys, damage):
     assert ("checkpoints/3" if damage == "empty" else "checkpoints/2") in err[0]
     assert report == [f"bert-jax checkpoint: {checkpoints / ('2' if damage == 'empty' else '1')}"
                       "/params"]
+
+
+def test_checkpoints_and_models_follow_the_umask(tmp_path):
+    """Training steps (Orbax, manifests, digests) and model directories get the modes the
+    umask gives, like every other output (0o002: group-writable)."""
+    import stat
+
+    previous = os.umask(0o002)
+    try:
+        _saved_run(tmp_path / "run", steps=(1,))
+        store.save_model(str(tmp_path / "model"), {"w": np.ones(3, np.float32)},
+                         get_preset("tiny"))
+    finally:
+        os.umask(previous)
+    modes = {os.path.relpath(os.path.join(root, name), tmp_path):
+             stat.S_IMODE(os.stat(os.path.join(root, name)).st_mode)
+             for root, dirs, files in os.walk(tmp_path) for name in dirs + files}
+    wrong = {path: oct(mode) for path, mode in modes.items()
+             if mode != (0o775 if os.path.isdir(tmp_path / path) else 0o664)}
+    assert wrong == {} and len(modes) > 20
