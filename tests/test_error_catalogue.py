@@ -152,6 +152,27 @@ def pretrain_overwrite_rejected_late(tmp, _):
             "--config.optimizer.warmup_steps=30", "--config.optimizer.decay_steps=25"], tmp
 
 
+def pretrain_checkpoint_of_another_shape(tmp, _):
+    """config.json agrees with the run, the saved step does not: the restore fails, and the
+    workdir (config.json included) stays as it was."""
+    import jax
+    import numpy as np
+
+    from bert_jax.checkpoint.manager import CheckpointManager
+    from bert_jax.training.state import TrainState
+
+    workdir = tmp / "run"
+    config = config_lib.load_config(f"{EXPERIMENT}:tiny", SMALL)
+    store.write_config(str(workdir), config_lib.model_config(config),
+                       extra={"experiment": config.to_dict()})
+    params = {"dense": {"kernel": np.ones((4, 2), np.float32)}}
+    manager = CheckpointManager(str(workdir), every_steps=1, keep=1)
+    manager.save(1, TrainState.create(params, {"mu": params}), jax.random.PRNGKey(0),
+                 {"step": 1})
+    manager.close()
+    return [*PRETRAIN, "--workdir", str(workdir), "--config.model.hidden_dropout_prob=0.2"], tmp
+
+
 def pretrain_garbage_init_checkpoint(tmp, model_dir):
     import shutil
 
@@ -364,7 +385,7 @@ CASES = [pretrain_zero_batch, pretrain_nan_learning_rate, pretrain_zero_log_ever
          pretrain_other_model_shape, pretrain_into_fine_tuning_workdir,
          pretrain_workdir_is_a_file, pretrain_zero_byte_shard, pretrain_decay_before_warmup,
          pretrain_decay_before_warmup_in_existing_workdir, pretrain_garbage_init_checkpoint,
-         pretrain_overwrite_rejected_late,
+         pretrain_overwrite_rejected_late, pretrain_checkpoint_of_another_shape,
          fill_mask_zero_top_k,
          fill_mask_negative_top_k, fill_mask_damaged_checkpoint, embed_non_utf8_input,
          fill_mask_input_is_a_directory, embed_output_is_a_directory, embed_damaged_config,
@@ -396,6 +417,7 @@ EXPECTED = {
     "pretrain_decay_before_warmup": "optimizer.decay_steps=25 must exceed",
     "pretrain_decay_before_warmup_in_existing_workdir": "optimizer.decay_steps=25 must exceed",
     "pretrain_overwrite_rejected_late": "optimizer.decay_steps=25 must exceed",
+    "pretrain_checkpoint_of_another_shape": "no usable checkpoint",
     "pretrain_garbage_init_checkpoint": "checksum mismatch",
     "fill_mask_zero_top_k": "--top-k 0: expected an integer >= 1",
     "fill_mask_negative_top_k": "--top-k -3",
