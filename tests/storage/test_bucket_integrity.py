@@ -47,3 +47,23 @@ def test_unsealed_step_with_a_flipped_bit_is_skipped_in_a_bucket(bucket, capsys)
     manager.close()
     assert step == 1 and "content digest mismatch" in messages[0]
     assert integrity.has_manifest(f"{run}/checkpoints/1")
+
+
+def test_rejected_run_leaves_the_bucket_as_it_was(gcs, bucket, capsys):
+    """A config error found when the optimizer is built: no object written or replaced (the
+    lock object is gone again, config.json not rewritten)."""
+    from bert_jax.cli import main
+    from bert_jax.training import config as config_lib
+    from tests.training.helpers import EXPERIMENT, SMALL
+
+    run = f"{bucket}/run"
+    config = config_lib.load_config(f"{EXPERIMENT}:tiny", SMALL)
+    store.write_config(run, config_lib.model_config(config),
+                       extra={"experiment": config.to_dict()})
+    before = gcs.objects(bucket[len("gs://"):])
+    rc = main(["pretrain", "--config", f"{EXPERIMENT}:tiny", *SMALL, "--workdir", run,
+               "--config.optimizer.warmup_steps=30", "--config.optimizer.decay_steps=25",
+               "--config.model.hidden_dropout_prob=0.2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "decay_steps=25 must exceed" in err, err
+    assert gcs.objects(bucket[len("gs://"):]) == before
