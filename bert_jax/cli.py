@@ -103,6 +103,7 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     for key, value in QUIET_ENVIRONMENT.items():
         os.environ.setdefault(key, value)
@@ -115,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
+        if from_command_line:
+            from bert_jax import startup
+
+            startup.install()  # before the command's imports: see bert_jax/startup.py
         command = _load(COMMANDS[args.command][0])
         if unknown and not getattr(command, "accepts_overrides", False):
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")

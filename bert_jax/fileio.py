@@ -43,6 +43,32 @@ from bert_jax.errors import BertJaxError
 LOCK_FILE = ".lock"
 
 
+def move_contents_aside(workdir: str) -> str | None:
+    """Moves everything in ``workdir`` but its lock into a new sibling ``WORKDIR.replaced-N``
+    (the first free N) and returns that path; None when there is nothing to move."""
+    workdir = storage.abspath(workdir)
+    if not storage.isdir(workdir):
+        return None
+    entries = [e for e in storage.listdir(workdir) if e != LOCK_FILE]
+    if not entries:
+        return None
+    number = 1
+    while storage.exists(f"{workdir}.replaced-{number}"):
+        number += 1
+    aside = f"{workdir}.replaced-{number}"
+    storage.makedirs(aside)
+    for entry in entries:
+        storage.move(storage.join(workdir, entry), storage.join(aside, entry))
+    return aside
+
+
+def move_contents_back(aside: str, workdir: str) -> None:
+    """Undoes :func:`move_contents_aside` (a run rejected before it wrote anything)."""
+    for entry in storage.listdir(aside):
+        storage.move(storage.join(aside, entry), storage.join(workdir, entry))
+    storage.rmtree(aside)
+
+
 def _umask() -> int:
     """The process's umask, read without changing it where the system says it (Linux)."""
     with contextlib.suppress(OSError, ValueError):
@@ -68,10 +94,11 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def check_output_path(path: str, *, directory: bool) -> None:
+def check_output_path(path: str, *, directory: bool, probe: bool = True) -> None:
     """BertJaxError if ``path`` cannot be written as a file (``directory=False``) or a
-    directory: an existing entry of the other kind, or a parent that is a file. For a URL:
-    also that its bucket exists and answers."""
+    directory: an existing entry of the other kind, a parent that is a file, or (``probe``)
+    a nearest existing folder that refuses a new entry (read-only, no permission, /proc). For
+    a URL: also that its bucket exists and answers. Commands call this before any work."""
     if storage.is_remote(path):
         path = storage.abspath(path)
         storage.check_reachable(path)
@@ -91,6 +118,14 @@ def check_output_path(path: str, *, directory: bool) -> None:
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
         raise BertJaxError(f"{path}: {parent} is a file, not a directory")
+    if probe and parent:
+        try:  # the only reliable test (root passes access(2) checks that writes then fail)
+            fd, tmp = tempfile.mkstemp(prefix=".bert-jax-probe.", dir=parent)
+            os.close(fd)
+            os.remove(tmp)  # local: the probe just made
+        except OSError as e:
+            raise BertJaxError(f"{path}: cannot be written ({parent}: "
+                               f"{e.strerror or type(e).__name__})") from None
 
 
 def atomic_write(path: str, data: str | bytes | Callable[[Any], None], *,
@@ -107,11 +142,14 @@ def atomic_write(path: str, data: str | bytes | Callable[[Any], None], *,
         storage.put_bytes(path, data.encode(encoding) if isinstance(data, str) else data)
         return path
     path = os.path.abspath(path)
-    check_output_path(path, directory=False)
+    check_output_path(path, directory=False, probe=False)
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                   dir=directory)
+    except OSError as e:  # named by the output's path, not a temporary name
+        raise BertJaxError(f"{path}: cannot be written ({e.strerror or e})") from None
     try:
         with os.fdopen(fd, "wb") as f:
             if callable(data):
@@ -242,6 +280,17 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# The locks this process holds, released by a signal that ends the process at once.
+_HELD_LOCKS: set[WorkdirLock] = set()
+
+
+def release_held_locks() -> None:
+    """Releases every workdir lock this process holds (a process exiting on a signal)."""
+    for lock in list(_HELD_LOCKS):
+        with contextlib.suppress(Exception):
+            lock.release()
+
+
 class WorkdirLock:
     """``WORKDIR/.lock`` (pid, host) for the life of a run; see the module docstring."""
 
@@ -254,12 +303,23 @@ class WorkdirLock:
         self._stop = threading.Event()
         self._file = _BucketLockFile(self.path) if storage.is_remote(workdir) else \
             _LocalLockFile(self.path)
+        # The outermost folder the lock creates (a new workdir and any missing parents):
+        # removed again at release if the run left no file in it, so that a run rejected
+        # after taking the lock leaves the filesystem as it found it.
+        self._created: str | None = None
+        if not storage.is_remote(workdir):
+            missing = None
+            folder = workdir
+            while not os.path.lexists(folder):  # local: where the lock starts creating
+                missing, folder = folder, os.path.dirname(folder)
+            self._created = missing
 
     def acquire(self) -> None:
         me = {"pid": os.getpid(), "host": socket.gethostname()}
         for _ in range(3):
             if self._file.create(me):
                 self._held = True
+                _HELD_LOCKS.add(self)
                 self._stop.clear()
                 threading.Thread(target=self._heartbeat, daemon=True,
                                  name="workdir-lock").start()
@@ -281,6 +341,7 @@ class WorkdirLock:
                   file=sys.stderr, flush=True)
             if self._file.take_over(me, seen):
                 self._held = True
+                _HELD_LOCKS.add(self)
                 self._stop.clear()
                 threading.Thread(target=self._heartbeat, daemon=True,
                                  name="workdir-lock").start()
@@ -299,11 +360,23 @@ class WorkdirLock:
 
     def release(self) -> None:
         self._stop.set()
+        _HELD_LOCKS.discard(self)
         if self._held:
             owner, _ = self._file.read()
             if owner == {"pid": os.getpid(), "host": socket.gethostname()}:
                 self._file.delete()
+                self._remove_created_if_empty()
         self._held = False
+
+    def _remove_created_if_empty(self) -> None:
+        """Removes the folders the lock created when the run wrote no file into them."""
+        if self._created is None or not os.path.isdir(self._created):  # local: see __init__
+            return
+        for _, _, files in os.walk(self._created):  # local: see __init__
+            if files:
+                return
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self._created)  # local: only empty folders the lock made
 
     def __enter__(self) -> WorkdirLock:
         self.acquire()

@@ -370,6 +370,16 @@ def move_tree(source: str, destination: str) -> None:
             fs.rm(keys)
 
 
+def move(source: str, destination: str) -> None:
+    """Moves a file or a directory (see :func:`move_tree`)."""
+    if is_remote(source) and isfile(source):
+        with _remote(source) as fs:
+            fs.copy(_key(source), _key(destination))
+            fs.rm_file(_key(source))
+        return
+    move_tree(source, destination)
+
+
 def glob(pattern: str) -> list[str]:
     """Sorted paths matching ``pattern`` (``*``, ``?``, ``[...]`` within one path part)."""
     if not is_remote(pattern):

@@ -40,5 +40,5 @@ def load_checkpoint(path: str) -> tuple[dict, BertConfig, Any, list[str]]:
         params, config, tokenizer, report = load_hf_any(path)
         return params, config, tokenizer, [f"Hugging Face checkpoint: {line}"
                                            for line in report.lines()]
-    params, config, tokenizer, _ = store.load_model(path)
-    return params, config, tokenizer, [f"bert-jax checkpoint: {store.resolve(path)[1]}"]
+    params, config, tokenizer, _, params_dir = store.load_model(path, with_source=True)
+    return params, config, tokenizer, [f"bert-jax checkpoint: {params_dir}"]

@@ -5,6 +5,8 @@ Items per step (the layout ``bert_jax.checkpoint.store`` reads):
   opt_state    optimizer state pytree
   train_state  {step, rng, skipped_total, skipped_in_row}
   data_state   the input iterator's JSON state (exact data-stream position)
+  digest       content digests of params and opt_state (``bert_jax.checkpoint.digest``),
+               committed with the step, so a step killed before its manifest is checkable
 
 Saves are asynchronous (the device->host copy happens before ``save`` returns, the write in
 the background) and atomic: Orbax writes ``<step>.orbax-checkpoint-tmp-*`` and renames it to
@@ -16,7 +18,9 @@ first such leaf): every saved step is finite, whatever damaged the state.
 
 Once a save is on disk, process 0 adds ``<step>/sha256.json`` (``integrity``: size and hash
 of every file). :meth:`CheckpointManager.restore_latest` restores the newest step that
-verifies, restores and holds finite values; damaged newer steps are reported and moved to
+verifies, restores and holds finite values; a step without a manifest (the process was killed
+after Orbax committed it) is trusted only once its arrays match the committed ``digest``, and
+then gets its manifest; damaged newer steps are reported and moved to
 ``WORKDIR/checkpoints.damaged/`` so that the run saves those steps afresh.
 """
 
@@ -26,38 +30,20 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from bert_jax import storage
-from bert_jax.checkpoint import integrity
+from bert_jax.checkpoint import digest, integrity
+from bert_jax.checkpoint.digest import first_non_finite
 from bert_jax.checkpoint.store import CHECKPOINTS_DIR, PARAMS_ITEM
 from bert_jax.errors import BertJaxError
 
-ITEMS = (PARAMS_ITEM, "opt_state", "train_state", "data_state")
+ITEMS = (PARAMS_ITEM, "opt_state", "train_state", "data_state", digest.DIGEST_ITEM)
 DAMAGED_DIR = CHECKPOINTS_DIR + ".damaged"
 
 
 class NonFiniteState(BertJaxError):
     """The state to save holds NaN or Inf; nothing was saved."""
-
-
-@jax.jit
-def _leaves_finite(leaves) -> jax.Array:
-    """One device-side boolean per array of ``leaves``: it holds no NaN/Inf."""
-    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
-
-
-def first_non_finite(tree) -> str | None:
-    """The path of the first floating-point leaf of ``tree`` holding NaN/Inf, or None (one
-    device pass and one transfer of a boolean per leaf)."""
-    named = [(jax.tree_util.keystr(path), x) for path, x in
-             jax.tree_util.tree_flatten_with_path(tree)[0]
-             if jnp.issubdtype(x.dtype, jnp.inexact)]
-    if not named:
-        return None
-    flags = jax.device_get(_leaves_finite([x for _, x in named]))
-    return next((name for (name, _), ok in zip(named, flags, strict=True) if not ok), None)
 
 
 class CheckpointManager:
@@ -72,7 +58,7 @@ class CheckpointManager:
         self._unsealed: list[int] = []
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
-            enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True)
+            enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=False)
         self._manager = ocp.CheckpointManager(self.directory, item_names=ITEMS,
                                               options=options)
 
@@ -99,12 +85,15 @@ class CheckpointManager:
                    else "No step was saved before."))
         self._seal()
         counters = dict(state.counters(), rng=rng)
+        digests = digest.compute({"params": state.params, "opt_state": state.opt_state})
         args = ocp.args.Composite(**{
             PARAMS_ITEM: ocp.args.StandardSave(state.params),
             "opt_state": ocp.args.StandardSave(state.opt_state),
             "train_state": ocp.args.StandardSave(counters),
             "data_state": ocp.args.JsonSave(data_state),
+            digest.DIGEST_ITEM: ocp.args.JsonSave(digests),
         })
+        storage.makedirs(self.directory)  # created with the first save, not before
         saved = self._manager.save(step, args=args, force=True)
         if saved:
             self._unsealed.append(step)
@@ -133,11 +122,14 @@ class CheckpointManager:
         for step in sorted(self._manager.all_steps(), reverse=True):
             directory = storage.join(self.directory, str(step))
             try:
-                integrity.verify(directory)
+                verified = integrity.verify(directory)
                 state, rng, data_state = self.restore(step, abstract_state, abstract_rng)
-                leaf = first_non_finite({"params": state.params, "opt_state": state.opt_state})
+                arrays = {"params": state.params, "opt_state": state.opt_state}
+                leaf = first_non_finite(arrays)
                 if leaf is not None:
                     raise integrity.DamagedCheckpoint(f"{directory}: {leaf} holds NaN/Inf")
+                if not verified:
+                    self._verify_unsealed(directory, arrays)
             except Exception as e:  # Orbax/tensorstore errors for truncated/missing files
                 reason = integrity.describe_failure(directory, e)
                 log(f"warning: checkpoint step {step} is damaged and skipped: {reason}")
@@ -155,6 +147,18 @@ class CheckpointManager:
                 " If the config changed, rerun with the config the run was started with; to "
                 "start afresh, move the checkpoints directory away")
         return None
+
+    def _verify_unsealed(self, directory: str, arrays) -> None:
+        """A step without its manifest (killed after Orbax committed it): its restored arrays
+        must match the digests committed with it; then it gets its manifest."""
+        recorded = digest.read(directory)
+        if recorded is not None:
+            leaf = digest.first_mismatch(recorded, arrays)
+            if leaf is not None:
+                raise integrity.DamagedCheckpoint(
+                    f"{directory}: {leaf} differs from when saved (content digest mismatch)")
+        if jax.process_index() == 0:
+            integrity.write_manifest(directory)
 
     def _set_aside(self, steps: list[int]) -> None:
         if jax.process_index() == 0:

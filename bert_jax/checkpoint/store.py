@@ -32,6 +32,8 @@ PARAMS_ITEM = "params"
 CHECKPOINTS_DIR = "checkpoints"
 # The file a tokenizer directory is trusted by (tokenization.base.TOKENIZER_JSON).
 TOKENIZER_MARKER = "tokenizer.json"
+# The object Orbax writes into a step in a bucket once the step is complete.
+COMMIT_MARKER = "commit_success.txt"
 
 
 def write_config(directory: str, config: BertConfig, extra: dict[str, Any] | None = None):
@@ -104,12 +106,18 @@ def save_model(directory: str, params, config: BertConfig, tokenizer=None,
 
 
 def step_dirs(workdir: str) -> list[str]:
-    """Step directories under ``workdir/checkpoints`` holding a params item, newest first."""
+    """Step directories under ``workdir/checkpoints``, newest first: every ``<step>`` folder on
+    local disk (one without its params item is damaged, and reported as such when read); in a
+    bucket those Orbax committed (``commit_success.txt``; others are still being written)."""
     root = storage.join(workdir, CHECKPOINTS_DIR)
     if not storage.isdir(root):
         return []
+    remote = storage.is_remote(root)
     steps = sorted((int(d) for d in storage.listdir(root) if d.isdigit()
-                    and storage.isdir(storage.join(root, d, PARAMS_ITEM))), reverse=True)
+                    and storage.isdir(storage.join(root, d))
+                    and (not remote or storage.exists(storage.join(root, d, COMMIT_MARKER))
+                         or storage.isdir(storage.join(root, d, PARAMS_ITEM)))),
+                   reverse=True)
     return [storage.join(root, str(s)) for s in steps]
 
 
@@ -118,6 +126,9 @@ def latest_step_dir(workdir: str) -> str | None:
     has no manifest); damaged newer steps are reported on stderr and skipped."""
     for step in step_dirs(workdir):
         try:
+            if not storage.isdir(storage.join(step, PARAMS_ITEM)):
+                raise integrity.DamagedCheckpoint(f"{step}: no {PARAMS_ITEM}/ (empty or "
+                                                  "partly deleted step)")
             integrity.verify(step)
         except integrity.DamagedCheckpoint as e:
             _warn(f"skipping damaged checkpoint {step}: {e}")
@@ -149,13 +160,16 @@ def _candidates(path: str) -> tuple[str, list[str]]:
                        f"{PARAMS_ITEM}/, or a workdir with {CHECKPOINTS_DIR}/<step>/)")
 
 
-def _check(params_dir: str) -> None:
-    """Verifies the manifest covering ``params_dir`` (its step's, or its own)."""
+def _check(params_dir: str) -> bool:
+    """Verifies the manifest covering ``params_dir`` (its step's, or its own): True if one
+    matched, False if there is none; DamagedCheckpoint otherwise."""
+    if not storage.isdir(params_dir):
+        raise integrity.DamagedCheckpoint(f"{storage.dirname(params_dir)}: no {PARAMS_ITEM}/ "
+                                          "(empty or partly deleted step)")
     parent = storage.dirname(params_dir)
     if integrity.has_manifest(parent):
-        integrity.verify(parent)
-    else:
-        integrity.verify(params_dir)
+        return integrity.verify(parent)
+    return integrity.verify(params_dir)
 
 
 def resolve(path: str) -> tuple[str, str]:
@@ -186,33 +200,82 @@ class _NoStepMetadataWarning(logging.Filter):
 
 def load_params(params_dir: str, target=None, *, verify: bool = True):
     """Restores a params pytree (numpy arrays, or ``target``'s shardings if given); a
-    damaged or unreadable directory raises DamagedCheckpoint naming it."""
+    damaged or unreadable directory, a parameter holding NaN/Inf, or (for a step without its
+    manifest) arrays that differ from the digests committed with the step raise
+    DamagedCheckpoint naming it."""
+    verified = _check(params_dir) if verify else True
+    with _quiet_restore():
+        try:
+            params = _restore(params_dir, target)
+        except BertJaxError:
+            raise
+        except Exception as e:  # Orbax/tensorstore: truncated, missing or garbled files
+            raise integrity.DamagedCheckpoint(
+                integrity.describe_failure(params_dir, e)) from None
+    if verify:
+        _check_values(params_dir, params, verified)
+    return params
+
+
+def _restore(params_dir: str, target):
     import jax
     import orbax.checkpoint as ocp
 
-    if verify:
-        _check(params_dir)
-    quiet = _NoStepMetadataWarning()
-    absl_logger = logging.getLogger("absl")
-    absl_logger.addFilter(quiet)
-    try:
-        with ocp.StandardCheckpointer() as ckptr:
-            if target is None:
-                # A target on this process's first device: checkpoints written by several
-                # processes (sharded over another topology) restore onto one machine too.
-                device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-                tree = ckptr.metadata(params_dir).item_metadata.tree
-                target = jax.tree.map(
-                    lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device),
-                    tree)
-                return _to_numpy(ckptr.restore(params_dir, target))
-            return ckptr.restore(params_dir, target)
-    except BertJaxError:
-        raise
-    except Exception as e:  # Orbax/tensorstore: truncated, missing or garbled files
-        raise integrity.DamagedCheckpoint(integrity.describe_failure(params_dir, e)) from None
-    finally:
-        absl_logger.removeFilter(quiet)
+    with ocp.StandardCheckpointer() as ckptr:
+        if target is None:
+            # A target on this process's first device: checkpoints written by several
+            # processes (sharded over another topology) restore onto one machine too.
+            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            tree = ckptr.metadata(params_dir).item_metadata.tree
+            target = jax.tree.map(
+                lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device),
+                tree)
+            return _to_numpy(ckptr.restore(params_dir, target))
+        return ckptr.restore(params_dir, target)
+
+
+class _quiet_restore:
+    """Silences what a failed restore leaves behind: Orbax's missing-metadata warning for an
+    item read on its own (``_NoStepMetadataWarning``), and the hundreds of ``Exception
+    ignored in: <coroutine ...>`` reports (with TensorStore specs) that abandoned reads print
+    when they are collected. The failure itself is reported once, by the caller."""
+
+    def __enter__(self):
+        import gc
+
+        self._gc = gc
+        self._filter = _NoStepMetadataWarning()
+        self._logger = logging.getLogger("absl")
+        self._logger.addFilter(self._filter)
+        self._hook = sys.unraisablehook
+        sys.unraisablehook = lambda unraisable: None
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self._gc.collect()
+        finally:
+            sys.unraisablehook = self._hook
+            self._logger.removeFilter(self._filter)
+        return False
+
+
+def _check_values(params_dir: str, params, verified: bool) -> None:
+    """No parameter read from a checkpoint may hold NaN/Inf; a step without its manifest
+    must match the digests committed with it."""
+    from bert_jax.checkpoint import digest
+
+    leaf = digest.first_non_finite(params)
+    if leaf is not None:
+        raise integrity.DamagedCheckpoint(f"{params_dir}: {leaf} holds NaN/Inf")
+    if verified:
+        return
+    recorded = digest.read(storage.dirname(params_dir))
+    if recorded is not None:
+        leaf = digest.first_mismatch(recorded, {PARAMS_ITEM: params})
+        if leaf is not None:
+            raise integrity.DamagedCheckpoint(
+                f"{params_dir}: {leaf} differs from when saved (content digest mismatch)")
 
 
 def _to_numpy(tree):
@@ -221,29 +284,37 @@ def _to_numpy(tree):
     return np.asarray(tree)
 
 
-def load_model(path: str, *, with_tokenizer: bool = True):
-    """Returns (params, config, tokenizer-or-None, extra) from any bert-jax checkpoint path.
-
-    Params are numpy arrays in the layout they were saved; use
-    ``bert_jax.modeling.params.to_layout`` to match another config's scan/unrolled layout.
-    """
+def load_newest(path: str) -> tuple[str, str, Any]:
+    """(directory holding config.json, params directory, params) of the newest step of
+    ``path`` that loads and checks; each damaged newer step is reported once on stderr."""
     config_dir, params_dirs = _candidates(path)
-    config, extra = read_config(config_dir)
-    params, first_error = None, None
+    first_error = None
     for params_dir in params_dirs:
         try:
-            params = load_params(params_dir)
-            break
+            return config_dir, params_dir, load_params(params_dir)
         except integrity.DamagedCheckpoint as e:
             first_error = first_error or e
             if len(params_dirs) > 1:
                 _warn(f"skipping damaged checkpoint {storage.dirname(params_dir)}: {e}")
-    if params is None:
-        raise first_error
+    raise first_error
+
+
+def load_model(path: str, *, with_tokenizer: bool = True, with_source: bool = False):
+    """Returns (params, config, tokenizer-or-None, extra) from any bert-jax checkpoint path
+    (and the params directory read, with ``with_source``).
+
+    Params are numpy arrays in the layout they were saved; use
+    ``bert_jax.modeling.params.to_layout`` to match another config's scan/unrolled layout.
+    """
+    config_dir, _ = _candidates(path)
+    config, extra = read_config(config_dir)
+    config_dir, params_dir, params = load_newest(path)
     tokenizer = None
     tok_dir = storage.join(config_dir, TOKENIZER_DIR)
     if with_tokenizer and storage.isdir(tok_dir):
         from bert_jax.tokenization import load_tokenizer
 
         tokenizer = load_tokenizer(tok_dir)
+    if with_source:
+        return params, config, tokenizer, extra, params_dir
     return params, config, tokenizer, extra

@@ -44,7 +44,7 @@ from bert_jax.tokenization.base import Tokenizer
 
 DEFAULT_UNIT_BYTES = 1 << 20
 # Repaired or skipped input, always reported (0 when nothing happened).
-PROBLEM_COUNTS = ("undecodable_bytes_replaced", "files_with_undecodable_bytes", "empty_files",
+PROBLEM_COUNTS = ("files_not_text_skipped", "empty_files",
                   "documents_too_short", "sentences_without_tokens",
                   "random_next_from_same_document", "sop_one_token_chunks_skipped")
 
@@ -197,9 +197,6 @@ def process_unit(unit_index: int, paths: list[str]) -> dict[str, Any]:
         f = text.read_text_file(path)
         stats["files"] += 1
         stats["bytes"] += f.bytes
-        if f.replaced_chars:
-            stats["files_with_undecodable_bytes"] += 1
-            stats["undecodable_bytes_replaced"] += f.replaced_chars
         fmt = text.detect_format(f.text) if config.input_format == "auto" else config.input_format
         stats[f"files_{fmt}"] += 1
         docs = text.split_documents(f.text, fmt)
@@ -316,7 +313,7 @@ def _create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir
     config.validate()
     if num_shards < 1:
         raise BertJaxError(f"--num-shards {num_shards}: must be >= 1")
-    files = text.list_input_files(inputs)
+    files, not_text = text.list_text_input_files(inputs)
     units = group_files(files, unit_bytes)
     total_bytes = sum(storage.getsize(f) for f in files)
     storage.makedirs(output_dir)
@@ -324,6 +321,7 @@ def _create_pretraining_data(inputs: list[str], tokenizer: Tokenizer, output_dir
     train = _ShardWriter(output_dir, "train", num_shards)
     holdout = _ShardWriter(output_dir, "eval", num_eval_shards) if config.holdout_fraction else None
     stats: collections.Counter = collections.Counter({k: 0 for k in PROBLEM_COUNTS})
+    stats["files_not_text_skipped"] = not_text
     start = time.time()
 
     from tqdm import tqdm

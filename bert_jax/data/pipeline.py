@@ -307,6 +307,9 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
     def __init__(self, pattern_or_files: str | Sequence[str], *, state: dict | None = None,
                  **dataset_kwargs: Any):
         self._source = pattern_or_files
+        # The shards read, to name the damaged or missing one when tf.data fails mid-run.
+        self.files = [pattern_or_files] if isinstance(pattern_or_files, str) else \
+            list(pattern_or_files)
         self._kwargs = dict(dataset_kwargs)
         self._kwargs.setdefault("start_step", 0)
         if state is not None:

@@ -19,7 +19,7 @@ import re
 import sys
 
 from bert_jax import storage
-from bert_jax.corpus import list_corpus_files
+from bert_jax.corpus import list_corpus_files, select_text_files
 from bert_jax.errors import BertJaxError
 
 INPUT_FORMATS = ("auto", "lines", "paragraphs")
@@ -48,11 +48,18 @@ class TextFile:
 def list_input_files(inputs: list[str]) -> list[str]:
     """Expands files and directories to a sorted list (recursively; hidden and
     README/LICENSE-like files in directories skipped, and the latter reported on stderr)."""
+    return list_text_input_files(inputs)[0]
+
+
+def list_text_input_files(inputs: list[str]) -> tuple[list[str], int]:
+    """(``list_input_files``, the number of files found in directories that are not UTF-8
+    text and were skipped, each named on stderr; see ``bert_jax.corpus``)."""
     corpus = list_corpus_files(inputs)
     if corpus.skipped:
         print(corpus.skipped_note(), file=sys.stderr)
-    return sorted(dict.fromkeys(storage.abspath(f) if storage.is_remote(f) else os.path.normpath(f)
-                                for f in corpus.files))
+    files, not_text = select_text_files(corpus)
+    return sorted(dict.fromkeys(storage.abspath(f) if storage.is_remote(f) else
+                                os.path.normpath(f) for f in files)), len(not_text)
 
 
 def read_text_file(path: str) -> TextFile:

@@ -19,8 +19,9 @@ class finetune_command:  # noqa: N801 - the CLI registry names this attribute
         add_run_arguments(
             parser, config_example="experiments/glue.py:mrpc",
             workdir_help="output: best model (config.json, params/, tokenizer/), metrics.json",
-            overwrite_help="write into a workdir that holds another kind of run (a pretraining "
-                           "run or a model directory)",
+            overwrite_help="start afresh: move everything the workdir holds (any kind of "
+                           "run) aside to WORKDIR.replaced-N, named in the output; nothing "
+                           "is deleted",
             override_examples="--config.init_checkpoint=PATH --config.data_dir=glue_data/MRPC "
                               "--config.optimizer.learning_rate=3e-5",
             epilog_note=f"The data root defaults to ${DATA_ENV} (GLUE tasks under "

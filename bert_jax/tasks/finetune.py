@@ -25,10 +25,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import parallel, storage
+from bert_jax import parallel, startup, storage
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
-from bert_jax.fileio import WorkdirLock
 from bert_jax.modeling.params import to_layout
 from bert_jax.tasks.base import write_json
 from bert_jax.tasks.evaluate import score
@@ -37,7 +36,7 @@ from bert_jax.tasks.model_init import initial_model, merge_encoder
 from bert_jax.tasks.registry import get_task
 from bert_jax.tasks.trainer import FinetunerCache, build_finetuner, num_rows, run_model_config
 from bert_jax.training.metrics import MetricsWriter
-from bert_jax.training.workdir import check_run_kind
+from bert_jax.training.workdir import check_run_kind, locked_workdir
 
 METRICS_FILE = "metrics.json"
 
@@ -62,9 +61,11 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, *, overwrite: bool
     the same shape then reuse one set of compiled steps.
 
     ``workdir`` must be new or hold a fine-tuning run (a pretraining workdir or a model
-    directory is refused unless ``overwrite``); it is locked for the run, and each new best
+    directory is refused; ``overwrite`` moves its contents aside first); it is locked for
+    the run, and each new best
     model replaces the previous one only once written completely."""
     parallel.maybe_initialize_distributed()
+    startup.backends_ready()
     task = get_task(config.task, config)
     if not task.label_keys:
         raise BertJaxError(f"task {task.name} has no training data (predict it with a model "
@@ -78,13 +79,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, *, overwrite: bool
         raise BertJaxError(f"{workdir}: is the init_checkpoint; fine-tuning would replace the "
                            "model it starts from. Choose another --workdir")
     check_run_kind(workdir, "fine-tuning", overwrite=overwrite)
-    lock = WorkdirLock(workdir)
-    if jax.process_index() == 0:
-        lock.acquire()
-    try:
+    with locked_workdir(workdir, overwrite=overwrite, log=_log):
         return _finetune(config, workdir, task, programs)
-    finally:
-        lock.release()
 
 
 def _finetune(config: ml_collections.ConfigDict, workdir: str, task,

@@ -30,8 +30,25 @@ def read_split(task: Task, config, split: str) -> ExampleList:
         files = config.test_file
     if not files and not config.data_dir:
         raise BertJaxError(missing_data_message(task.name))
-    return task.read(split, data_dir=config.data_dir, files=files or None,
-                     on_error=config.on_error)
+    examples = task.read(split, data_dir=config.data_dir, files=files or None,
+                         on_error=config.on_error)
+    if not len(examples):
+        skipped = getattr(examples, "skipped", None)
+        raise BertJaxError(
+            f"{_split_path(task, config, split, files)}: no {split} examples"
+            + (f" ({len(skipped)} malformed rows skipped; first: {skipped[0]})" if skipped
+               else " (empty, or only a header)"))
+    return examples
+
+
+def _split_path(task: Task, config, split: str, files) -> str:
+    """The file a split is read from, for messages (the task and split if unknown)."""
+    subdirs = (task.spec.folder,) if hasattr(task, "spec") else ()
+    try:
+        return str(resolve_file(split, _split_filenames(task), config.data_dir, files or None,
+                                subdirs))
+    except (BertJaxError, TypeError, ValueError):
+        return f"{task.name} {split} split"
 
 
 def has_dev_files(task: Task, config) -> bool:

@@ -51,8 +51,8 @@ def count_words(inputs: list[str], split: Callable[[str], Iterable[str]],
                 ) -> tuple[collections.Counter, CorpusReport]:
     """Word counts of the text files/directories ``inputs`` with ``split`` (line -> words;
     a picklable module-level callable) run in ``num_workers`` processes."""
-    files = list_text_files(inputs)
     report = CorpusReport()
+    files = list_text_files(inputs, report)
     lines = iter_lines(files, report, max_line_bytes)
     counts: collections.Counter = collections.Counter()
     if num_workers <= 1:

@@ -17,7 +17,7 @@ import unicodedata
 import numpy as np
 
 from bert_jax import fileio, storage
-from bert_jax.corpus import list_corpus_files
+from bert_jax.corpus import list_corpus_files, select_text_files
 from bert_jax.errors import BertJaxError
 from bert_jax.tokenization.base import (
     SPECIAL_TOKENS,
@@ -246,29 +246,28 @@ class CorpusReport:
     meta_files: int = 0  # README/LICENSE-like files in input directories
 
     def summary(self) -> str:
-        return (f"{self.files} files ({self.binary_files} binary and {self.meta_files} "
-                f"README/LICENSE-like skipped), {self.lines} lines "
+        return (f"{self.files} files ({self.binary_files} not utf-8 text and "
+                f"{self.meta_files} README/LICENSE-like skipped), {self.lines} lines "
                 f"({self.bytes / 1e6:.1f} MB) used; skipped {self.undecodable_lines} undecodable "
                 f"and {self.too_long_lines} over-long lines; {self.blank_lines} blank lines")
 
 
 def list_text_files(paths: list[str], report: CorpusReport | None = None) -> list[str]:
     """Files given directly plus the text files under given directories (sorted; hidden and
-    README/LICENSE-like files skipped, counted in ``report``)."""
+    README/LICENSE-like files skipped, and files that are not UTF-8 text, see
+    ``bert_jax.corpus``; both counted in ``report``)."""
     corpus = list_corpus_files(paths)
+    files, not_text = select_text_files(corpus)
     if report is not None:
         report.meta_files = len(corpus.skipped)
-    return corpus.files
+        report.binary_files = len(not_text)
+    return files
 
 
 def iter_lines(files: list[str], report: CorpusReport, max_bytes: int):
     """Stripped, decodable, non-empty lines of ``files``; skips are counted in ``report``."""
     for path in files:
         with storage.open_read(path, block_size=1 << 20) as f:
-            if b"\0" in f.read(8192):
-                report.binary_files += 1
-                continue
-            f.seek(0)
             report.files += 1
             for raw in f:
                 try:

@@ -138,8 +138,7 @@ def init_from_teacher(path: str, teacher_cfg: BertConfig, student_cfg: BertConfi
                       shardings):
     """``params`` with ``teacher`` = the teacher checkpoint's encoder and MLM head, and the
     student's embeddings, MLM head and layers from the teacher (every other layer)."""
-    _, params_dir = store.resolve(path)
-    loaded = to_layout(store.load_params(params_dir), teacher_cfg)
+    loaded = to_layout(store.load_newest(path)[2], teacher_cfg)
     if 2 * (student_cfg.num_hidden_layers - 1) >= teacher_cfg.num_hidden_layers:
         raise BertJaxError(f"distill: a {student_cfg.num_hidden_layers}-layer student cannot "
                            f"take every other layer of a {teacher_cfg.num_hidden_layers}-layer "

@@ -17,6 +17,7 @@ Every source yields this process's rows as numpy dicts and has a JSON-serializab
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -269,6 +270,46 @@ class DataStalled(BertJaxError):
     """No batch arrived within the configured ``data.wait_timeout_s``."""
 
 
+# tf.data's errors for a shard that is damaged (DataLoss, InvalidArgument), gone (NotFound),
+# replaced by a folder (FailedPrecondition) or unreadable (PermissionDenied).
+_DATA_ERRORS = ("DataLossError", "InvalidArgumentError", "NotFoundError",
+                "FailedPreconditionError", "PermissionDeniedError")
+
+
+def _shard_problem(path: str) -> str | None:
+    """Why ``path`` cannot be read as a TFRecord shard, or None."""
+    from bert_jax import storage
+    from bert_jax.data.records import iter_records
+
+    try:
+        if not storage.exists(path):
+            return "missing (deleted while the run read it?)"
+        if storage.isdir(path):
+            return "is a directory, not a shard"
+        for _ in iter_records(path):
+            pass
+    except ValueError as e:
+        return str(e).split(": ", 1)[-1]
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def data_failure(what: str, error: BaseException, files) -> BertJaxError:
+    """One BertJaxError for a reader failure, naming the shard and what is wrong with it: the
+    shard the error names, else the first of ``files`` that fails a check (framing and
+    checksums)."""
+    detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    detail = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$", "", detail).strip()
+    files = list(files or ())
+    named = [f for f in files if f in detail]
+    for path in named or files:
+        problem = _shard_problem(path)
+        if problem is not None:
+            return BertJaxError(f"the {what} data is damaged: {path}: {problem}")
+    return BertJaxError(f"the {what} data is damaged: {detail[:300]}")
+
+
 class Prefetcher:
     """Reads batches on a background thread, ``depth`` ahead, each paired with the source's
     state *after* it, so a checkpoint at step n records exactly where batch n+1 starts.
@@ -303,10 +344,11 @@ class Prefetcher:
                     return
             self._queue.put(self._END)
         except BaseException as e:  # surfaced in the consumer
-            if type(e).__name__ in ("DataLossError", "InvalidArgumentError"):
-                # tf.data reading a damaged record: a data problem, not a program error
-                detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                e = BertJaxError(f"the {self._what} data is damaged: {detail[:300]}")
+            if type(e).__name__ in _DATA_ERRORS or isinstance(e, OSError) or (
+                    isinstance(e, ValueError) and "record" in str(e)):
+                # tf.data (or the bucket reader) failing on a shard: a data problem, not a
+                # program error
+                e = data_failure(self._what, e, getattr(self._source, "files", None))
             self._queue.put(e)
 
     def __iter__(self):

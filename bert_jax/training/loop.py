@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import fileio, parallel, storage
+from bert_jax import fileio, parallel, startup, storage
 from bert_jax.checkpoint import store
 from bert_jax.checkpoint.manager import CheckpointManager, NonFiniteState
 from bert_jax.config import BertConfig
@@ -39,7 +39,7 @@ from bert_jax.training.setup import build_training
 from bert_jax.training.signals import Preemption
 from bert_jax.training.state import TrainState
 from bert_jax.training.steps import summarize
-from bert_jax.training.workdir import check_pretraining_workdir
+from bert_jax.training.workdir import check_pretraining_workdir, locked_workdir
 
 
 class TrainingDiverged(BertJaxError):
@@ -113,8 +113,7 @@ def _write_workdir_files(config, workdir: str, model_cfg: BertConfig, tokenizer)
 def _load_init_params(path: str, model_cfg: BertConfig, params, shardings):
     """Copies matching parameters from another run/model (phase 1 -> phase 2) into the
     freshly initialized sharded ``params``; returns (params, paths not taken)."""
-    _, params_dir = store.resolve(path)
-    loaded = flatten_params(to_layout(store.load_params(params_dir), model_cfg))
+    loaded = flatten_params(to_layout(store.load_newest(path)[2], model_cfg))
     flat = flatten_params(params)
     flat_shardings = flatten_params(shardings)
     for name, value in loaded.items():
@@ -162,6 +161,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     completed | preempted). The workdir is locked for the run and checked (kind of run,
     model shape against its checkpoints) before anything is written into it."""
     parallel.maybe_initialize_distributed()
+    startup.backends_ready()
     workdir = storage.abspath(workdir)
     config.data.source = resolve_source(config.data)
     _log(describe_source(config.data))
@@ -174,19 +174,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     check_pretraining_workdir(workdir, model_cfg, config.to_dict(), overwrite=overwrite)
     mesh = parallel.create_mesh(config.parallel.mesh, config.parallel.dcn_mesh)
     local_batch = _check_sizes(config, model_cfg, mesh)
-    lock = fileio.WorkdirLock(workdir)
-    if jax.process_index() == 0:
-        lock.acquire()
-    try:
+    with locked_workdir(workdir, overwrite=overwrite, log=_log) as lock:
         return _train(config, workdir, model_cfg, mesh, local_batch, tokenizer, lock)
-    finally:
-        lock.release()
 
 
 def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, tokenizer,
            lock: fileio.WorkdirLock) -> dict[str, Any]:
-    _write_workdir_files(config, workdir, model_cfg, tokenizer)
-
     training = build_training(config, model_cfg, mesh)
     abstract_state, state_shardings = training.abstract_state, training.state_shardings
     seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
@@ -217,6 +210,9 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
             state = state.replace(params=training.init_params(state.params,
                                                               state_shardings.params))
 
+    # Written only now: a config, checkpoint or init_checkpoint rejected above leaves the
+    # workdir as it was.
+    _write_workdir_files(config, workdir, model_cfg, tokenizer)
     train_step, eval_step, to_global = (training.train_step, training.eval_step,
                                         training.global_batch)
 

@@ -17,8 +17,9 @@ class command:  # noqa: N801 - the CLI registry names this attribute
             parser, config_example="experiments/pretrain.py:tiny",
             workdir_help="run directory: checkpoints, metrics, config, tokenizer; rerunning "
                          "the same command resumes from it",
-            overwrite_help="run in a workdir that holds another kind of run (a model or a "
-                           "fine-tuning run); its checkpoints are never deleted",
+            overwrite_help="start afresh: move everything the workdir holds (any kind of "
+                           "run) aside to WORKDIR.replaced-N, named in the output; nothing "
+                           "is deleted",
             override_examples="--config.data.directory=DATA --config.num_train_steps=1000")
 
     @staticmethod

@@ -1,17 +1,23 @@
 """What a run checks in its workdir before it writes anything there.
 
 A workdir holds one kind of run. ``config.json`` says which: a pretraining run records its
-``experiment``, a fine-tuning run its ``task``, a converted model neither. A pretraining run
-refuses a workdir of another kind (unless ``overwrite``), and refuses to resume checkpoints
-made with a model or optimizer of another shape: the restore would fail after the workdir's
-config had been replaced.
+``experiment``, a fine-tuning run its ``task``, a converted model neither. A run refuses a
+workdir of another kind, and a pretraining run refuses to resume checkpoints made with a model
+or optimizer of another shape: the restore would fail after the workdir's config had been
+replaced.
+
+``--overwrite`` means one thing for every run: the workdir's previous contents, whatever they
+hold, are moved aside whole to ``WORKDIR.replaced-N`` (named on one line) and the run starts
+clean; nothing is deleted and no workdir ever mixes two runs (:func:`locked_workdir`).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from bert_jax import storage
+from bert_jax import fileio, storage
 from bert_jax.checkpoint import store
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
@@ -63,7 +69,8 @@ def check_run_kind(workdir: str, kind: str, *, overwrite: bool = False) -> None:
     if found != kind:
         what = "a model" if found == "model" else f"a {found} run"
         raise BertJaxError(f"{workdir}: holds {what}, not a {kind} run; choose another "
-                           "--workdir (or pass --overwrite to write into it anyway)")
+                           "--workdir (or pass --overwrite to move its contents aside and "
+                           "start afresh)")
 
 
 def check_pretraining_workdir(workdir: str, model_cfg: BertConfig, experiment: dict[str, Any],
@@ -71,8 +78,8 @@ def check_pretraining_workdir(workdir: str, model_cfg: BertConfig, experiment: d
     """BertJaxError if ``workdir`` holds another kind of run, or checkpoints that this
     model/optimizer cannot resume. Reads only; call before writing into the workdir."""
     check_run_kind(workdir, "pretraining", overwrite=overwrite)
-    if not storage.exists(storage.join(workdir, store.CONFIG_FILE)):
-        return
+    if overwrite or not storage.exists(storage.join(workdir, store.CONFIG_FILE)):
+        return  # (overwrite: the old checkpoints are moved aside, not resumed)
     saved_cfg, extra = store.read_config(workdir)
     if run_kind(extra) != "pretraining" or not store.step_dirs(workdir):
         return  # nothing to resume: a new config may replace the old one
@@ -90,3 +97,36 @@ def check_pretraining_workdir(workdir: str, model_cfg: BertConfig, experiment: d
                 f"{workdir}: its checkpoints were made with {'.'.join(keys)}={before!r}, this "
                 f"config has {after!r}; resume with the config the run was started with, or "
                 "use a new --workdir")
+
+
+@contextlib.contextmanager
+def locked_workdir(workdir: str, *, overwrite: bool,
+                   log: Callable[[str], None]) -> Iterator[fileio.WorkdirLock]:
+    """Holds the workdir lock for a run (process 0 takes it). With ``overwrite`` the previous
+    contents are moved aside first; a run rejected (BertJaxError) before it wrote anything
+    gets them moved back, so the filesystem is as it was."""
+    import jax
+
+    lock = fileio.WorkdirLock(workdir)
+    aside = None
+    leader = jax.process_index() == 0
+    if leader:
+        lock.acquire()
+    try:
+        if overwrite and leader:
+            aside = fileio.move_contents_aside(workdir)
+            if aside is not None:
+                log(f"--overwrite: moved the previous contents of {workdir} to {aside}; "
+                    "starting afresh")
+        if overwrite and jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("bert_jax_overwrite")
+        yield lock
+    except BertJaxError:
+        if aside is not None and storage.listdir(workdir) == [fileio.LOCK_FILE]:
+            fileio.move_contents_back(aside, workdir)
+            log(f"moved the previous contents back from {aside}")
+        raise
+    finally:
+        lock.release()

@@ -89,14 +89,15 @@ def test_full_sentences_mode(tmp_path):
 def test_malformed_input_counted(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    (corpus / "bad.txt").write_bytes(b"The cat sat on the mat.\nThe dog \xff\xfe ran.\n\n"
-                                     b"Cat\n\n" + b"It was big.\nThen it ran.\n")
+    (corpus / "bad.txt").write_bytes(b"The cat sat on the mat.\nThe dog \xff\xfe ran.\n\n")
+    (corpus / "good.txt").write_bytes(b"The cat sat on the mat.\nThe dog ran.\n\n"
+                                      b"Cat\n\n" + b"It was big.\nThen it ran.\n")
     (corpus / "empty.txt").write_bytes(b"\n\n")
     meta = create_pretraining_data([str(corpus)], wordpiece(str(tmp_path)), str(tmp_path / "o"),
                                    CreationConfig(max_seq_length=32, mode="sop",
                                                   input_format="lines"), progress=False)
     s = meta["input"]
-    assert s["undecodable_bytes_replaced"] == 2 and s["files_with_undecodable_bytes"] == 1
+    assert s["files_not_text_skipped"] == 1 and s["files"] == 2  # bad.txt: not utf-8
     assert s["documents_too_short"] == 1  # "Cat" is one token: no SOP pair possible
     assert s["empty_files"] == 1 and s["documents"] == 3
 

@@ -36,10 +36,13 @@ def test_inputs_and_decoding(tmp_path):
     (tmp_path / "d" / "sub").mkdir(parents=True)
     (tmp_path / "d" / "sub" / "b.txt").write_bytes(b"caf\xe9 \xff ok\n")
     (tmp_path / "d" / "a.txt").write_text("x\n")
+    (tmp_path / "d" / "c.txt").write_text("y\n")
     (tmp_path / "d" / ".hidden").write_text("x\n")
-    files = text.list_input_files([str(tmp_path / "d")])
-    assert [f.rsplit("/", 1)[1] for f in files] == ["a.txt", "b.txt"]
-    decoded = text.read_text_file(files[1])
+    files, not_text = text.list_text_input_files([str(tmp_path / "d")])
+    assert [f.rsplit("/", 1)[1] for f in files] == ["a.txt", "c.txt"] and not_text == 1
+    with pytest.raises(BertJaxError, match=r"b.txt: not utf-8 text \(byte offset 3, line 1"):
+        text.list_input_files([str(tmp_path / "d" / "sub" / "b.txt")])
+    decoded = text.read_text_file(str(tmp_path / "d" / "sub" / "b.txt"))
     assert decoded.replaced_chars == 2 and decoded.text.startswith("caf\ufffd")
     with pytest.raises(BertJaxError, match="no such file"):
         text.list_input_files([str(tmp_path / "missing")])

@@ -188,3 +188,128 @@ def test_model_directory_replaced_only_when_complete(tmp_path, monkeypatch):
     with pytest.raises(BertJaxError, match="not valid JSON"):
         store.read_config(str(model))
     json.loads((model / "params" / integrity.MANIFEST).read_text())
+
+
+def _random_state(step: int) -> TrainState:
+    """Incompressible values: a flipped bit lands in the stored array data."""
+    kernel = np.random.default_rng(step).standard_normal((64, 64)).astype(np.float32)
+    params = {"dense": {"kernel": kernel}}
+    return TrainState.create(params, {"mu": params}).replace(step=np.int32(step))
+
+
+def _random_run(workdir, steps=(1, 2)):
+    manager = CheckpointManager(str(workdir), every_steps=1, keep=5)
+    for step in steps:
+        manager.save(step, _random_state(step), jax.random.PRNGKey(0), {"step": step})
+    manager.close()
+    store.write_config(str(workdir), get_preset("tiny"))
+    return workdir / "checkpoints"
+
+
+def _flip_bit(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+@pytest.mark.parametrize("flipped", [False, True])
+def test_step_killed_before_its_manifest_is_checked_by_its_digest(tmp_path, capsys, flipped):
+    """SIGKILL after Orbax committed the newest step and before its manifest: the step's
+    arrays are checked against the digests committed with it before anything trusts it."""
+    checkpoints = _random_run(tmp_path)
+    os.remove(checkpoints / "2" / integrity.MANIFEST)
+    if flipped:
+        _flip_bit(_largest_file(checkpoints / "2" / "params"))
+    # The tools: a flipped bit falls back with one line; an intact step is used.
+    params, *_ = store.load_model(str(tmp_path))
+    expected = 1 if flipped else 2
+    np.testing.assert_array_equal(params["dense"]["kernel"],
+                                  _random_state(expected).params["dense"]["kernel"])
+    err = capsys.readouterr().err
+    assert (err.count("content digest mismatch") == 1) == flipped, err
+    assert len(err.splitlines()) == int(flipped), err
+    # The run: the same check; an intact step gets its manifest, a damaged one is set aside.
+    messages = []
+    manager = CheckpointManager(str(tmp_path), every_steps=1, keep=5)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
+                            _random_state(0))
+    step, state, _, _ = manager.restore_latest(abstract, RNG_SPEC, messages.append)
+    manager.close()
+    assert step == expected
+    np.testing.assert_array_equal(state.opt_state["mu"]["dense"]["kernel"],
+                                  _random_state(expected).params["dense"]["kernel"])
+    if flipped:
+        assert "content digest mismatch" in messages[0]
+        assert (tmp_path / DAMAGED_DIR / "2").is_dir()
+    else:
+        assert messages == [] and integrity.verify(str(checkpoints / "2"))
+
+
+def test_tools_never_return_non_finite_parameters(tmp_path, monkeypatch, capsys):
+    """A step holding NaN without manifest or digest (an older save): skipped, one line."""
+    manager = CheckpointManager(str(tmp_path), every_steps=1, keep=5)
+    manager.save(1, _state(1.0), jax.random.PRNGKey(0), {"step": 1})
+    with monkeypatch.context() as patch:
+        patch.setattr(manager_module, "first_non_finite", lambda tree: None)
+        manager.save(2, _state(float("nan"), step=2), jax.random.PRNGKey(0), {"step": 2})
+    manager.close()
+    store.write_config(str(tmp_path), get_preset("tiny"))
+    _damage_empty_step(tmp_path / "checkpoints" / "2" / "digest")
+    os.remove(tmp_path / "checkpoints" / "2" / integrity.MANIFEST)
+    params, *_ = store.load_model(str(tmp_path))
+    np.testing.assert_array_equal(params["dense"]["kernel"], np.full((4, 2), 1.0))
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "checkpoints/2" in err[0] and "NaN/Inf" in err[0], err
+
+
+@pytest.mark.parametrize("damage", ["empty", "many_flipped_bytes"])
+def test_tools_report_a_damaged_step_once(tmp_path, capsys, damage):
+    """An empty step folder is not skipped silently; a badly damaged one gives one line, not
+    the warnings and unraisable-coroutine reports of an abandoned restore."""
+    from bert_jax.checkpoint.detect import load_checkpoint
+
+    checkpoints = _random_run(tmp_path)
+    if damage == "empty":
+        (checkpoints / "3").mkdir()
+    else:
+        os.remove(checkpoints / "2" / integrity.MANIFEST)
+        for path in [os.path.join(d, f) for d, _, fs in os.walk(checkpoints / "2")
+                     for f in fs]:
+            size = os.path.getsize(path)
+            with open(path, "r+b") as f:
+                for offset in range(0, size, max(1, size // 100)):
+                    f.seek(offset)
+                    byte = f.read(1)
+                    f.seek(offset)
+                    f.write(bytes([byte[0] ^ 0xFF]))
+    params, *_, report = load_checkpoint(str(tmp_path))
+    np.testing.assert_array_equal(params["dense"]["kernel"],
+                                  _random_state(2 if damage == "empty" else 1)
+                                  .params["dense"]["kernel"])
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: skipping damaged checkpoint"), err
+    assert ("checkpoints/3" if damage == "empty" else "checkpoints/2") in err[0]
+    assert report == [f"bert-jax checkpoint: {checkpoints / ('2' if damage == 'empty' else '1')}"
+                      "/params"]
+
+
+def test_checkpoints_and_models_follow_the_umask(tmp_path):
+    """Training steps (Orbax, manifests, digests) and model directories get the modes the
+    umask gives, like every other output (0o002: group-writable)."""
+    import stat
+
+    previous = os.umask(0o002)
+    try:
+        _saved_run(tmp_path / "run", steps=(1,))
+        store.save_model(str(tmp_path / "model"), {"w": np.ones(3, np.float32)},
+                         get_preset("tiny"))
+    finally:
+        os.umask(previous)
+    modes = {os.path.relpath(os.path.join(root, name), tmp_path):
+             stat.S_IMODE(os.stat(os.path.join(root, name)).st_mode)
+             for root, dirs, files in os.walk(tmp_path) for name in dirs + files}
+    wrong = {path: oct(mode) for path, mode in modes.items()
+             if mode != (0o775 if os.path.isdir(tmp_path / path) else 0o664)}
+    assert wrong == {} and len(modes) > 20

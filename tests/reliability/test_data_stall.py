@@ -125,3 +125,35 @@ def test_corrupt_record_is_one_data_error():
     with pytest.raises(BertJaxError, match="training data is damaged: corrupted record at 1234"):
         next(prefetch)
     prefetch.close()
+
+
+def _flip_middle_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _replace_with_directory(path):
+    os.remove(path)
+    os.mkdir(path)
+
+
+@pytest.mark.parametrize("damage", [os.remove, _replace_with_directory, _flip_middle_byte])
+def test_shard_damaged_mid_run_is_one_error_naming_it(shards, damage):
+    """A shard deleted, replaced by a folder or corrupted after the run checked it: one
+    BertJaxError naming the shard (not a tensorflow traceback)."""
+    from bert_jax.data.pipeline import PretrainingIterator
+
+    source = PretrainingIterator.from_data_dir(str(shards), per_host_batch_size=4,
+                                               max_predictions_per_seq=5, seq_len=32,
+                                               shuffle_buffer=4)
+    second = shards / "train-00001-of-00002.tfrecord"
+    damage(second)
+    prefetch = Prefetcher(source, lambda b: b)
+    with pytest.raises(BertJaxError, match=r"training data is damaged: .*"
+                                           r"train-00001-of-00002.tfrecord: "):
+        for _ in range(200):  # several epochs: every shard is opened again
+            next(prefetch)
+    prefetch.close()

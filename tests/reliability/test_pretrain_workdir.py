@@ -80,3 +80,21 @@ def test_pretraining_refuses_a_fine_tuning_workdir(tmp_path):
     with pytest.raises(BertJaxError, match="holds a fine-tuning run.*--overwrite"):
         train_and_evaluate(small_config(*RUN), str(tmp_path))
     assert _snapshot(tmp_path) == before
+
+
+def test_overwrite_moves_the_old_workdir_aside_whole(tmp_path, capsys):
+    """--overwrite: the fine-tuning run the workdir held is moved aside intact and named;
+    the workdir then holds the pretraining run alone (no mixed workdir)."""
+    workdir = tmp_path / "run"
+    store.write_config(str(workdir), config_lib.model_config(small_config()),
+                       extra={"task": "mrpc", "finetune": {}})
+    (workdir / "metrics.json").write_text("{}")
+    old = _snapshot(workdir)
+    train_and_evaluate(small_config(*RUN), str(workdir), overwrite=True)
+    aside = tmp_path / "run.replaced-1"
+    assert f"moved the previous contents of {workdir} to {aside}" in capsys.readouterr().out
+    assert _snapshot(aside) == old
+    assert "metrics.json" not in os.listdir(workdir)
+    _, extra = store.read_config(str(workdir))
+    assert "experiment" in extra and "task" not in extra
+    assert store.step_dirs(str(workdir))

@@ -25,7 +25,8 @@ ROUND_TRIP = ["the cat sat on the mat", "  hello   world  ", "naïve über token
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """A directory tree: a text file, a nested file with a bad line and a blank, a binary."""
+    """A directory tree: text files (one with a blank line), a nested file in another
+    encoding and a binary (a minority: skipped and counted)."""
     root = tmp_path_factory.mktemp("corpus")
     rng = random.Random(0)
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14)))
@@ -34,6 +35,8 @@ def corpus(tmp_path_factory):
     (root / "sub").mkdir()
     (root / "sub" / "b.txt").write_bytes(b"good line here\n\xff\xfe bad bytes\n\nanother good\n")
     (root / "sub" / "blob.bin").write_bytes(b"\x00\x01\x02binary\n")
+    (root / "sub" / "c.txt").write_bytes(b"good line here\n\nanother good\n")
+    (root / "sub" / "d.txt").write_bytes(b"one more\n")
     return root
 
 
@@ -50,8 +53,8 @@ def test_specials_fixed_ids_and_report(trained):
     assert [tok.id_to_token(i) for i in range(5)] == list(SPECIAL_TOKENS)
     assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
     assert tok.vocab_size == 48
-    assert (report.files, report.binary_files, report.lines) == (2, 1, 3002)
-    assert (report.undecodable_lines, report.blank_lines, report.too_long_lines) == (1, 1, 0)
+    assert (report.files, report.binary_files, report.lines) == (3, 2, 3003)
+    assert (report.undecodable_lines, report.blank_lines, report.too_long_lines) == (0, 1, 0)
 
 
 def test_round_trip_and_words(trained):
@@ -122,7 +125,11 @@ def test_cli_train_tokenizer(corpus, tmp_path, capsys):
                "--output", str(out), "--vocab-size", "45", "--model-type", "bpe",
                "--character-coverage", "1.0", "--input-sentence-size", "1000"])
     assert rc == 0
-    assert "1 undecodable" in capsys.readouterr().out
+    stdout, err = capsys.readouterr()
+    assert "2 not utf-8 text" in stdout
+    assert [line.split(": not")[0] for line in err.splitlines() if "skipped" in line] == [
+        f"warning: skipped {corpus / 'sub' / 'b.txt'}",
+        f"warning: skipped {corpus / 'sub' / 'blob.bin'}"], err
     tok = load_tokenizer(str(out))
     assert isinstance(tok, SentencePieceTokenizer) and tok.vocab_size == 45
     assert tok.decode(tok.encode_ids("the cat sat")) == "the cat sat"
