@@ -8,7 +8,12 @@ import argparse
 import json
 
 from bert_jax.tasks.data_root import DATA_ENV
-from bert_jax.training.arguments import add_run_arguments, print_result
+from bert_jax.training.arguments import (
+    add_run_arguments,
+    finetune_summary,
+    print_line,
+    print_result,
+)
 
 
 class finetune_command:  # noqa: N801 - the CLI registry names this attribute
@@ -38,7 +43,10 @@ class finetune_command:  # noqa: N801 - the CLI registry names this attribute
         if config.compilation_cache:
             compilation_cache.enable()
         result = finetune(config, args.workdir, overwrite=args.overwrite)
-        print_result({"workdir": args.workdir, "best": result["best"]})
+        if args.json:
+            print_result({"workdir": args.workdir, "best": result["best"]})
+        else:
+            print_line(finetune_summary(args.workdir, result))
         return 0
 
 

@@ -370,7 +370,6 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
                 if progress is not None and time.perf_counter() - pause_start > 0.5:
                     exclude_pause(progress)
             result["step"] = step
-            _log("closing the data pipeline and the checkpoint manager")
             return result
     except jax.errors.JaxRuntimeError as error:
         if jax.process_count() > 1:
@@ -382,6 +381,18 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
             progress.close()
         checkpoints.close()
         writer.close()
+        # The training pipeline goes now, said on screen: a tf.data iterator that ran for
+        # minutes waits, when destroyed, for its autotuning thread, which sleeps up to a
+        # minute between rounds (measured: 5-52 s at the demo's end). Left to the function's
+        # return, that wait was a silent pause after the bar had reached 100%.
+        started = time.perf_counter()
+        if step == total_steps and config.data.source == "tfrecord":
+            _log("stopping the data pipeline (tf.data's autotuning thread can take up to a "
+                 "minute to notice; the run is saved)")
+        prefetch.release_source()
+        source = None  # noqa: F841 - the last reference: the pipeline is destroyed here
+        if time.perf_counter() - started > 2:
+            _log(f"data pipeline stopped in {time.perf_counter() - started:.0f} s")
 
 
 def _evaluate_or_warn(evaluate, step: int, say=None) -> dict[str, float]:
