@@ -16,6 +16,21 @@ from bert_jax.training.arguments import (
 )
 
 
+# The experiment files and their variants (in experiments/ of a clone; --config takes the
+# path). tests/test_cli_help.py checks this list against the files.
+EXPERIMENTS_HELP = """\
+Experiments (--config FILE:VARIANT; append _quick to a variant for a CPU smoke run):
+  experiments/glue.py     cola sst2 mrpc stsb qqp mnli qnli rte wnli
+  experiments/squad.py    v1 v2 (SQuAD v1.1, v2.0)
+  experiments/ner.py      conll2003
+  experiments/swag.py     swag
+  experiments/custom.py   classification pair_classification regression tagging: your own
+                          CSV / TSV / JSON-lines files, e.g. --config.train_file=news.csv
+                          --config.text_column=title --config.label_column=topic
+Data: GLUE, SQuAD and CoNLL-2003 can come from tensorflow-datasets (--config.tfds=true,
+plus --config.tfds_download=true to fetch them where there is internet)."""
+
+
 class finetune_command:  # noqa: N801 - the CLI registry names this attribute
     accepts_overrides = True
 
@@ -30,6 +45,7 @@ class finetune_command:  # noqa: N801 - the CLI registry names this attribute
                               "--config.optimizer.learning_rate=3e-5",
             epilog_note=f"The data root defaults to ${DATA_ENV} (GLUE tasks under "
                         f"${DATA_ENV}/glue/<TASK>/).")
+        parser.epilog += "\n\n" + EXPERIMENTS_HELP
 
     @staticmethod
     def run(args) -> int:
