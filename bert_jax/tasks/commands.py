@@ -15,7 +15,6 @@ from bert_jax.training.arguments import (
     print_result,
 )
 
-
 # The experiment files and their variants (in experiments/ of a clone; --config takes the
 # path). tests/test_cli_help.py checks this list against the files.
 EXPERIMENTS_HELP = """\
