@@ -46,9 +46,25 @@ def no_mlm_head_message(path: str) -> str:
             "one) or a Hugging Face BertForMaskedLM / BertForPreTraining directory")
 
 
+# How people write a mask token; a text with one of these but not the tokenizer's own gets a
+# hint naming the one it wants.
+MASK_SPELLINGS = ("[MASK]", "[mask]", "<mask>", "<MASK>", "[Mask]", "<Mask>")
+
+
+def no_mask_message(tokenizer, text: str) -> str:
+    """Why a text cannot be filled: it holds no mask token of this tokenizer."""
+    wanted = tokenizer.mask_token
+    found = [m for m in MASK_SPELLINGS if m != wanted and m in text]
+    seen = f" ({found[0]!r} is not it)" if found else ""
+    return (f"no mask token in {text[:60]!r}{seen}: this checkpoint's tokenizer marks the "
+            f"token to predict as {wanted}, e.g. --text \"It was a {wanted} day.\"")
+
+
 def encode_with_masks(tokenizer, text: str, max_length: int) -> list[int]:
     """[CLS] text [SEP] where each literal mask token (``[MASK]``, ``<mask>`` for byte-level
-    BPE) becomes the mask id."""
+    BPE) becomes the mask id; a text without one is an error naming the tokenizer's."""
+    if tokenizer.mask_token not in text:
+        raise BertJaxError(no_mask_message(tokenizer, text))
     ids = [tokenizer.cls_id, *tokenizer.encode_ids_with_masks(text), tokenizer.sep_id]
     if len(ids) > max_length:
         raise BertJaxError(f"text of {len(ids)} tokens exceeds max length {max_length}: "
@@ -68,7 +84,8 @@ def _pad(rows: list[list[int]], pad_id: int, multiple: int = 8, length: int | No
 
 
 def fill_mask(path: str, texts: list[str], top_k: int = 5) -> list[list[list[dict]]]:
-    """For each text and each [MASK] in it: the top-k (token, id, probability) fillers."""
+    """For each text and each [MASK] in it: the top-k fillers, most probable first, each
+    ``{"token": vocabulary piece, "id", "text": the piece as text, "probability"}``."""
     import jax
     import jax.numpy as jnp
 
@@ -92,10 +109,25 @@ def fill_mask(path: str, texts: list[str], top_k: int = 5) -> list[list[list[dic
         for pos in [i for i, t in enumerate(row) if t == tokenizer.mask_id]:
             best = np.argsort(-probs[b, pos])[:top_k]
             per_text.append([{"token": tokenizer.id_to_token(int(j)), "id": int(j),
-                              "text": tokenizer.decode([int(j)]),
+                              "text": filler_text(tokenizer, int(j)),
                               "probability": float(probs[b, pos, j])} for j in best])
         results.append(per_text)
     return results
+
+
+def filler_text(tokenizer, token_id: int) -> str:
+    """A predicted piece as a reader would write it: decoded (no SentencePiece ``▁``, no
+    WordPiece ``##``), else the piece itself."""
+    text = tokenizer.decode([token_id]).strip()
+    return text or tokenizer.id_to_token(token_id)
+
+
+def format_fill_mask(text: str, masks: list[list[dict]]) -> str:
+    """One readable line per text: ``TEXT  ->  'Walter' 0.43, 'p' 0.03`` (masks separated by
+    `` | ``)."""
+    fillers = " | ".join(", ".join(f"{c['text']!r} {c['probability']:.2f}" for c in mask)
+                         for mask in masks)
+    return f"{text}  ->  {fillers}"
 
 
 def embed(path: str, texts: list[str], layer: str = "-1", pooling: str = "none",
@@ -167,18 +199,24 @@ class fill_mask_command:  # noqa: N801 (CLI command object)
     @staticmethod
     def add_arguments(p):
         p.add_argument("checkpoint", help=CHECKPOINT_HELP + "; it needs a masked-LM head")
-        p.add_argument("--text", action="append", help="text with [MASK] (repeatable)")
+        p.add_argument("--text", action="append",
+                       help="text with the tokenizer's mask token ([MASK] for WordPiece and "
+                            "SentencePiece, <mask> for byte-level BPE; repeatable)")
         p.add_argument("--input", help="file with one text per line")
         _add_encoding_arguments(p)
         p.add_argument("--top-k", type=int, default=5,
-                       help="candidates printed per [MASK], most probable first")
+                       help="candidates printed per mask, most probable first")
+        p.add_argument("--json", action="store_true",
+                       help="one JSON line per text ({text, masks: [[{token, id, text, "
+                            "probability}, ...] per mask]}) instead of the readable lines")
 
     @staticmethod
     def run(args):
         texts = _read_texts(args)
         for text, masks in zip(texts, fill_mask(args.checkpoint, texts, args.top_k),
                                strict=True):
-            print(json.dumps({"text": text, "masks": masks}, ensure_ascii=False))
+            print(json.dumps({"text": text, "masks": masks}, ensure_ascii=False) if args.json
+                  else format_fill_mask(text, masks))
         return 0
 
 

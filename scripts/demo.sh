@@ -7,7 +7,9 @@
 #   scripts/demo.sh [CORPUS ...]      text files or directories (default: bert_jax/demo_data)
 #
 # Environment: DEMO_DIR (output root, default demo_workdir), DEMO_STEPS (default: the demo
-# experiment's 2400), DEMO_VOCAB (default 2000), DEMO_EXTRA (extra --config.key=value overrides).
+# experiment's 2400), DEMO_VOCAB (default 2000), DEMO_EXTRA (extra --config.key=value overrides),
+# DEMO_WRITE_DOCS=1 (write the report into docs/pretraining.md's marked block; DEMO_DOCS_ROOT
+# names another copy of the repository to write into).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,7 +36,10 @@ bert-jax pretrain --config "$here/experiments/pretrain.py:demo" --workdir "$out/
   "${steps[@]}" ${DEMO_EXTRA:-}
 
 echo "== 4/4 did it learn? held-out data against the unigram baseline"
-python "$here/scripts/demo_report.py" "$out/pretrain"
+python "$here/scripts/demo_report.py" "$out/pretrain" | tee "$out/pretrain_report.txt"
+if [ -n "${DEMO_WRITE_DOCS:-}" ]; then
+  python "$here/scripts/demo_docs.py" pretrain "$out" --root "${DEMO_DOCS_ROOT:-$here}"
+fi
 
 cat <<MSG
 

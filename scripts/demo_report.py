@@ -146,7 +146,7 @@ def main() -> int:
                                                 for k in ("mlm_loss", "mlm_accuracy")})
     print(f"curves: {png}")
 
-    from bert_jax.inference import fill_mask
+    from bert_jax.inference import fill_mask, format_fill_mask
 
     if args.text:
         prompts = [(text, None) for text in args.text]
@@ -160,11 +160,8 @@ def main() -> int:
     texts = [text for text, _ in prompts]
     for (text, phrase), masks in zip(prompts, fill_mask(args.workdir, texts, top_k=args.top_k),
                                      strict=True):
-        fillers = " | ".join(", ".join(f"{c['text'] or c['token']!r} "
-                                       f"{c['probability']:.2f}" for c in mask)
-                             for mask in masks)
         seen = f"  [{phrase!r} {_count(corpus, phrase)}x]" if phrase else ""
-        print(f"  {text}  ->  {fillers}{seen}")
+        print(f"  {format_fill_mask(text, masks)}{seen}")
     return 0
 
 

@@ -2,7 +2,10 @@
 JAX), and every option of every command has help text and shows its default."""
 
 import argparse
+import importlib.util
 import json
+import os
+import shlex
 import subprocess
 import sys
 
@@ -64,3 +67,50 @@ def test_every_command_help_imports_no_jax():
     found = json.loads(out.strip().splitlines()[-1])
     assert set(found) == set(cli.COMMANDS)
     assert {name: mods for name, mods in found.items() if mods} == {}
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_first_run_example_names_paths_that_exist_in_a_clone():
+    """The top-level help's first run, as written (from the clone's root): its inputs and the
+    experiment config exist, and each command parses."""
+    text = cli.DESCRIPTION.replace("\\\n", " ")
+    commands = [shlex.split(line.strip())[1:] for line in text.splitlines()
+                if line.strip().startswith("bert-jax ")]
+    assert [c[0] for c in commands] == ["train-tokenizer", "create-pretraining-data",
+                                        "pretrain", "fill-mask"]
+    for argv in commands:
+        for flag in ("--input", "--config"):
+            if flag in argv:
+                path = argv[argv.index(flag) + 1].split(":")[0]
+                assert os.path.exists(os.path.join(REPO, path)), (argv[0], path)
+        parser = cli.build_parser(argv)
+        args, unknown = parser.parse_known_args(argv)
+        assert all(u.startswith("--config.") for u in unknown), (argv, unknown)
+    assert os.path.isfile(os.path.join(REPO, "docs", "first-hour.md"))
+
+
+def test_finetune_help_lists_every_experiment_and_variant():
+    """`finetune --help` names each experiment file and all its variants, and each one
+    loads."""
+    from bert_jax.tasks.commands import EXPERIMENTS_HELP
+    from bert_jax.tasks.config import load_config
+
+    listed = {}
+    for line in EXPERIMENTS_HELP.splitlines():
+        if line.strip().startswith("experiments/"):
+            path, *variants = line.split(":")[0].split("(")[0].split()
+            listed[path] = variants
+    assert set(listed) == {"experiments/glue.py", "experiments/squad.py", "experiments/ner.py",
+                           "experiments/swag.py", "experiments/custom.py"}
+    for path, variants in listed.items():
+        spec = importlib.util.spec_from_file_location("x", os.path.join(REPO, path))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        known = (getattr(module, "TASKS", None) or getattr(module, "VARIANTS", None)
+                 or getattr(module, "VERSIONS", None))
+        if known is not None:
+            assert set(known) <= set(variants), (path, set(known) - set(variants))
+        for variant in variants:
+            load_config(os.path.join(REPO, f"{path}:{variant}"), [])

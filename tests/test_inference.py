@@ -36,8 +36,8 @@ def checkpoint(tmp_path_factory):
 
 def test_fill_mask_matches_direct_apply(checkpoint):
     path, params, config, tokenizer = checkpoint
-    results = fill_mask(path, ["the cat [MASK] on the [MASK] .", "a dog"], top_k=3)
-    assert [len(r) for r in results] == [2, 0]
+    results = fill_mask(path, ["the cat [MASK] on the [MASK] .", "a [MASK] dog"], top_k=3)
+    assert [len(r) for r in results] == [2, 1]
     ids = np.array([[2, 5, 6, 4, 8, 5, 4, 15, 3]], np.int32)  # unpadded
     assert [tokenizer.token_to_id(t) for t in ["the", "[MASK]", "."]] == [5, 4, 15]
     logits = jax.jit(BertForPreTraining(config).apply)({"params": params}, ids)["mlm_logits"]
@@ -83,9 +83,16 @@ def test_embed_layers_and_pooling(checkpoint, direct_outputs, layer, pooling):
 
 def test_cli_commands(checkpoint, tmp_path, capsys):
     path = checkpoint[0]
-    assert main(["fill-mask", path, "--text", "the [MASK] sat", "--top-k", "2"]) == 0
+    assert main(["fill-mask", path, "--text", "the [MASK] sat", "--top-k", "2", "--json"]) == 0
     line = json.loads(capsys.readouterr().out.strip())
     assert len(line["masks"][0]) == 2
+    # Readable by default: the text, an arrow, each filler as text with its probability, in
+    # the order and with the values of the JSON.
+    assert main(["fill-mask", path, "--text", "the [MASK] sat", "--top-k", "2"]) == 0
+    readable = capsys.readouterr().out
+    first, second = line["masks"][0]
+    assert readable == (f"the [MASK] sat  ->  {first['text']!r} {first['probability']:.2f}, "
+                        f"{second['text']!r} {second['probability']:.2f}\n")
     out = tmp_path / "e.npy"
     assert main(["embed", path, "--text", "the cat", "--output", str(out),
                  "--pooling", "mean"]) == 0
@@ -93,3 +100,17 @@ def test_cli_commands(checkpoint, tmp_path, capsys):
     assert main(["embed", path, "--text", "x", "--output", str(out), "--layer", "9"]) == 2
     assert "out of range" in capsys.readouterr().err
     assert main(["fill-mask", str(tmp_path / "missing"), "--text", "x"]) == 2
+
+
+@pytest.mark.parametrize("text,hint", [("the cat sat", ""), ("the [mask] sat", "'[mask]'"),
+                                       ("the <mask> sat", "'<mask>'")])
+def test_fill_mask_without_the_mask_token_is_an_error_naming_it(checkpoint, text, hint,
+                                                                 capsys):
+    """A text without the tokenizer's mask token is one error line naming that token (and
+    the wrong spelling the text used), not an empty result."""
+    assert main(["fill-mask", checkpoint[0], "--text", text]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err
+    assert err.startswith("error: no mask token in ") and err.count("\n") == 1
+    assert "marks the token to predict as [MASK]" in err and hint in err

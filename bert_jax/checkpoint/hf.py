@@ -679,11 +679,24 @@ def export_hf(params: Mapping[str, Any], config: BertConfig, directory: str, tok
     """
     from safetensors.numpy import save
 
+    chosen = architecture is not None
     if architecture is None:
         suffix = detect_task_class(params, kind)
         architecture = f"Bert{suffix}" if suffix else detect_architecture(params)
     check_task_head(params, architecture, kind)
     state, dropped = params_to_hf_state(params, config, architecture)
+    notes = []
+    pooler = [name for name in dropped if name.split("/")[:2] == ["bert", "pooler"]]
+    if architecture == "BertForMaskedLM" and "nsp" not in params and pooler and not chosen:
+        # A masked-LM-only run (make demo's) has a pooler its objective never trained.
+        dropped = [name for name in dropped if name not in pooler]
+        notes.append("BertForMaskedLM, because the checkpoint has a masked-LM head and no "
+                     "next-sentence head (a masked-LM-only run such as make demo's; a run "
+                     "with NSP exports BertForPreTraining). BertForMaskedLM has no pooler, "
+                     "and this run's pooler was never trained (the masked-LM loss does not "
+                     "reach it), so it is left out. Load it with AutoModelForMaskedLM; "
+                     "BertForPreTraining would initialise a pooler and a next-sentence head "
+                     "at random")
     task_fields = task_config_fields(params, architecture, kind, labels)
     storage.makedirs(directory)
     fileio.atomic_write(storage.join(directory, SAFETENSORS_FILE),
@@ -693,7 +706,8 @@ def export_hf(params: Mapping[str, Any], config: BertConfig, directory: str, tok
     report = ConversionReport(source=source, architecture=architecture,
                               heads=list(ARCHITECTURES[architecture][2]), unused=dropped,
                               unused_label="NOT EXPORTED: parameters the class has no place for",
-                              output=directory, files=[SAFETENSORS_FILE, HF_CONFIG_FILE])
+                              output=directory, files=[SAFETENSORS_FILE, HF_CONFIG_FILE],
+                              notes=notes)
     if tokenizer is None:
         report.notes.append("no tokenizer in the checkpoint: none written (AutoTokenizer "
                             "will not load this directory)")

@@ -8,7 +8,26 @@ import argparse
 import json
 
 from bert_jax.tasks.data_root import DATA_ENV
-from bert_jax.training.arguments import add_run_arguments, print_result
+from bert_jax.training.arguments import (
+    add_run_arguments,
+    finetune_summary,
+    print_line,
+    print_result,
+)
+
+# The experiment files and their variants (in experiments/ of a clone; --config takes the
+# path). tests/test_cli_help.py checks this list against the files.
+EXPERIMENTS_HELP = """\
+Experiments (--config FILE:VARIANT; append _quick to a variant for a CPU smoke run):
+  experiments/glue.py     cola sst2 mrpc stsb qqp mnli qnli rte wnli
+  experiments/squad.py    v1 v2 (SQuAD v1.1, v2.0)
+  experiments/ner.py      conll2003
+  experiments/swag.py     swag
+  experiments/custom.py   classification pair_classification regression tagging: your own
+                          CSV / TSV / JSON-lines files, e.g. --config.train_file=news.csv
+                          --config.text_column=title --config.label_column=topic
+Data: GLUE, SQuAD and CoNLL-2003 can come from tensorflow-datasets (--config.tfds=true,
+plus --config.tfds_download=true to fetch them where there is internet)."""
 
 
 class finetune_command:  # noqa: N801 - the CLI registry names this attribute
@@ -26,6 +45,7 @@ class finetune_command:  # noqa: N801 - the CLI registry names this attribute
                               "--config.optimizer.learning_rate=3e-5",
             epilog_note=f"The data root defaults to ${DATA_ENV} (GLUE tasks under "
                         f"${DATA_ENV}/glue/<TASK>/).")
+        parser.epilog += "\n\n" + EXPERIMENTS_HELP
 
     @staticmethod
     def run(args) -> int:
@@ -39,7 +59,10 @@ class finetune_command:  # noqa: N801 - the CLI registry names this attribute
         if config.compilation_cache:
             compilation_cache.enable()
         result = finetune(config, args.workdir, overwrite=args.overwrite)
-        print_result({"workdir": args.workdir, "best": result["best"]})
+        if args.json:
+            print_result({"workdir": args.workdir, "best": result["best"]})
+        else:
+            print_line(finetune_summary(args.workdir, result))
         return 0
 
 

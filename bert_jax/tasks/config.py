@@ -54,6 +54,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.test_file = config_dict.placeholder(str)
     c.tfds = False
     c.tfds_data_dir = config_dict.placeholder(str)
+    # With tfds: fetch and prepare the dataset into tfds_data_dir first (needs internet and
+    # the tensorflow-datasets package; later runs find it prepared and download nothing).
+    c.tfds_download = False
     c.on_error = "raise"  # malformed rows: raise (default) or skip (counted and logged)
     # Without a dev file, this fraction of train becomes the dev split (by row; SQuAD by
     # article), drawn with holdout_seed (kept apart from `seed` so repeated runs share it).

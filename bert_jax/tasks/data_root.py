@@ -19,7 +19,24 @@ def data_dir(subdir: str) -> str | None:
     return os.path.join(root, subdir) if root else None
 
 
-def missing_data_message(task: str) -> str:
+# How to get each kind of data, for the message of a run that has none.
+GET_DATA = {
+    "glue": ("GLUE: with internet, tensorflow-datasets fetches it: --config.tfds=true "
+             "--config.tfds_download=true (pip install tensorflow-datasets importlib-resources; "
+             "prepared once under "
+             "~/tensorflow_datasets or --config.tfds_data_dir=DIR); or the GLUE distribution's "
+             "TSV folders from https://gluebenchmark.com/tasks under ROOT/glue/"),
+    "squad": ("SQuAD: --config.tfds=true --config.tfds_download=true, or train-v1.1.json and "
+              "dev-v1.1.json from https://rajpurkar.github.io/SQuAD-explorer/"),
+    "conll2003": "CoNLL-2003: --config.tfds=true --config.tfds_download=true",
+}
+
+
+def missing_data_message(task: str, family: str | None = None) -> str:
+    """The error of a run with no data location; ``family`` (glue, squad, conll2003) adds
+    how to get the data."""
+    how = f". {GET_DATA[family]}" if family in GET_DATA else ""
     return (f"{task}: no data location; pass --config.data_dir=DIR (the task's folder) or set "
             f"the environment variable {DATA_ENV}=ROOT (GLUE tasks under ROOT/glue/<TASK>/, "
-            "CoNLL-2003 under ROOT/conll2003/, SQuAD under ROOT/squad/, SWAG under ROOT/swag/)")
+            "CoNLL-2003 under ROOT/conll2003/, SQuAD under ROOT/squad/, SWAG under ROOT/swag/)"
+            + how)

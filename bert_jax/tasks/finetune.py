@@ -36,6 +36,7 @@ from bert_jax.tasks.model_init import initial_model, merge_encoder
 from bert_jax.tasks.registry import get_task
 from bert_jax.tasks.trainer import FinetunerCache, build_finetuner, num_rows, run_model_config
 from bert_jax.training.metrics import MetricsWriter
+from bert_jax.training.progress import exclude_pause
 from bert_jax.training.workdir import check_run_kind, locked_workdir
 
 METRICS_FILE = "metrics.json"
@@ -225,4 +226,6 @@ def _epoch(finetuner, state, train_feats, dev_feats, devs, task, config, epoch, 
         store.save_model(workdir, saved_layout(state.params), model_cfg, tokenizer,
                          extra={**extra_base, "best": best})
         log(f"saved epoch {epoch + 1} as best ({first_split} {main} {value:.4f})")
+    if progress is not None:  # the evaluation and the save stay out of the bar's ETA
+        exclude_pause(progress)
     return state, stats, best

@@ -24,12 +24,14 @@ def _split_filenames(task: Task) -> dict[str, Sequence[str]]:
 def read_split(task: Task, config, split: str) -> ExampleList:
     """One split from tensorflow-datasets or from local files."""
     if config.tfds:
-        return read_tfds(task.tfds_name or task.name, split, data_dir=config.tfds_data_dir)
+        return read_tfds(task.tfds_name or task.name, split, data_dir=config.tfds_data_dir,
+                         download=config.get("tfds_download", False))
     files = {"train": config.train_file, "dev": config.dev_file}.get(split)
     if split.startswith("test") and config.test_file:
         files = config.test_file
     if not files and not config.data_dir:
-        raise BertJaxError(missing_data_message(task.name))
+        family = (task.tfds_name or "").split("/")[0].split(":")[0] or None
+        raise BertJaxError(missing_data_message(task.name, family))
     examples = task.read(split, data_dir=config.data_dir, files=files or None,
                          on_error=config.on_error)
     if not len(examples):

@@ -25,6 +25,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, config_example: str,
                         help=f"experiment file and variant, e.g. {config_example}")
     parser.add_argument("--workdir", required=True, help=workdir_help)
     parser.add_argument("--overwrite", action="store_true", help=overwrite_help)
+    parser.add_argument("--json", action="store_true",
+                        help="end with the result as one JSON line (for scripts) instead of "
+                             "a sentence")
     parser.epilog = ("Override any config field with --config.<key>=<value>, e.g. "
                      f"{override_examples}" + (f". {epilog_note}" if epilog_note else ""))
 
@@ -35,3 +38,36 @@ def print_result(result: Any, **dumps_options: Any) -> None:
 
     if jax.process_index() == 0:
         print(json.dumps(result, **dumps_options))
+
+
+def print_line(line: str) -> None:
+    """Prints ``line`` on the first process only."""
+    import jax
+
+    if jax.process_index() == 0:
+        print(line)
+
+
+def pretrain_summary(workdir: str, result: dict[str, Any]) -> str:
+    """The end of ``bert-jax pretrain`` in one sentence: where it stopped, the last losses,
+    where the run is."""
+    if result.get("stopped") == "preempted":
+        return (f"stopped at step {result['step']} (signal); rerun the same command to "
+                f"resume from {workdir}")
+    parts = [f"done: step {result['step']}"]
+    if "loss" in result:
+        parts.append(f"train loss {result['loss']:.3f}")
+    if "eval_loss" in result:
+        held = f"held-out loss {result['eval_loss']:.3f}"
+        if "eval_mlm_accuracy" in result:
+            held += f", masked-LM accuracy {result['eval_mlm_accuracy']:.3f}"
+        parts.append(held)
+    return "; ".join(parts) + f". Run in {workdir} (checkpoints/, metrics.jsonl)"
+
+
+def finetune_summary(workdir: str, result: dict[str, Any]) -> str:
+    """The end of ``bert-jax finetune`` in one sentence: the best epoch and where it is."""
+    best = result["best"]
+    split, _, metric = best["metric"].partition("/")
+    return (f"best: epoch {best['epoch']}, {split} {metric} {best['value']:.4f}. Model in "
+            f"{workdir} (metrics.json has every epoch)")

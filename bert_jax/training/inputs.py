@@ -377,3 +377,9 @@ class Prefetcher:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+    def release_source(self) -> None:
+        """Drops the reference to the source once closed, so that its owner decides when a
+        source that is slow to destroy (a tf.data iterator) goes."""
+        if not self._thread.is_alive():
+            self._source = None

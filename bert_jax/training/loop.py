@@ -35,6 +35,7 @@ from bert_jax.training.inputs import (
     resolve_source,
 )
 from bert_jax.training.metrics import MetricsWriter, flops_per_sequence, peak_tflops
+from bert_jax.training.progress import exclude_pause
 from bert_jax.training.setup import build_training
 from bert_jax.training.signals import Preemption
 from bert_jax.training.state import TrainState
@@ -246,6 +247,14 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
     peak = peak_tflops(config.peak_tflops)
     total_steps = config.num_train_steps
     progress = _progress_bar(config, start_step, total_steps)
+
+    def say(message: str) -> None:
+        """A line for the user that leaves the progress bar whole."""
+        if progress is not None and jax.process_index() == 0:
+            progress.write(message)
+        else:
+            _log(message)
+
     result: dict[str, Any] = {"step": start_step, "stopped": "completed"}
     pending: list[dict[str, jax.Array]] = []
     data_state = source.state()
@@ -332,21 +341,32 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
                          f"{checkpoints.directory}; exiting")
                     result.update(step=step, stopped="preempted")
                     return result
+                if at_end and progress is not None:  # the bar ends at 100%; what follows
+                    progress.close()                 # is said line by line
+                    progress = None
+                if at_end:
+                    _log(f"step {step}: saving the final checkpoint to "
+                         f"{checkpoints.directory}/{step}")
                 # Save first: an evaluation that fails never costs the training.
+                pause_start = time.perf_counter()
                 if checkpoints.save(step, state, dropout_rng, data_state, force=at_end):
                     writer.flush()  # the records up to a checkpoint are as durable as it
                 if at_end:
                     checkpoints.wait()
                 if config.eval_steps > 0 and (step % config.eval_every == 0 or at_end):
                     eval_start = time.perf_counter()
-                    evaluated = _evaluate_or_warn(evaluate, step)
+                    if at_end:
+                        _log(f"step {step}: evaluating on {config.eval_steps} held-out batches")
+                    evaluated = _evaluate_or_warn(evaluate, step, say)
                     if last_time is not None:  # keep evaluation out of the throughput window
                         last_time += time.perf_counter() - eval_start
                     if evaluated:
                         writer.write(step, evaluated, prefix="eval")
                         result.update({f"eval_{k}": v for k, v in evaluated.items()})
-                        _log(f"step {step}: eval " + ", ".join(f"{k}={v:.4f}"
-                                                             for k, v in evaluated.items()))
+                        say(f"step {step}: eval " + ", ".join(f"{k}={v:.4f}"
+                                                            for k, v in evaluated.items()))
+                if progress is not None and time.perf_counter() - pause_start > 0.5:
+                    exclude_pause(progress)
             result["step"] = step
             return result
     except jax.errors.JaxRuntimeError as error:
@@ -359,9 +379,21 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
             progress.close()
         checkpoints.close()
         writer.close()
+        # The training pipeline goes now, said on screen: a tf.data iterator that ran for
+        # minutes waits, when destroyed, for its autotuning thread, which sleeps up to a
+        # minute between rounds (measured: 5-52 s at the demo's end). Left to the function's
+        # return, that wait was a silent pause after the bar had reached 100%.
+        started = time.perf_counter()
+        if step == total_steps and config.data.source == "tfrecord":
+            _log("stopping the data pipeline (tf.data's autotuning thread can take up to a "
+                 "minute to notice; the run is saved)")
+        prefetch.release_source()
+        source = None  # noqa: F841 - the last reference: the pipeline is destroyed here
+        if time.perf_counter() - started > 2:
+            _log(f"data pipeline stopped in {time.perf_counter() - started:.0f} s")
 
 
-def _evaluate_or_warn(evaluate, step: int) -> dict[str, float]:
+def _evaluate_or_warn(evaluate, step: int, say=None) -> dict[str, float]:
     """Runs one evaluation; a failure (bad or missing held-out data) is reported and the run
     goes on, since the checkpoint of this step is already saved."""
     try:
@@ -369,7 +401,7 @@ def _evaluate_or_warn(evaluate, step: int) -> dict[str, float]:
     except jax.errors.JaxRuntimeError:
         raise  # a device or peer failure, not an evaluation problem
     except Exception as error:  # noqa: BLE001 - any data error; the step is saved already
-        _log(f"warning: evaluation at step {step} failed and was skipped "
+        (say or _log)(f"warning: evaluation at step {step} failed and was skipped "
              f"({type(error).__name__}: {error}); training continues")
         return {}
 

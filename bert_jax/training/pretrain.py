@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from bert_jax.training.arguments import add_run_arguments, print_result
+from bert_jax.training.arguments import (
+    add_run_arguments,
+    pretrain_summary,
+    print_line,
+    print_result,
+)
 
 
 class command:  # noqa: N801 - the CLI registry names this attribute
@@ -32,5 +37,8 @@ class command:  # noqa: N801 - the CLI registry names this attribute
         if config.parallel.collective_overlap:
             xla_flags.add(xla_flags.COLLECTIVE_OVERLAP)
         result = train_and_evaluate(config, args.workdir, overwrite=args.overwrite)
-        print_result({"workdir": args.workdir, **result}, sort_keys=True)
+        if args.json:
+            print_result({"workdir": args.workdir, **result}, sort_keys=True)
+        else:
+            print_line(pretrain_summary(args.workdir, result))
         return 0

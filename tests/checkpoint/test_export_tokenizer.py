@@ -97,7 +97,7 @@ def test_inference_takes_hugging_face_directories(hf_pretraining_dir, hf_encoder
                                                   capsys):
     source, _ = hf_pretraining_dir
     assert main(["fill-mask", str(source), "--text", "the cat [MASK] on the mat",
-                 "--top-k", "2"]) == 0
+                 "--top-k", "2", "--json"]) == 0
     assert '"masks"' in capsys.readouterr().out
     out = tmp_path / "v.npy"
     assert main(["embed", str(hf_encoder_dir), "--text", "the cat sat", "--pooling", "mean",

@@ -131,7 +131,7 @@ def test_fill_mask_matches_transformers(family, converted, capsys):
     c = converted[family]
     text = f"the Cat sits in the {c.mask} ."  # ALBERT lower-cases; the others see [UNK] / BPE
     capsys.readouterr()
-    assert main(["fill-mask", str(c.ckpt), "--text", text, "--top-k", "3"]) == 0
+    assert main(["fill-mask", str(c.ckpt), "--text", text, "--top-k", "3", "--json"]) == 0
     masks = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["masks"]
     enc = _hf_inputs(family, c.tokenizer, text)
     with torch.no_grad():

@@ -134,3 +134,24 @@ def test_albert_style_params_cannot_be_exported(tmp_path):
     params = _random_params(modeling.BertForPreTraining(config), config, *inputs)
     with pytest.raises(BertJaxError, match="ALBERT"):
         export_hf(params, config, tmp_path / "hf")
+
+
+def test_masked_lm_only_run_exports_as_masked_lm_and_says_why(tmp_path):
+    """A masked-LM-only run (make demo's: MLM head and a pooler, no NSP head) exports as
+    BertForMaskedLM; its never-trained pooler is left out with the reason, not listed as
+    NOT EXPORTED, and transformers' AutoModelForMaskedLM loads every key."""
+    model = modeling.BertForPreTraining(CONFIG, pair_head=False, add_pooler=True)
+    ids, mask, segments, inputs = _inputs(CONFIG)
+    params = _random_params(model, CONFIG, *inputs)
+    assert "pooler" in params["bert"] and "nsp" not in params
+    tokenizer = WordPieceTokenizer(write_vocab(tmp_path, size=CONFIG.vocab_size))
+    report = export_hf(params, CONFIG, tmp_path / "hf", tokenizer)
+    assert report.architecture == "BertForMaskedLM" and report.unused == []
+    text = str(report)
+    assert "NOT EXPORTED" not in text
+    assert "no next-sentence head" in text and "pooler" in text
+    assert "AutoModelForMaskedLM" in text
+    hf_model, info = transformers.AutoModelForMaskedLM.from_pretrained(
+        tmp_path / "hf", output_loading_info=True)
+    assert type(hf_model).__name__ == "BertForMaskedLM"
+    assert not info["missing_keys"] and not info["unexpected_keys"]

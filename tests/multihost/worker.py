@@ -70,7 +70,7 @@ def pretrain(runs_json: str) -> None:
 
     for index, args in enumerate(json.loads(runs_json)):
         print(f"{RUN_MARK}{index}", flush=True)
-        rc = main(["pretrain", *args])
+        rc = main(["pretrain", "--json", *args])
         if rc:
             sys.exit(rc)
 
