@@ -35,7 +35,11 @@ from bert_jax.training.inputs import (
     resolve_source,
 )
 from bert_jax.training.metrics import MetricsWriter, flops_per_sequence, peak_tflops
-from bert_jax.training.setup import build_training
+from bert_jax.training.setup import (
+    build_training,
+    device_memory_limit,
+    fit_microbatches,
+)
 from bert_jax.training.signals import Preemption
 from bert_jax.training.state import TrainState
 from bert_jax.training.steps import summarize
@@ -172,6 +176,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     check_eval_data(config)
     check_pretraining_workdir(workdir, model_cfg, config.to_dict(), overwrite=overwrite)
     mesh = parallel.create_mesh(config.parallel.mesh, config.parallel.dcn_mesh)
+    if config.microbatches == 0:  # auto: the largest micro-batch that fits, by compiling
+        config.microbatches = fit_microbatches(config, model_cfg, mesh,
+                                               device_memory_limit(mesh), _log)
+        _log(f"gradient accumulation: {config.microbatches} microbatches")
     local_batch = _check_sizes(config, model_cfg, mesh)
     lock = fileio.WorkdirLock(workdir)
     if jax.process_index() == 0:

@@ -142,9 +142,8 @@ def test_default_config_on_a_tpu_host_takes_no_gpu_kernel(monkeypatch):
     import jax.numpy as jnp
 
     from bert_jax import parallel
-    from bert_jax.tpu.compile import abstract_batch
     from bert_jax.training.config import model_config
-    from bert_jax.training.setup import build_training
+    from bert_jax.training.setup import abstract_batch, build_training
 
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     config = load_config("experiments/pretrain.py:bert_base_phase1",
@@ -193,3 +192,55 @@ def test_packed_rows_compile_with_their_layout(tmp_path):
                  "--config.model.num_hidden_layers=2", "--config.model.vocab_size=1024",
                  layer_costs="scanned")
     assert e.fits and e.batch_per_chip * 8 == e.global_batch_size
+
+
+LAMB = ("bert_base_lamb_phase1", "bert_base_lamb_phase2", "bert_large_lamb_phase1",
+        "bert_large_lamb_phase2")
+
+
+@pytest.mark.parametrize("variant", LAMB)
+def test_lamb_recipes_are_you_et_al(variant):
+    """You et al.'s mixed-batch LAMB: 65,536 x 128 for 7,037 steps, then 32,768 x 512 for
+    1,563, the accumulation left to the compile (microbatches=0)."""
+    c = load_config(f"experiments/pretrain.py:{variant}")
+    phase1 = variant.endswith("phase1")
+    assert (c.global_batch_size, c.data.max_seq_length, c.num_train_steps) == (
+        (65_536, 128, 7_037) if phase1 else (32_768, 512, 1_563))
+    assert c.optimizer.name == "lamb" and c.microbatches == 0 and c.model.scan_layers
+    assert (c.optimizer.learning_rate, c.optimizer.warmup_steps) == (
+        (6e-3, 2_000) if phase1 else (4e-3, 200))
+
+
+# A LAMB recipe shrunk to the tiny model (2 scanned layers) on a v5e-8: 64 sequences per chip
+TINY_LAMB = ["--config.model.preset=tiny", "--config.model.num_hidden_layers=2",
+             "--config.model.vocab_size=1024", "--config.global_batch_size=512"]
+
+
+def test_lamb_recipe_compiles_with_accumulation():
+    """The phase-1 recipe's step with 4 microbatches of 16 sequences per chip: the
+    accumulation loop is counted once by XLA, so FLOPs and bytes come from compiles with 1
+    and 2 unrolled microbatches, extrapolated to 4; the FLOPs then match the model's."""
+    e = _compile("bert_large_lamb_phase1", "v5e-8", *TINY_LAMB, "--config.microbatches=4")
+    assert e.fits and e.microbatches == 4 and e.micro_batch_per_chip == 16
+    model = e.model_flops_per_sequence * e.batch_per_chip
+    assert model < e.compiled_flops < 1.15 * model and e.loop_scale == 1.0
+    assert any("4 microbatches from 1 and 2 unrolled" in n for n in e.notes)
+
+
+def test_max_batch_finds_the_largest_micro_batch_that_fits(capsys):
+    """``--max-batch`` (what microbatches=0 does): on a chip given 24 MiB of HBM, the
+    search compiles at the whole batch per chip first, then brackets the largest micro-batch
+    that fits; the next larger one was compiled and did not fit."""
+    import dataclasses
+
+    config = load_config("experiments/pretrain.py:bert_large_lamb_phase1",
+                         [*TINY_LAMB, "--config.model.scan_layers=false",
+                          "--config.model.num_hidden_layers=1"])
+    tpu = parse_slice("v5e-8")
+    small = dataclasses.replace(tpu, chip=dataclasses.replace(tpu.chip, hbm_bytes=24 * 2 ** 20))
+    lines = []
+    e = compile_pretraining(config, small, layer_costs="scanned", report=lines.append)
+    assert e.fits and 1 < e.microbatches < 64
+    chosen = e.micro_batch_per_chip
+    assert len(lines) == len(e.search) >= 2 and lines[0].startswith("probe")
+    assert {p["micro_batch"]: p["fits"] for p in e.search}[2 * chosen] is False
