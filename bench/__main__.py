@@ -24,8 +24,6 @@ SUITES: dict[str, tuple[str, str | dict[str, tuple[str, str]]]] = {
         "collectives": ("the collectives of the compiled step (and their overlap)",
                         "bench.collectives"),
     }),
-    "accumulation": ("the step over k microbatches against k plain steps: time, FLOPs, "
-                     "bytes", "bench.accumulation"),
     "profile": ("a profiler trace of one step, per kernel and category", "bench.profile_step"),
     "roofline": ("the FLOP + byte floor of a step and the MFU a target needs", "bench.roofline"),
     "quality": ("training quality against transformers, end-to-end reports", {

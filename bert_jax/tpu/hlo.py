@@ -16,7 +16,9 @@ step, from its opcode and the JAX name stack in its metadata:
   (their HBM reads and writes; their link volume is in ``collectives``);
 * ``other``: copies, casts, the loss, the gradient norm and the rest.
 
-Collectives are also listed with their group size, their payload per chip and whether XLA
+Buffers the compiler placed in the core's on-chip memory (memory space 1, ``S(1)`` in the
+layout) move nothing through HBM and count nothing. Collectives are also listed with their
+group size, their payload per chip and whether XLA
 scheduled them asynchronously (a ``-start``/``-done`` pair that other work can overlap).
 """
 
@@ -42,13 +44,18 @@ PARTS = ("forward", "backward", "optimizer", "accumulate", "collectives", "other
 
 
 def _bytes(text: str) -> float:
+    """Bytes of the arrays a type text names, HBM ones only: a layout in memory space 1
+    (``{...S(1)}``, the TPU core's on-chip vector memory) moves nothing through HBM."""
     total = 0.0
-    for dtype, dims in SHAPE.findall(text):
+    for match in SHAPE.finditer(text):
+        layout = text[match.end():match.end() + 80]
+        if layout.startswith("{") and "S(1)" in layout[:layout.find("}") + 1]:
+            continue
         n = 1
-        for d in dims.split(","):
+        for d in match[2].split(","):
             if d:
                 n *= int(d)
-        total += n * DTYPE_BYTES[dtype]
+        total += n * DTYPE_BYTES[match[1]]
     return total
 
 
@@ -251,7 +258,28 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
                     total += inner_flops(callee[1], depth + 1)
         return total
 
-    def walk(name: str, weight: float, seen: tuple[str, ...]) -> None:
+    def moved_bytes(opcode: str, result: str, operands: str, attrs: str, trips: int
+                    ) -> float:
+        """Operands read plus result written; inside a loop, an operand stacked along the
+        loop (leading dimension = trip count) that a dynamic slice reads, or a dynamic
+        update writes in place, moves one slice per iteration, not the whole stack."""
+        names = re.findall(r"%([\w.\-]+)", operands)
+        types = [shapes.get(n, "") for n in names] if not SHAPE.search(operands) else \
+            [t[0] for t in re.findall(r"((?:" + SHAPE.pattern + r")\S*)\s+%", operands)]
+        callee = re.search(r"calls=%?([\w.\-]+)", attrs)
+        body = "\n".join(computations.get(callee[1], ())) if callee else ""
+        slicing = opcode in ("dynamic-slice", "dynamic-update-slice") or \
+            "dynamic-slice(" in body or "dynamic-update-slice(" in body
+        total = 0.0
+        for t in (*types, result):
+            size = _bytes(t)
+            dims = _dims(t)
+            if slicing and trips > 1 and dims and dims[0] == trips:
+                size /= trips
+            total += size
+        return total
+
+    def walk(name: str, weight: float, seen: tuple[str, ...], trips: int = 1) -> None:
         for line in computations.get(name, ()):
             match = INSTRUCTION.match(line)
             if not match:
@@ -263,14 +291,14 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
                 condition = re.search(r"condition=%?([\w.\-]+)", attrs)
                 trips = trip_count(condition[1] if condition else "", attrs)
                 if body and body[1] not in seen:
-                    walk(body[1], weight * trips, (*seen, body[1]))
+                    walk(body[1], weight * trips, (*seen, body[1]), trips)
                 continue
             if opcode in ("call", "conditional"):
                 for callee in re.findall(r"(?:to_apply|branch_computations|"
                                          r"true_computation|false_computation)=\{?%?"
                                          r"([\w.\-]+)", attrs):
                     if callee not in seen:
-                        walk(callee, weight, (*seen, callee))
+                        walk(callee, weight, (*seen, callee), trips)
                 continue
             if opcode in NO_TRAFFIC or opcode.endswith("-done"):
                 continue
@@ -284,7 +312,7 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
                 declared = re.search(r'\\?"flops\\?":\s*\\?"?(\d+)', attrs)
                 if declared:
                     flops[0] += weight * float(declared[1])
-            moved = operand_bytes(operands) + _bytes(result)
+            moved = moved_bytes(opcode, result, operands, attrs, trips)
             metadata = re.search(r'op_name="([^"]*)"', attrs)
             parts[_part(opcode, metadata[1] if metadata else "")] += weight * moved
             base = opcode.removesuffix("-start")
