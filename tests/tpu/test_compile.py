@@ -212,8 +212,9 @@ def test_lamb_recipes_are_you_et_al(variant):
 
 
 # A LAMB recipe shrunk to the tiny model (2 scanned layers) on a v5e-8: 64 sequences per chip
-TINY_LAMB = ["--config.model.preset=tiny", "--config.model.num_hidden_layers=2",
-             "--config.model.vocab_size=1024", "--config.global_batch_size=512"]
+TINY_LAMB = ["--config.model.preset=tiny", "--config.model.vocab_size=1024",
+             "--config.global_batch_size=512"]
+TWO_LAYERS = "--config.model.num_hidden_layers=2"
 
 
 def test_lamb_recipe_compiles_with_accumulation():
@@ -221,7 +222,8 @@ def test_lamb_recipe_compiles_with_accumulation():
     layers): XLA counts each loop body once, so the bytes come from the compiled program
     with its loops weighted by their trip counts (the parts add up to them) and the FLOPs
     from the model's, scaled by one small unrolled compile's ratio."""
-    e = _compile("bert_large_lamb_phase1", "v5e-8", *TINY_LAMB, "--config.microbatches=4")
+    e = _compile("bert_large_lamb_phase1", "v5e-8", *TINY_LAMB, TWO_LAYERS,
+                 "--config.microbatches=4", layer_costs="auto")
     assert e.fits and e.microbatches == 4 and e.micro_batch_per_chip == 16
     model = e.model_flops_per_sequence * e.batch_per_chip
     assert model < e.compiled_flops < 1.2 * model and e.loop_scale == 1.0
@@ -241,7 +243,8 @@ def test_byte_breakdown_counts_loops_by_their_trip_counts():
     tpu = parse_slice("v5e-8")
     devices = abstract_devices(tpu)
     config = load_config("experiments/pretrain.py:bert_large_lamb_phase1", [
-        *TINY_LAMB, "--config.model.num_hidden_layers=1", "--config.model.scan_layers=false",
+        "--config.model.preset=tiny", "--config.model.vocab_size=1024",
+        "--config.model.num_hidden_layers=1", "--config.model.scan_layers=false",
         "--config.global_batch_size=256", "--config.microbatches=2"])
     rolled = _compile_step(config, tpu, devices)
     unrolled = _compile_step(config, tpu, devices, unroll_microbatches=True)
