@@ -254,19 +254,24 @@ def test_byte_breakdown_counts_loops_by_their_trip_counts():
     assert all(c["group"] == 8 for c in rolled.collectives)
 
 
-def test_max_batch_finds_the_largest_micro_batch_that_fits(capsys):
-    """``--max-batch`` (what microbatches=0 does): on a chip given 24 MiB of HBM, the
-    search compiles at the whole batch per chip first, then brackets the largest micro-batch
-    that fits; the next larger one was compiled and did not fit."""
+def test_max_batch_finds_the_largest_micro_batch_that_fits():
+    """``--max-batch`` (what microbatches=0 does) on a chip given HBM halfway between what
+    the step needs at the whole batch per chip and its state alone: the search compiles at
+    the whole batch first, then brackets the largest micro-batch that fits; the next larger
+    one was compiled and did not fit."""
     import dataclasses
 
     config = load_config("experiments/pretrain.py:bert_large_lamb_phase1",
                          [*TINY_LAMB, "--config.model.scan_layers=false",
-                          "--config.model.num_hidden_layers=1"])
+                          "--config.model.num_hidden_layers=1", "--config.microbatches=1"])
     tpu = parse_slice("v5e-8")
-    small = dataclasses.replace(tpu, chip=dataclasses.replace(tpu.chip, hbm_bytes=24 * 2 ** 20))
+    whole = compile_pretraining(config, tpu, layer_costs="scanned")
+    fixed = whole.argument_bytes + whole.output_bytes + whole.code_bytes
+    limit = (whole.total_bytes + fixed) // 2
+    small = dataclasses.replace(tpu, chip=dataclasses.replace(tpu.chip, hbm_bytes=limit))
     lines = []
-    e = compile_pretraining(config, small, layer_costs="scanned", report=lines.append)
+    e = compile_pretraining(config, small, layer_costs="scanned", max_batch=True,
+                            report=lines.append)
     assert e.fits and 1 < e.microbatches < 64
     chosen = e.micro_batch_per_chip
     assert len(lines) == len(e.search) >= 2 and lines[0].startswith("probe")

@@ -51,13 +51,20 @@ def test_options_split_the_batch_evenly():
 
 def test_loop_resolves_auto_by_compiling_on_its_devices():
     """``microbatches=0`` as the loop resolves it (``setup.fit_microbatches``): the one-layer
-    tiny model on this machine's first device, with a memory limit between what 8 and what
-    64 sequences at once need; without a known limit (CPU devices report none) it is 1."""
+    tiny model on this machine's first device, with a memory limit halfway between what the
+    whole batch of 64 at once needs and what one sequence at a time needs; without a known
+    limit (CPU devices report none) it is 1."""
     import jax
+    import jax.numpy as jnp
 
     from bert_jax import parallel
     from bert_jax.training.config import load_config, model_config
-    from bert_jax.training.setup import device_memory_limit, fit_microbatches
+    from bert_jax.training.setup import (
+        abstract_batch,
+        build_training,
+        device_memory_limit,
+        fit_microbatches,
+    )
 
     config = load_config("experiments/pretrain.py:tiny", [
         "--config.model.num_hidden_layers=1", "--config.model.vocab_size=512",
@@ -67,7 +74,21 @@ def test_loop_resolves_auto_by_compiling_on_its_devices():
     assert device_memory_limit(mesh) is None
     model_cfg = model_config(config)
     assert fit_microbatches(config, model_cfg, mesh, None) == 1
+
+    def memory(k):
+        trial = config.copy_and_resolve_references()
+        with trial.unlocked():
+            trial.microbatches = k
+        training = build_training(trial, model_cfg, mesh)
+        batch = abstract_batch(training.batch_shardings, 64, 128, 20)
+        rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=parallel.replicated(mesh))
+        m = training.train_step.lower(training.abstract_state, batch, rng).compile() \
+            .memory_analysis()
+        return (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+                + m.temp_size_in_bytes + m.generated_code_size_in_bytes)
+
     lines = []
-    k = fit_microbatches(config, model_cfg, mesh, 12 * 2 ** 20, lines.append)
+    k = fit_microbatches(config, model_cfg, mesh, (memory(1) + memory(64)) // 2,
+                         lines.append)
     assert 1 < k < 64 and 64 % k == 0
-    assert any("does not fit" in line for line in lines) and lines[-1].count("fits") == 1
+    assert "does not fit" in lines[0] and any(line.endswith(" fits") for line in lines)
