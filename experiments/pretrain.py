@@ -14,6 +14,13 @@ Variants
                        7,038 steps, 28.43% warmup, polynomial (power 0.5) decay.
   lamb_large_batch_phase2  its phase 2: 32k batch at seq 512, lr 4e-3, 1,563 steps, 12.8%
                        warmup.
+  bert_large_lamb_phase1  You et al. (2019)'s large-batch LAMB recipe for BERT-Large, phase 1:
+                       global batch 65,536 at seq 128 for 7,037 steps, lr 6e-3 with 2,000
+                       warm-up steps, polynomial (power 0.5) decay; the batch is accumulated
+                       in the largest micro-batch per chip that fits (microbatches=0, auto).
+  bert_large_lamb_phase2  its phase 2: 32,768 at seq 512 for 1,563 steps, lr 4e-3, 200 warm-up
+                       steps (re-warmed), init_checkpoint = phase 1 workdir.
+  bert_base_lamb_phase1/2  the same two phases for BERT-Base.
   roberta_style        FULL-SENTENCES data, MLM only (no pair head), dynamic masking, RoBERTa
                        base hyperparameters (8k batch, lr 6e-4, b2 0.98, 500k steps).
   albert_base          ALBERT-Base: SOP, one shared layer, 128-wide factorized embeddings,
@@ -47,7 +54,9 @@ import ml_collections
 from bert_jax.training.config import base_config
 
 VARIANTS = ("tiny", "demo", "bert_base_phase1", "bert_base_phase2", "bert_large_phase1",
-            "bert_large_phase2", "lamb_large_batch", "lamb_large_batch_phase2",
+            "bert_large_phase2", "bert_base_lamb_phase1", "bert_base_lamb_phase2",
+            "bert_large_lamb_phase1", "bert_large_lamb_phase2", "lamb_large_batch",
+            "lamb_large_batch_phase2",
             "roberta_style", "albert_base", "spanbert_base", "ernie_base", "electra_small",
             "electra_base", "distilbert")
 
@@ -106,6 +115,29 @@ def _lamb(c: ml_collections.ConfigDict, batch: int, lr: float, steps: int, warmu
     c.optimizer.clip_norm = 1.0
 
 
+def _you_lamb(c: ml_collections.ConfigDict, phase: int) -> None:
+    """You et al. 2019 ("Large Batch Optimization for Deep Learning: Training BERT in 76
+    minutes"), mixed-batch LAMB: phase 1 batch 65,536 at seq 128 for 7,037 steps, phase 2
+    batch 32,768 at seq 512 for 1,563 steps (8,600 steps in all), warm-up again at the start
+    of phase 2. Peak rates and warm-up lengths as NVIDIA publishes them for this recipe
+    (6e-3 / 2,000 and 4e-3 / 200 steps), polynomial decay (power 0.5) to 0, weight decay
+    0.01, clipping at global norm 1. The accumulation is found by compiling
+    (microbatches=0): the largest micro-batch per chip that fits the chip."""
+    if phase == 1:
+        _schedule(c, steps=7_037, lr=6e-3, warmup=2_000, batch=65_536, microbatches=0)
+    else:
+        _schedule(c, steps=1_563, lr=4e-3, warmup=200, batch=32_768, microbatches=0)
+        _sequences(c, 512, 80)
+        c.model.max_position_embeddings = 512
+    c.optimizer.name = "lamb"
+    c.optimizer.decay = "polynomial"
+    c.optimizer.power = 0.5
+    c.optimizer.b2 = 0.999
+    c.optimizer.weight_decay = 0.01
+    c.optimizer.clip_norm = 1.0
+    c.model.scan_layers = True  # one layer compiled instead of 12 or 24; the same math
+
+
 def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")
@@ -132,6 +164,9 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
         _schedule(c, steps=2400, lr=1e-3, warmup=100, batch=64)
         _cadence(c, checkpoint=800, log=100, eval_steps=8)
         c.eval_every = 400
+    elif variant.startswith(("bert_base_lamb", "bert_large_lamb")):
+        c.model.preset = variant.split("_")[1]
+        _you_lamb(c, 1 if variant.endswith("phase1") else 2)
     elif variant.startswith(("bert_base", "bert_large")):
         c.model.preset = variant.split("_")[1]
         if c.model.preset == "large":

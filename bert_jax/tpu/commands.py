@@ -32,13 +32,20 @@ class compile_command:  # noqa: N801 - the CLI registry names this attribute
         parser.add_argument("--num-slices", type=int, default=1,
                             help="identical slices over DCN (multislice); the config's "
                                  "parallel.dcn_mesh splits them (default: data parallel)")
-        parser.add_argument("--layer-costs", choices=("extrapolate", "scanned"),
-                            default="extrapolate",
-                            help="with scanned layers (model.scan_layers): take FLOPs and HBM "
-                                 "bytes from two extra compiles with 1 and 2 unrolled layers, "
-                                 "extrapolated (extrapolate, default), or keep the scanned "
-                                 "program's counts, which count the loop body once (scanned: "
-                                 "faster; memory and fit are the same)")
+        parser.add_argument("--layer-costs", choices=("auto", "extrapolate", "hlo", "scanned"),
+                            default="auto",
+                            help="where FLOPs and HBM bytes come from when the step loops "
+                                 "(scanned layers, gradient accumulation): extrapolate: extra "
+                                 "compiles with 1 and 2 unrolled layers (and microbatches); "
+                                 "hlo: the compiled program itself, loops weighted by their "
+                                 "trip counts (no extra compiles); scanned: XLA's count, which "
+                                 "counts a loop body once (fit only). auto (default): hlo with "
+                                 "gradient accumulation, else extrapolate")
+        parser.add_argument("--max-batch", action="store_true",
+                            help="find the largest micro-batch per chip that fits by "
+                                 "compiling (bisection; each probe's memory is shown), then "
+                                 "report the step at it and the gradient accumulation the "
+                                 "global batch needs (what --config.microbatches=0 does)")
         parser.add_argument("--json", metavar="OUT",
                             help="also write the report as JSON to this file")
         parser.epilog = ("Override any config field with --config.<key>=<value>, as for "
@@ -51,6 +58,9 @@ class compile_command:  # noqa: N801 - the CLI registry names this attribute
 
         if (args.config is None) == (args.task is None):
             raise BertJaxError("give --config (pretraining) or --task (fine-tuning), not both")
+        if args.max_batch and args.task:
+            raise BertJaxError("--max-batch searches the pretraining step's micro-batch; "
+                               "it takes --config, not --task")
         tpu = parse_slice(args.topology, args.num_slices)
         prepare_environment()
         from bert_jax.tpu.compile import (
@@ -73,8 +83,9 @@ class compile_command:  # noqa: N801 - the CLI registry names this attribute
             else:
                 from bert_jax.training.config import load_config
 
-                estimate = compile_pretraining(load_config(spec, args.overrides), tpu,
-                                               layer_costs=args.layer_costs)
+                estimate = compile_pretraining(
+                    load_config(spec, args.overrides), tpu, layer_costs=args.layer_costs,
+                    max_batch=args.max_batch, report=lambda line: print(line, flush=True))
         except CompileFailed as e:
             if not e.out_of_memory:
                 raise

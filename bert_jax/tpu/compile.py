@@ -23,10 +23,13 @@ import dataclasses
 import math
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bert_jax.errors import BertJaxError
+from bert_jax.tpu import hlo
 from bert_jax.tpu.topologies import GIB, Slice
+from bert_jax.training.accumulation import Probe
 
 
 @dataclasses.dataclass
@@ -55,6 +58,39 @@ class Estimate:
     model_flops_per_sequence: float
     compile_seconds: float
     notes: list[str] = dataclasses.field(default_factory=list)
+    microbatches: int = 1  # gradient accumulation steps of the global batch
+    scan_layers: bool = False
+    num_layers: int = 0
+    # the micro-batch search's probes (``microbatches=0`` or ``--max-batch``), in order
+    search: list[dict] = dataclasses.field(default_factory=list)
+    # HBM bytes per chip per step by part and the collectives, from the compiled HLO with
+    # loops weighted by their trip counts (``tpu/hlo.py``)
+    hbm_parts: dict[str, float] = dataclasses.field(default_factory=dict)
+    collectives: list[dict] = dataclasses.field(default_factory=list)
+    hlo_flops: float = 0.0  # matmul + declared kernel FLOPs, loops x trip counts
+    chips_per_slice: int = 0
+
+    @property
+    def collective_seconds(self) -> dict[str, float]:
+        """Link time per step: ICI for groups inside a slice, DCN for groups that span
+        slices (a group larger than a slice, or of exactly ``num_slices`` devices)."""
+        from bert_jax.tpu.topologies import CHIPS
+
+        chip = CHIPS[self.chip]
+        out = {"ici": 0.0, "dcn": 0.0, "ici_exposed": 0.0, "dcn_exposed": 0.0}
+        for c in self.collectives:
+            dcn = self.num_slices > 1 and (c["group"] > (self.chips_per_slice or self.chips)
+                                           or c["group"] == self.num_slices)
+            net = "dcn" if dcn else "ici"
+            seconds = c["link_bytes"] / (chip.dcn_bytes_per_s if dcn else chip.ici_bytes_per_s)
+            out[net] += seconds
+            if not c["asynchronous"]:
+                out[f"{net}_exposed"] += seconds
+        return out
+
+    @property
+    def micro_batch_per_chip(self) -> float:
+        return self.batch_per_chip / self.microbatches
 
     @property
     def loop_scale(self) -> float:
@@ -116,7 +152,9 @@ class Estimate:
                    sequences_per_second=self.sequences_per_second,
                    tokens_per_second=self.sequences_per_second * self.seq_len, mfu=self.mfu,
                    schedule_hours=self.schedule_hours, loop_scale=self.loop_scale,
-                   chip_hours=self.schedule_hours * self.chips)
+                   chip_hours=self.schedule_hours * self.chips,
+                   micro_batch_per_chip=self.micro_batch_per_chip,
+                   collective_seconds=self.collective_seconds)
         return out
 
 
@@ -146,58 +184,110 @@ def _check_batch(config, mesh, rules) -> None:
                            "--config.global_batch_size to a multiple")
 
 
-def abstract_batch(batch_shardings, batch: int, seq: int, predictions: int,
-                   examples_per_row: int = 0) -> dict:
-    """ShapeDtypeStructs of one global pretraining batch with its shardings; packed rows
-    (``examples_per_row`` > 0: ``create-pretraining-data --pack``, or document shards with
-    ``data.max_examples_per_row``) add the per-token example ids and positions and the
-    per-slot [CLS] positions, NSP labels and weights."""
-    import jax
-    import jax.numpy as jnp
-
-    k = examples_per_row
-    shapes = {"input_ids": (batch, seq), "input_mask": (batch, seq),
-              "segment_ids": (batch, seq), "masked_lm_positions": (batch, predictions),
-              "masked_lm_ids": (batch, predictions), "masked_lm_weights": (batch, predictions),
-              "next_sentence_labels": (batch, k) if k else (batch,),
-              "example_ids": (batch, seq), "position_ids": (batch, seq),
-              "cls_positions": (batch, k), "next_sentence_weights": (batch, k)}
-    weights = ("masked_lm_weights", "next_sentence_weights")
-    return {name: jax.ShapeDtypeStruct(
-        shapes[name], jnp.float32 if name in weights else jnp.int32,
-        sharding=sharding) for name, sharding in batch_shardings.items()}
-
-
 def compile_pretraining(config, tpu: Slice, devices: list | None = None,
-                        layer_costs: str = "extrapolate") -> Estimate:
+                        layer_costs: str = "auto", max_batch: bool = False,
+                        report: Callable[[str], None] | None = None) -> Estimate:
     """Builds the loop's sharded train step over ``tpu``'s abstract devices, compiles it for
-    that slice and returns the estimate. With scanned layers, ``layer_costs="extrapolate"``
-    takes FLOPs and bytes from two small unrolled compiles (``_unrolled_costs``);
-    ``"scanned"`` keeps the scanned program's own counts (memory checks only)."""
+    that slice and returns the estimate. With scanned layers or gradient accumulation,
+    ``layer_costs="extrapolate"`` takes FLOPs and bytes from small unrolled compiles
+    (``_unrolled_costs``); ``"scanned"`` keeps the looping program's own counts (memory
+    checks only). ``microbatches=0`` in the config (auto), or ``max_batch``, first finds the
+    largest micro-batch per chip that fits by compiling (``training/accumulation.py``;
+    ``report`` gets one line per probe) and estimates the step at it."""
+    from bert_jax import parallel
+    from bert_jax.tpu.topologies import abstract_devices
+    from bert_jax.training.accumulation import largest_fitting, micro_batch_options
+
+    devices = abstract_devices(tpu) if devices is None else devices
+    if not (max_batch or config.microbatches == 0):
+        estimate = _compile_step(config, tpu, devices)
+    else:
+        mesh = _mesh(config, tpu, devices)
+        shards = parallel.batch_divisor(
+            mesh, parallel.rules_from_config(config.parallel.logical_axis_rules))
+        per_shard = config.global_batch_size // shards
+
+        def probe(micro: int) -> Probe:
+            k = per_shard // micro
+            try:
+                e = _compile_step(_with_microbatches(config, k), tpu, devices)
+            except CompileFailed as failed:
+                if not failed.out_of_memory:
+                    raise
+                return Probe(micro, k, failed.used_bytes, tpu.chip.hbm_bytes, False)
+            return Probe(micro, k, e.total_bytes, tpu.chip.hbm_bytes, e.fits, e)
+
+        chosen, probes = largest_fitting(
+            micro_batch_options(config.global_batch_size, shards), probe,
+            None if report is None else lambda p: report(f"probe       {p.describe()}"))
+        config = _with_microbatches(config, chosen.microbatches)
+        estimate = chosen.detail
+        estimate.search = [dataclasses.asdict(dataclasses.replace(p, detail=None))
+                           for p in probes]
+    if layer_costs == "auto":
+        layer_costs = "hlo" if estimate.microbatches > 1 else "extrapolate"
+    if layer_costs == "hlo":
+        micro = config.global_batch_size // estimate.microbatches  # sequences per microbatch
+        per_chip = estimate.micro_batch_per_chip
+        small = micro // int(per_chip // 8) if per_chip >= 8 and per_chip % 8 == 0 else micro
+        _hlo_costs(estimate, _compile_step(_probe_config(
+            _with_batch(config, small * estimate.microbatches), 1, 1), tpu, devices))
+    else:
+        _unrolled_costs(estimate, config, layer_costs, lambda layers, k: _compile_step(
+            _probe_config(config, layers, k), tpu, devices, unroll_microbatches=True))
+    return estimate
+
+
+def _hlo_costs(estimate: Estimate, probe: Estimate) -> None:
+    """Costs of a looping step without unrolled compiles at its size: HBM bytes from the
+    compiled program itself, loops weighted by their trip counts (``tpu/hlo.py``); FLOPs as
+    the model's times the compiled-over-model ratio of ``probe`` (one unrolled layer at a
+    few sequences per chip: attention, softmax, padding beyond the model count)."""
+    model = probe.model_flops_per_sequence * probe.batch_per_chip
+    ratio = probe.compiled_flops / model if model > 0 else 1.0
+    estimate.compiled_flops = ratio * estimate.model_flops_per_sequence * \
+        estimate.batch_per_chip
+    estimate.hbm_bytes_accessed = sum(estimate.hbm_parts.values())
+    estimate.compile_seconds += probe.compile_seconds
+    estimate.notes.append(
+        f"note        the step loops: HBM bytes are the compiled program's top-level operands "
+        f"and results, loops (layers, microbatches) x their trip counts (bert_jax/tpu/hlo.py); "
+        f"FLOPs the model's x {ratio:.3f} (compiled over model FLOPs of one unrolled layer "
+        f"at {probe.batch_per_chip:g} sequences per chip)")
+
+
+def _mesh(config, tpu: Slice, devices: list):
+    from bert_jax import parallel
+
+    dcn = dict(config.parallel.dcn_mesh)
+    if tpu.num_slices > 1 and math.prod(int(v) for v in dcn.values() if v != -1) == 1 \
+            and -1 not in dcn.values():
+        dcn["data"] = tpu.num_slices  # multislice with an unset DCN mesh: data parallel
+    return parallel.create_mesh(config.parallel.mesh, dcn, devices=devices)
+
+
+def _compile_step(config, tpu: Slice, devices: list, unroll_microbatches: bool = False
+                  ) -> Estimate:
+    """One compile of the loop's step for ``config`` as it stands (no cost probes)."""
     import jax
     import jax.numpy as jnp
 
     from bert_jax import parallel
-    from bert_jax.tpu.topologies import abstract_devices
     from bert_jax.training import config as config_lib
     from bert_jax.training.inputs import examples_per_row
     from bert_jax.training.metrics import flops_per_sequence
-    from bert_jax.training.setup import build_training
+    from bert_jax.training.setup import abstract_batch, build_training
 
-    devices = abstract_devices(tpu) if devices is None else devices
     model_cfg = config_lib.model_config(config)
     seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
     if seq > model_cfg.max_position_embeddings:
         raise BertJaxError(f"data.max_seq_length={seq} exceeds model max_position_embeddings="
                            f"{model_cfg.max_position_embeddings}")
-    dcn = dict(config.parallel.dcn_mesh)
-    if tpu.num_slices > 1 and math.prod(int(v) for v in dcn.values() if v != -1) == 1 \
-            and -1 not in dcn.values():
-        dcn["data"] = tpu.num_slices  # multislice with an unset DCN mesh: data parallel
-    mesh = parallel.create_mesh(config.parallel.mesh, dcn, devices=devices)
+    mesh = _mesh(config, tpu, devices)
     rules = parallel.rules_from_config(config.parallel.logical_axis_rules)
     _check_batch(config, mesh, rules)
-    training = build_training(config, model_cfg, mesh)
+    training = build_training(config, model_cfg, mesh,
+                              unroll_microbatches=unroll_microbatches)
     batch = abstract_batch(training.batch_shardings, config.global_batch_size, seq, preds,
                            examples_per_row(config))
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=parallel.replicated(mesh))
@@ -208,8 +298,9 @@ def compile_pretraining(config, tpu: Slice, devices: list | None = None,
                              global_batch=config.global_batch_size, seq_len=seq,
                              num_train_steps=config.num_train_steps,
                              model_flops_per_sequence=flops)
-    _unrolled_costs(estimate, model_cfg, layer_costs, lambda layers: compile_pretraining(
-        _with_layers(config, layers), tpu, devices))
+    estimate.microbatches = int(config.microbatches)
+    estimate.scan_layers = bool(model_cfg.scan_layers)
+    estimate.num_layers = int(model_cfg.num_hidden_layers)
     return estimate
 
 
@@ -222,25 +313,67 @@ def _with_layers(config, layers: int):
     return probe
 
 
-def _unrolled_costs(estimate: Estimate, model_cfg, layer_costs: str, compile_with) -> None:
-    """With ``layer_costs="extrapolate"`` and scanned layers (more than two), replaces the
-    step's FLOPs and HBM bytes (XLA counts a loop body once) with the unrolled step's,
-    extrapolated from two small compiles of the same step with 1 and 2 unrolled layers:
-    cost(L) = cost(1) + (L - 1) * (cost(2) - cost(1)), exact for a stack of identical layers.
-    Memory stays the scanned program's own."""
-    layers = model_cfg.num_hidden_layers
-    if layer_costs != "extrapolate" or not model_cfg.scan_layers or layers <= 2:
+def _with_batch(config, batch: int):
+    out = config.copy_and_resolve_references()
+    with out.unlocked():
+        out.global_batch_size = batch
+    return out
+
+
+def _with_microbatches(config, k: int):
+    out = config.copy_and_resolve_references()
+    with out.unlocked():
+        out.microbatches = k
+    return out
+
+
+def _probe_config(config, layers: int, microbatches: int):
+    """A cost probe of ``config``: ``layers`` unrolled encoder layers and ``microbatches``
+    microbatches of the same size as the config's."""
+    probe = config.copy_and_resolve_references()
+    micro = config.global_batch_size // config.microbatches
+    with probe.unlocked():
+        probe.model.num_hidden_layers = layers
+        probe.model.scan_layers = False
+        probe.microbatches = microbatches
+        probe.global_batch_size = micro * microbatches
+    return probe
+
+
+def _unrolled_costs(estimate: Estimate, config, layer_costs: str, compile_with) -> None:
+    """With ``layer_costs="extrapolate"``, replaces the step's FLOPs and HBM bytes where XLA
+    counts a loop body once (scanned layers, the accumulation loop) with the unrolled step's,
+    from small compiles with 1 and 2 unrolled layers (scanned layers only) and 1 and 2
+    unrolled microbatches of the step's size (accumulation only), extrapolated to L layers
+    and k microbatches: cost(L, k) = c11 + (L-1) dL + (k-1) dk + (L-1)(k-1) dLk, exact for a
+    stack of identical layers and identical microbatches. Memory stays the step's own."""
+    layers, k = estimate.num_layers, estimate.microbatches
+    scanned = estimate.scan_layers and layers > 2
+    if layer_costs != "extrapolate" or not (scanned or k > 1):
         return
-    one, two = compile_with(1), compile_with(2)
-    estimate.compiled_flops = one.compiled_flops + (layers - 1) * (
-        two.compiled_flops - one.compiled_flops)
-    estimate.hbm_bytes_accessed = one.hbm_bytes_accessed + (layers - 1) * (
-        two.hbm_bytes_accessed - one.hbm_bytes_accessed)
-    estimate.compile_seconds += one.compile_seconds + two.compile_seconds
+    ls = (1, 2) if scanned else (layers,)
+    ks = (1, 2) if k > 1 else (1,)
+    probes = {(a, b): compile_with(a, b) for a in ls for b in ks}
+    x = (layers - 1) if scanned else 0
+    y = (k - 1) if k > 1 else 0
+
+    def extrapolate(field: str) -> float:
+        c = {key: getattr(e, field) for key, e in probes.items()}
+        base = c[(ls[0], ks[0])]
+        d_l = c[(2, ks[0])] - base if scanned else 0.0
+        d_k = c[(ls[0], 2)] - base if k > 1 else 0.0
+        d_lk = (c[(2, 2)] - c[(2, 1)] - c[(1, 2)] + base) if scanned and k > 1 else 0.0
+        return base + x * d_l + y * d_k + x * y * d_lk
+
+    estimate.compiled_flops = extrapolate("compiled_flops")
+    estimate.hbm_bytes_accessed = extrapolate("hbm_bytes_accessed")
+    estimate.compile_seconds += sum(e.compile_seconds for e in probes.values())
+    what = " and ".join(part for part, on in (
+        (f"{layers} layers from compiles with 1 and 2 unrolled layers", scanned),
+        (f"{k} microbatches from 1 and 2 unrolled microbatches", k > 1)) if on)
     estimate.notes.append(
-        f"note        the layers are scanned (XLA counts a loop body once): FLOPs and HBM "
-        f"bytes are the unrolled step's, extrapolated to {layers} layers from compiles with "
-        f"1 and 2 layers; memory is the scanned program's")
+        f"note        the step loops (XLA counts a loop body once): FLOPs and HBM bytes are "
+        f"the unrolled step's, extrapolated to {what}; memory is the looping program's")
 
 
 def estimate_step(tpu: Slice, mesh, step, args, state, *, global_batch: int, seq_len: int,
@@ -256,6 +389,7 @@ def estimate_step(tpu: Slice, mesh, step, args, state, *, global_batch: int, seq
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
+    parts = hlo.breakdown(compiled.as_text(), tpu.chips)
     return Estimate(
         slice=tpu.name, topology=tpu.topology_name, chips=tpu.chips,
         num_slices=tpu.num_slices, chip=tpu.chip.name,
@@ -270,7 +404,10 @@ def estimate_step(tpu: Slice, mesh, step, args, state, *, global_batch: int, seq
         code_bytes=int(memory.generated_code_size_in_bytes), hbm_bytes=tpu.chip.hbm_bytes,
         compiled_flops=float(cost.get("flops", 0.0)),
         hbm_bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-        model_flops_per_sequence=model_flops_per_sequence, compile_seconds=seconds)
+        model_flops_per_sequence=model_flops_per_sequence, compile_seconds=seconds,
+        hbm_parts=parts.parts, collectives=parts.to_dict()["collectives"],
+        hlo_flops=parts.flops,
+        chips_per_slice=tpu.chips_per_slice)
 
 
 class CompileFailed(BertJaxError):
@@ -320,6 +457,10 @@ def format_report(e: Estimate) -> str:
         f"{e.chips} {e.chip} chips ({e.topology}), mesh {e.mesh}",
         f"batch       {e.global_batch_size} sequences of {e.seq_len} per step "
         f"({e.batch_per_chip:g} per chip)",
+        f"accumulate  {e.microbatches} microbatch{'es' if e.microbatches > 1 else ''} of "
+        f"{e.micro_batch_per_chip:g} sequences per chip"
+        + (f" (the largest micro-batch that fits, {len(e.search)} compiles)" if e.search
+           else ""),
         "memory per chip (compiler's memory analysis)",
         f"  parameters            {_gib(e.params_bytes)}",
         f"  optimizer state       {_gib(e.optimizer_bytes)}",
@@ -336,6 +477,7 @@ def format_report(e: Estimate) -> str:
         f"predicted   {e.sequences_per_second:,.0f} sequences/s, "
         f"{e.sequences_per_second * e.seq_len:,.0f} tokens/s, MFU {e.mfu:.1%} "
         f"(model FLOPs {e.model_flops_per_sequence / 1e9:.1f} GFLOP per sequence)",
+        *_parts_lines(e),
         f"schedule    {e.num_train_steps:,} steps: {e.schedule_hours:,.1f} h wall, "
         f"{e.schedule_hours * e.chips:,.0f} chip-hours",
         "These are compiler estimates: a roofline lower bound on time (collectives, "
@@ -348,6 +490,28 @@ def format_report(e: Estimate) -> str:
             f"compiled count); HBM bytes are counted once per loop body (a lower bound)")
     lines += e.notes
     return "\n".join(lines)
+
+
+def _parts_lines(e: Estimate) -> list[str]:
+    """HBM bytes by part and the collectives' link volume and time (``tpu/hlo.py``)."""
+    if not e.hbm_parts:
+        return []
+    total = sum(e.hbm_parts.values())
+    parts = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in e.hbm_parts.items() if v)
+    lines = [f"HBM parts   {parts} GB (sum {total / 1e9:.2f} GB: the looping program's HLO, "
+             f"loops x trip counts)"]
+    seconds = e.collective_seconds
+    for c in e.collectives:
+        lines.append(f"collective  {c['kind']} over groups of {c['group']}: "
+                     f"{c['payload_bytes'] / 1e9:.3f} GB payload, {c['link_bytes'] / 1e9:.3f} GB "
+                     f"on the links per chip per step, "
+                     f"{'async (overlappable)' if c['asynchronous'] else 'synchronous'}")
+    if e.collectives:
+        lines.append(f"links       ICI {seconds['ici'] * 1e3:.2f} ms (synchronous "
+                     f"{seconds['ici_exposed'] * 1e3:.2f} ms), DCN {seconds['dcn'] * 1e3:.2f} ms "
+                     f"(synchronous {seconds['dcn_exposed'] * 1e3:.2f} ms) per step, from "
+                     f"published link bandwidths; not in the roofline")
+    return lines
 
 
 def not_fit_message(e: Estimate) -> str:
@@ -424,7 +588,9 @@ def compile_finetuning(config, tpu: Slice, devices: list | None = None,
                              abstract_state, global_batch=config.global_batch_size,
                              seq_len=seq, num_train_steps=steps,
                              model_flops_per_sequence=flops)
-    _unrolled_costs(estimate, model_cfg, layer_costs, lambda layers: compile_finetuning(
+    estimate.scan_layers = bool(model_cfg.scan_layers)
+    estimate.num_layers = int(model_cfg.num_hidden_layers)
+    _unrolled_costs(estimate, config, layer_costs, lambda layers, _: compile_finetuning(
         _with_layers(config, layers), tpu, devices))
     estimate.notes.append(f"fine-tuning {task.name} ({task.kind}); the schedule line is per "
                           f"{steps:,} steps (a run's steps depend on its data)")

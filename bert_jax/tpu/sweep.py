@@ -1,7 +1,7 @@
 """A bounded sweep of ``bert-jax compile`` over BERT sizes, sequence lengths, TPU slices and
 parallelism / remat settings, written as JSON lines and a Markdown table (docs/tpu.md).
 
-    python -m bert_jax.tpu.sweep --out DIR [--only SUBSTRING] [--list]
+    python -m bert_jax.tpu.sweep --out DIR [--set paper|lamb] [--only SUBSTRING] [--list]
 
 Each row is one compile of the pretraining step (the loop's own step, abstract state) for one
 slice. ``max batch/chip`` extrapolates linearly from that compile: the temporaries beyond one
@@ -32,7 +32,7 @@ class Row:
     overrides: tuple[str, ...] = ()
     # extrapolate: FLOPs and bytes from 1- and 2-layer unrolled compiles (the time columns);
     # scanned: one compile (rows that are about memory and fit)
-    layer_costs: str = "extrapolate"
+    layer_costs: str = "auto"
 
     def command(self) -> str:
         slices = f" --num-slices {self.num_slices}" if self.num_slices > 1 else ""
@@ -67,6 +67,28 @@ ROWS: tuple[Row, ...] = (
     Row("Large/512 FSDP 16 x tensor 4", "bert_large_phase2", "v5e-64",
         overrides=(*FSDP, "--config.parallel.mesh.tensor=4")),
 )
+
+# The large-batch LAMB recipes (experiments/pretrain.py ``bert_*_lamb_phase*``: You et al.'s
+# 65,536 x 128 and 32,768 x 512) at the batch pods run: each row finds its micro-batch by
+# compiling (``microbatches=0``) and extrapolates FLOPs and bytes from unrolled probes.
+LAMB_ROWS: tuple[Row, ...] = (
+    Row("Large/128 LAMB DP", "bert_large_lamb_phase1", "v5p-128"),
+    Row("Large/512 LAMB DP", "bert_large_lamb_phase2", "v5p-128"),
+    Row("Large/128 LAMB FSDP", "bert_large_lamb_phase1", "v5p-128", overrides=FSDP),
+    Row("Large/128 LAMB DP, 2 slices", "bert_large_lamb_phase1", "v5p-128", num_slices=2),
+    Row("Large/128 LAMB DP", "bert_large_lamb_phase1", "v4-64"),
+    Row("Large/512 LAMB DP", "bert_large_lamb_phase2", "v4-64"),
+    Row("Large/128 LAMB FSDP", "bert_large_lamb_phase1", "v5e-256", overrides=FSDP),
+    Row("Large/128 LAMB DP", "bert_large_lamb_phase1", "v6e-256"),
+    Row("Base/128 LAMB DP", "bert_base_lamb_phase1", "v4-32"),
+    Row("Base/512 LAMB DP", "bert_base_lamb_phase2", "v4-32"),
+    Row("Large/128 LAMB DP", "bert_large_lamb_phase1", "v5p-256"),
+    Row("Large/512 LAMB FSDP", "bert_large_lamb_phase2", "v5p-128", overrides=FSDP),
+    Row("Large/512 LAMB FSDP", "bert_large_lamb_phase2", "v5e-256", overrides=FSDP),
+    Row("Large/128 LAMB DP", "bert_large_lamb_phase1", "v6e-64"),
+    Row("Large/128 LAMB DP, 2 slices", "bert_large_lamb_phase1", "v6e-256", num_slices=2),
+)
+SETS = {"paper": ROWS, "lamb": LAMB_ROWS}
 
 
 def max_batch_per_chip(e) -> float:
@@ -112,6 +134,35 @@ def _derived(record: dict) -> dict:
     return {**record, **estimate.to_dict(), "max_batch_per_chip": max_batch_per_chip(estimate)}
 
 
+def lamb_markdown(records: list[dict]) -> str:
+    """The large-batch table: micro-batch and accumulation found by compiling, speed, what
+    bounds the step, HBM traffic and the collectives' link time."""
+    out = ["| configuration | slice | mesh | micro-batch/chip x steps | memory/chip (GiB) | "
+           "seq/s | MFU | bound | HBM GB/step | collectives GB/step (ICI, DCN ms) | "
+           "schedule (h, chip-h) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        slices = f" x{r['num_slices']}" if r["num_slices"] > 1 else ""
+        name = r.get("slice") or r["topology"]
+        if not r.get("compiled"):
+            out.append(f"| {r['label']} | {name}{slices} | | | | | | | | | "
+                       f"{r.get('error', '')[:100].replace('|', '/')} |")
+            continue
+        r = _derived(r)
+        mesh = "x".join(f"{k}{v}" for k, v in r["mesh"].items() if v > 1) or "1"
+        links = r["collective_seconds"]
+        volume = sum(c["link_bytes"] for c in r.get("collectives", ()))
+        out.append(
+            f"| {r['label']} | {name}{slices} | {mesh} | {r['micro_batch_per_chip']:g} x "
+            f"{r['microbatches']} | {r['total_bytes'] / 2**30:.1f} / "
+            f"{r['hbm_bytes'] / 2**30:.0f} | {r['sequences_per_second']:,.0f} | "
+            f"{r['mfu']:.0%} | {'compute' if r['bound'] == 'compute' else 'HBM'} | "
+            f"{r['hbm_bytes_accessed'] / 1e9:,.0f} | {volume / 1e9:.2f} "
+            f"({links['ici'] * 1e3:.1f}, {links['dcn'] * 1e3:.1f}) | "
+            f"{r['schedule_hours']:,.2f}, {r['chip_hours']:,.0f} |")
+    return "\n".join(out)
+
+
 def markdown(records: list[dict]) -> str:
     head = ("| configuration | slice | mesh | batch/chip | memory/chip (GiB) | fits | "
             "max batch/chip | seq/s | MFU | schedule (h, chip-h) |\n"
@@ -144,6 +195,9 @@ def markdown(records: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="directory for sweep.jsonl and sweep.md (required to run)")
+    ap.add_argument("--set", choices=sorted(SETS), default="paper",
+                    help="paper: the paper's batch 256 (docs/tpu.md's first table); lamb: the "
+                         "large-batch LAMB recipes")
     ap.add_argument("--only", default="", help="rows whose label or topology contains this")
     ap.add_argument("--list", action="store_true", help="print the rows' commands and stop")
     ap.add_argument("--table", nargs="+", metavar="JSONL",
@@ -154,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.table:
             records += [json.loads(line) for line in storage.read_text(path).splitlines()
                         if line.strip()]
-        print(markdown(records))
+        print((lamb_markdown if args.set == "lamb" else markdown)(records))
         return 0
-    rows = [r for r in ROWS if args.only in r.label or args.only in r.topology]
+    rows = [r for r in SETS[args.set] if args.only in r.label or args.only in r.topology]
     if args.list:
         print("\n".join(r.command() for r in rows))
         return 0
@@ -188,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{record['seconds']:.0f} s", flush=True)
     order = {r.command(): i for i, r in enumerate(rows)}
     records.sort(key=lambda r: order.get(r["command"], len(order)))
-    fileio.atomic_write(storage.join(args.out, "sweep.md"), markdown(records) + "\n")
-    print(markdown(records))
+    table = (lamb_markdown if args.set == "lamb" else markdown)(records)
+    fileio.atomic_write(storage.join(args.out, "sweep.md"), table + "\n")
+    print(table)
     return 0
 
 

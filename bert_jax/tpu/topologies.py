@@ -31,13 +31,21 @@ class Chip:
     torus_dims: int  # 3 (v4, v5p) or 2 (v5e, v6e)
     chip_config: str  # libtpu's chip config: megacore (two cores as one device) or default
     max_chips: int  # the largest single slice
+    # collective (ring) bandwidth per chip over ICI: half the published bidirectional ICI
+    # bandwidth (v5e 400 -> 200 GB/s, v6e 800 -> 400, v5p 1200 -> 600), which is also the
+    # published all-reduce bandwidth per pod over its chips (v5e 51.2 TB/s / 256, v6e
+    # 102.4 / 256, v4 1.1 PB/s / 4096 = 268 GB/s)
+    ici_bytes_per_s: float = 0.0
+    # data-center network per chip between slices: v5p's published 50 Gbps per chip; v5e's
+    # 2 x 100 Gbps per 4-chip host is the same; v4 and v6e taken as the same
+    dcn_bytes_per_s: float = 6.25e9
 
 
 CHIPS: dict[str, Chip] = {
-    "v4": Chip("v4", 275.0, 32 * GIB, 1.2e12, 2, 3, "megacore", 4096),
-    "v5e": Chip("v5e", 197.0, 16 * GIB, 819e9, 1, 2, "default", 256),
-    "v5p": Chip("v5p", 459.0, 95 * GIB, 2.765e12, 2, 3, "megacore", 8960),
-    "v6e": Chip("v6e", 918.0, 32 * GIB, 1.64e12, 1, 2, "default", 256),
+    "v4": Chip("v4", 275.0, 32 * GIB, 1.2e12, 2, 3, "megacore", 4096, 268e9),
+    "v5e": Chip("v5e", 197.0, 16 * GIB, 819e9, 1, 2, "default", 256, 200e9),
+    "v5p": Chip("v5p", 459.0, 95 * GIB, 2.765e12, 2, 3, "megacore", 8960, 600e9),
+    "v6e": Chip("v6e", 918.0, 32 * GIB, 1.64e12, 1, 2, "default", 256, 400e9),
 }
 ALIASES = {"v5litepod": "v5e", "v5lite": "v5e"}
 

@@ -36,7 +36,11 @@ from bert_jax.training.inputs import (
 )
 from bert_jax.training.metrics import MetricsWriter, flops_per_sequence, peak_tflops
 from bert_jax.training.progress import exclude_pause
-from bert_jax.training.setup import build_training
+from bert_jax.training.setup import (
+    build_training,
+    device_memory_limit,
+    fit_microbatches,
+)
 from bert_jax.training.signals import Preemption
 from bert_jax.training.state import TrainState
 from bert_jax.training.steps import summarize
@@ -174,6 +178,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     check_eval_data(config)
     check_pretraining_workdir(workdir, model_cfg, config.to_dict(), overwrite=overwrite)
     mesh = parallel.create_mesh(config.parallel.mesh, config.parallel.dcn_mesh)
+    if config.microbatches == 0:  # auto: the largest micro-batch that fits, by compiling
+        config.microbatches = fit_microbatches(config, model_cfg, mesh,
+                                               device_memory_limit(mesh), _log)
+        _log(f"gradient accumulation: {config.microbatches} microbatches")
     local_batch = _check_sizes(config, model_cfg, mesh)
     with locked_workdir(workdir, overwrite=overwrite, log=_log) as lock:
         return _train(config, workdir, model_cfg, mesh, local_batch, tokenizer, lock)

@@ -67,7 +67,12 @@ class Training:
 
 
 def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
-                   mesh: Mesh) -> Training:
+                   mesh: Mesh, unroll_microbatches: bool = False) -> Training:
+    """``config.microbatches`` must be resolved (>= 1: ``fit_microbatches`` for auto);
+    ``unroll_microbatches`` unrolls the accumulation loop (cost probes, ``tpu/compile.py``)."""
+    if config.microbatches < 1:
+        raise BertJaxError("microbatches=0 (auto) must be resolved before the step is built "
+                           "(setup.fit_microbatches)")
     rules = parallel.rules_from_config(config.parallel.logical_axis_rules)
     tx, schedule = make_optimizer(ml_collections.ConfigDict(
         dict(config.optimizer.to_dict(), decay_steps=config_lib.decay_steps(config))))
@@ -119,7 +124,8 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
         microbatch_sharding=lambda ndim: parallel.logical_sharding(
             mesh, rules, None, "batch", *([None] * (ndim - 1))), param_cast=param_cast,
         sums_fn=sums_fn, reduce_grads=reduce_grads,
-        check_update=bool(config.get("check_update", False)))
+        check_update=bool(config.get("check_update", False)),
+        unroll_microbatches=unroll_microbatches)
     step_fn, eval_fn = (parallel.traced_in_mesh(f, mesh, rules) for f in (
         step_fn, make_eval_step(model, pair_head=pair_head, sums_fn=sums_fn)))
     train_step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings, replicated),
@@ -130,3 +136,73 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
     return Training(model, tx, schedule, mesh, rules, init_fn, abstract_state,
                     state_shardings, batch_shardings, train_step, eval_step, param_cast,
                     init_params, reduce_grads)
+
+
+def abstract_batch(batch_shardings, batch: int, seq: int, predictions: int,
+                   examples_per_row: int = 0) -> dict:
+    """ShapeDtypeStructs of one global pretraining batch with its shardings; packed rows
+    (``examples_per_row`` > 0: ``create-pretraining-data --pack``, or document shards with
+    ``data.max_examples_per_row``) add the per-token example ids and positions and the
+    per-slot [CLS] positions, NSP labels and weights."""
+    k = examples_per_row
+    shapes = {"input_ids": (batch, seq), "input_mask": (batch, seq),
+              "segment_ids": (batch, seq), "masked_lm_positions": (batch, predictions),
+              "masked_lm_ids": (batch, predictions), "masked_lm_weights": (batch, predictions),
+              "next_sentence_labels": (batch, k) if k else (batch,),
+              "example_ids": (batch, seq), "position_ids": (batch, seq),
+              "cls_positions": (batch, k), "next_sentence_weights": (batch, k)}
+    weights = ("masked_lm_weights", "next_sentence_weights")
+    return {name: jax.ShapeDtypeStruct(
+        shapes[name], jnp.float32 if name in weights else jnp.int32,
+        sharding=sharding) for name, sharding in batch_shardings.items()}
+
+
+def fit_microbatches(config: ml_collections.ConfigDict, model_cfg: BertConfig, mesh: Mesh,
+                     limit_bytes: int | None, report: Callable[[str], None] | None = None
+                     ) -> int:
+    """``microbatches=0`` (auto) -> the fewest microbatches whose step fits ``limit_bytes``
+    per device, found by compiling the step on ``mesh``'s devices at each probed micro-batch
+    (``training/accumulation.py``); without a known limit (CPU devices): 1."""
+    from bert_jax.training.accumulation import Probe, largest_fitting, micro_batch_options
+    from bert_jax.training.inputs import examples_per_row
+
+    if limit_bytes is None:
+        return 1
+    rules = parallel.rules_from_config(config.parallel.logical_axis_rules)
+    shards = parallel.batch_divisor(mesh, rules)
+    per_shard = config.global_batch_size // shards
+    seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
+
+    def probe(micro: int) -> Probe:
+        k = per_shard // micro
+        trial = config.copy_and_resolve_references()
+        with trial.unlocked():
+            trial.microbatches = k
+        training = build_training(trial, model_cfg, mesh)
+        batch = abstract_batch(training.batch_shardings, config.global_batch_size, seq, preds,
+                               examples_per_row(config))
+        rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=parallel.replicated(mesh))
+        try:
+            memory = training.train_step.lower(training.abstract_state, batch,
+                                               rng).compile().memory_analysis()
+        except Exception as e:  # the compiler refusing the program for memory
+            if "RESOURCE_EXHAUSTED" not in str(e) and "memory" not in str(e).lower():
+                raise
+            return Probe(micro, k, None, limit_bytes, False)
+        total = int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+                    - memory.alias_size_in_bytes + memory.temp_size_in_bytes
+                    + memory.generated_code_size_in_bytes)
+        return Probe(micro, k, total, limit_bytes, total <= limit_bytes)
+
+    chosen, _ = largest_fitting(micro_batch_options(config.global_batch_size, shards), probe,
+                                None if report is None else lambda p: report(p.describe()))
+    return chosen.microbatches
+
+
+def device_memory_limit(mesh: Mesh) -> int | None:
+    """Bytes one device of ``mesh`` can hold (its runtime's limit), None where unknown."""
+    try:
+        stats = mesh.devices.flat[0].memory_stats()
+    except Exception:  # CPU devices and abstract (compile-only) devices report none
+        return None
+    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None

@@ -149,7 +149,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     skip: str = "where", check_update: bool = False,
                     param_cast: Callable[[Any], Any] | None = None,
                     sums_fn: Callable[..., dict[str, jax.Array]] | None = None,
-                    reduce_grads: Callable[[Callable], Callable] | None = None
+                    reduce_grads: Callable[[Callable], Callable] | None = None,
+                    unroll_microbatches: bool = False
                     ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
     """Builds ``train_step(state, batch, rng) -> (state, metrics)``.
 
@@ -170,7 +171,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     MLM + NSP/SOP sums with a family objective's. ``reduce_grads``
     (``parallel.grad_reduction``) wraps ``gradients(params, batch, rng, dens) -> (grads,
     sums)`` to reduce them over the batch shards itself; None (and FP8, whose scaling state is
-    not a sum) leaves it to XLA's partitioner.
+    not a sum) leaves it to XLA's partitioner. ``unroll_microbatches`` unrolls the
+    accumulation loop (the same arithmetic; XLA's cost analysis then counts every microbatch,
+    which ``bert-jax compile``'s cost probes need).
 
     Under ``BertConfig.fp8`` the optimizer-state slot also holds the FP8 scaling state
     (``state.with_fp8_state``, ``modeling/fp8.py``): the step differentiates with respect to
@@ -212,7 +215,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
             index, mb = xs
             g, s, amaxes = grad_fn(params, scales, mb, jax.random.fold_in(step_rng, index),
                                    dens)
-            return (jax.tree.map(jnp.add, grad_acc, g), jax.tree.map(jnp.add, sum_acc, s),
+            with jax.named_scope("accumulate_grads"):  # (a name for bert_jax/tpu/hlo.py)
+                grad_acc = jax.tree.map(jnp.add, grad_acc, g)
+            return (grad_acc, jax.tree.map(jnp.add, sum_acc, s),
                     None if amaxes is None else jax.tree.map(jnp.maximum, amax_acc, amaxes)
                     ), None
 
@@ -224,7 +229,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                 jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes),
                 None if scales is None else jax.tree.map(jnp.zeros_like, scales))
         (grads, sums, amaxes), _ = jax.lax.scan(
-            body, init, (jnp.arange(microbatches), split))
+            body, init, (jnp.arange(microbatches), split), unroll=unroll_microbatches)
         return grads, sums, amaxes
 
     # Inside an explicit reduction each device splits only its own rows into microbatches.
@@ -251,8 +256,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
         def update(operands):
             params, opt_state = operands
-            updates, new_opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), new_opt_state
+            with jax.named_scope("optimizer_update"):  # (a name for bert_jax/tpu/hlo.py)
+                updates, new_opt_state = tx.update(grads, opt_state, params)
+                return optax.apply_updates(params, updates), new_opt_state
 
         operands = (state.params, tx_state)
         if skip == "cond":

@@ -38,8 +38,8 @@ def validate_pretraining(config) -> None:
     if "max_examples_per_row" in config.data:
         c.integer("data.max_examples_per_row", 0)
     batch = c.integer("global_batch_size", 1)
-    micro = c.integer("microbatches", 1)
-    if batch % micro:
+    micro = c.integer("microbatches", 0)  # 0: auto (setup.fit_microbatches)
+    if micro and batch % micro:
         raise BertJaxError(f"global_batch_size={batch}: expected a multiple of "
                            f"microbatches={micro}")
     c.integer("num_train_steps", 1)

@@ -142,9 +142,8 @@ def test_default_config_on_a_tpu_host_takes_no_gpu_kernel(monkeypatch):
     import jax.numpy as jnp
 
     from bert_jax import parallel
-    from bert_jax.tpu.compile import abstract_batch
     from bert_jax.training.config import model_config
-    from bert_jax.training.setup import build_training
+    from bert_jax.training.setup import abstract_batch, build_training
 
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     config = load_config("experiments/pretrain.py:bert_base_phase1",
@@ -193,3 +192,87 @@ def test_packed_rows_compile_with_their_layout(tmp_path):
                  "--config.model.num_hidden_layers=2", "--config.model.vocab_size=1024",
                  layer_costs="scanned")
     assert e.fits and e.batch_per_chip * 8 == e.global_batch_size
+
+
+LAMB = ("bert_base_lamb_phase1", "bert_base_lamb_phase2", "bert_large_lamb_phase1",
+        "bert_large_lamb_phase2")
+
+
+@pytest.mark.parametrize("variant", LAMB)
+def test_lamb_recipes_are_you_et_al(variant):
+    """You et al.'s mixed-batch LAMB: 65,536 x 128 for 7,037 steps, then 32,768 x 512 for
+    1,563, the accumulation left to the compile (microbatches=0)."""
+    c = load_config(f"experiments/pretrain.py:{variant}")
+    phase1 = variant.endswith("phase1")
+    assert (c.global_batch_size, c.data.max_seq_length, c.num_train_steps) == (
+        (65_536, 128, 7_037) if phase1 else (32_768, 512, 1_563))
+    assert c.optimizer.name == "lamb" and c.microbatches == 0 and c.model.scan_layers
+    assert (c.optimizer.learning_rate, c.optimizer.warmup_steps) == (
+        (6e-3, 2_000) if phase1 else (4e-3, 200))
+
+
+# A LAMB recipe shrunk to the tiny model (2 scanned layers) on a v5e-8: 64 sequences per chip
+TINY_LAMB = ["--config.model.preset=tiny", "--config.model.vocab_size=1024",
+             "--config.global_batch_size=512"]
+TWO_LAYERS = "--config.model.num_hidden_layers=2"
+
+
+def test_lamb_recipe_compiles_with_accumulation():
+    """The phase-1 recipe's step with 4 microbatches of 16 sequences per chip (2 scanned
+    layers): XLA counts each loop body once, so the bytes come from the compiled program
+    with its loops weighted by their trip counts (the parts add up to them) and the FLOPs
+    from the model's, scaled by one small unrolled compile's ratio."""
+    e = _compile("bert_large_lamb_phase1", "v5e-8", *TINY_LAMB, TWO_LAYERS,
+                 "--config.microbatches=4", layer_costs="auto")
+    assert e.fits and e.microbatches == 4 and e.micro_batch_per_chip == 16
+    model = e.model_flops_per_sequence * e.batch_per_chip
+    assert model < e.compiled_flops < 1.2 * model and e.loop_scale == 1.0
+    assert e.hbm_bytes_accessed == pytest.approx(sum(e.hbm_parts.values()))
+    assert set(e.hbm_parts) == {"forward", "backward", "optimizer", "accumulate",
+                                "collectives", "other"}
+    assert any("x their trip counts" in n for n in e.notes)
+
+
+def test_byte_breakdown_counts_loops_by_their_trip_counts():
+    """The HLO walk (``tpu/hlo.py``) of the accumulating step with its loop rolled equals
+    that of the same step unrolled (within 10%: the loop's own bookkeeping), where XLA's
+    own count of the rolled program counts the loop body once."""
+    from bert_jax.tpu.compile import _compile_step
+    from bert_jax.tpu.topologies import abstract_devices
+
+    tpu = parse_slice("v5e-8")
+    devices = abstract_devices(tpu)
+    config = load_config("experiments/pretrain.py:bert_large_lamb_phase1", [
+        "--config.model.preset=tiny", "--config.model.vocab_size=1024",
+        "--config.model.num_hidden_layers=1", "--config.model.scan_layers=false",
+        "--config.global_batch_size=256", "--config.microbatches=2"])
+    rolled = _compile_step(config, tpu, devices)
+    unrolled = _compile_step(config, tpu, devices, unroll_microbatches=True)
+    walk = sum(unrolled.hbm_parts.values())
+    assert walk > 0 and sum(rolled.hbm_parts.values()) == pytest.approx(walk, rel=0.1)
+    assert rolled.hbm_bytes_accessed < 0.8 * unrolled.hbm_bytes_accessed  # XLA: body once
+    assert all(c["group"] == 8 for c in rolled.collectives)
+
+
+def test_max_batch_finds_the_largest_micro_batch_that_fits():
+    """``--max-batch`` (what microbatches=0 does) on a chip given HBM halfway between what
+    the step needs at the whole batch per chip and its state alone: the search compiles at
+    the whole batch first, then brackets the largest micro-batch that fits; the next larger
+    one was compiled and did not fit."""
+    import dataclasses
+
+    config = load_config("experiments/pretrain.py:bert_large_lamb_phase1",
+                         [*TINY_LAMB, "--config.model.scan_layers=false",
+                          "--config.model.num_hidden_layers=1", "--config.microbatches=1"])
+    tpu = parse_slice("v5e-8")
+    whole = compile_pretraining(config, tpu, layer_costs="scanned")
+    fixed = whole.argument_bytes + whole.output_bytes + whole.code_bytes
+    limit = (whole.total_bytes + fixed) // 2
+    small = dataclasses.replace(tpu, chip=dataclasses.replace(tpu.chip, hbm_bytes=limit))
+    lines = []
+    e = compile_pretraining(config, small, layer_costs="scanned", max_batch=True,
+                            report=lines.append)
+    assert e.fits and 1 < e.microbatches < 64
+    chosen = e.micro_batch_per_chip
+    assert len(lines) == len(e.search) >= 2 and lines[0].startswith("probe")
+    assert {p["micro_batch"]: p["fits"] for p in e.search}[2 * chosen] is False

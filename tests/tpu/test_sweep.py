@@ -18,6 +18,10 @@ def test_rows_are_valid_commands(capsys):
     kinds = {(r.variant, r.topology.split("-")[0]) for r in sweep.ROWS}
     assert {"v4", "v5e", "v5p"} <= {k for _, k in kinds}
     assert any(r.num_slices == 2 for r in sweep.ROWS)
+    for row in sweep.LAMB_ROWS:  # the large-batch set: its recipes find their accumulation
+        parse_slice(row.topology, row.num_slices)
+        assert load_config(f"experiments/pretrain.py:{row.variant}",
+                           row.overrides).microbatches == 0
 
 
 def _record(**changes):

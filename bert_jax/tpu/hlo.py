@@ -1,0 +1,332 @@
+"""Where a compiled step's HBM bytes and collectives go, from its optimized HLO text.
+
+XLA's ``cost_analysis`` gives one total and counts a loop body once. This walks the
+compiled module instead: every top-level instruction of the entry computation and of the
+loops it runs (each while body weighted by its known trip count: scanned layers,
+microbatches) reads its operands and writes its result, as XLA's cost model counts a
+fusion; instructions that move no data (parameters, tuples, bitcasts, constants, the loop
+and call wrappers themselves) count nothing. Each instruction's bytes go to one part of the
+step, from its opcode and the JAX name stack in its metadata:
+
+* ``forward`` / ``backward``: the model's passes (``jvp(...)`` / ``transpose(jvp(...))``),
+  activations and the parameters they read;
+* ``optimizer``: the update (``optimizer_update`` scope: moments, trust ratios, the new
+  parameters) and ``accumulate``: the gradient sum over microbatches;
+* ``collectives``: all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute
+  (their HBM reads and writes; their link volume is in ``collectives``);
+* ``other``: copies, casts, the loss, the gradient norm and the rest.
+
+Buffers the compiler placed in the core's on-chip memory (memory space 1, ``S(1)`` in the
+layout) move nothing through HBM and count nothing. Collectives are also listed with their
+group size, their payload per chip and whether XLA
+scheduled them asynchronously (a ``-start``/``-done`` pair that other work can overlap).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1,
+               "f8e5m2": 1, "f8e4m3": 1, "f8e5m2fnuz": 1, "f8e4m3fnuz": 1, "bf16": 2,
+               "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8,
+               "u64": 8, "c64": 8, "c128": 16, "token": 0}
+SHAPE = re.compile(r"\b(" + "|".join(sorted(DTYPE_BYTES, key=len, reverse=True))
+                   + r")\[([\d,]*)\]")
+INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\((.*)$")
+HEADER = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
+NO_TRAFFIC = {"parameter", "tuple", "get-tuple-element", "bitcast", "constant", "while",
+              "call", "conditional", "after-all", "partition-id", "replica-id",
+              "opt-barrier", "iota"}
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
+               "collective-permute")
+PARTS = ("forward", "backward", "optimizer", "accumulate", "collectives", "other")
+
+
+def _bytes(text: str) -> float:
+    """Bytes of the arrays a type text names, HBM ones only: a layout in memory space 1
+    (``{...S(1)}``, the TPU core's on-chip vector memory) moves nothing through HBM."""
+    total = 0.0
+    for match in SHAPE.finditer(text):
+        layout = text[match.end():match.end() + 80]
+        if layout.startswith("{") and "S(1)" in layout[:layout.find("}") + 1]:
+            continue
+        n = 1
+        for d in match[2].split(","):
+            if d:
+                n *= int(d)
+        total += n * DTYPE_BYTES[match[1]]
+    return total
+
+
+def _split_operands(rest: str) -> tuple[str, str]:
+    """``rest`` (after the opcode's "(") -> (operands, attributes)."""
+    depth = 1
+    for i, ch in enumerate(rest):
+        if ch in "({[":
+            depth += 1
+        elif ch in ")}]":
+            depth -= 1
+            if depth == 0:
+                return rest[:i], rest[i + 1:]
+    return rest, ""
+
+
+@dataclasses.dataclass
+class Collective:
+    kind: str  # all-gather | reduce-scatter | all-reduce | all-to-all | collective-permute
+    group: int  # devices in each replica group
+    payload_bytes: float  # per chip per step: the full (gathered / unreduced) array
+    asynchronous: bool  # a -start/-done pair: other work may overlap it
+    count: int = 1
+
+    @property
+    def link_bytes(self) -> float:
+        """Bytes each chip sends over its links per step, ring algorithms: (n-1)/n of the
+        payload for all-gather, reduce-scatter, all-to-all; twice that for all-reduce."""
+        if self.group <= 1:
+            return 0.0
+        share = (self.group - 1) / self.group
+        factor = {"all-reduce": 2 * share, "collective-permute": 1.0}.get(self.kind, share)
+        return factor * self.payload_bytes
+
+
+@dataclasses.dataclass
+class Breakdown:
+    """A compiled step's HBM bytes per chip per step by part, its collectives and its
+    matmul FLOPs (dots and convolutions, fused ones too, plus the FLOPs custom calls such as
+    the Pallas attention kernel declare)."""
+
+    parts: dict[str, float]
+    collectives: list[Collective]
+    flops: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def to_dict(self) -> dict:
+        return {"parts": dict(self.parts), "total": self.total, "flops": self.flops,
+                "collectives": [dict(dataclasses.asdict(c), link_bytes=c.link_bytes)
+                                for c in self.collectives]}
+
+
+def _group_size(attrs: str, devices: int) -> int:
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+    if mesh:  # mesh['axis_0'=8, 'axis_1'=4] {'axis_0'}: the named axes' sizes
+        sizes = dict(re.findall(r"'([^']+)'=(\d+)", mesh[1]))
+        n = 1
+        for axis in re.findall(r"'([^']+)'", mesh[2]):
+            n *= int(sizes.get(axis, 1))
+        return n
+    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)
+    if iota:
+        return int(iota[2])
+    groups = re.search(r"replica_groups=\{\{([\d,]*)\}", attrs)
+    if groups:
+        return len(groups[1].split(","))
+    return devices
+
+
+def _dims(text: str) -> list[int]:
+    match = SHAPE.search(text)
+    return [int(d) for d in match[2].split(",") if d] if match else []
+
+
+def _dot_flops(result: str, lhs_type: str, attrs: str) -> float:
+    """2 x output elements x contracted elements of a dot (``lhs_type``: its first
+    operand's type)."""
+    out = 1
+    for d in _dims(result):
+        out *= d
+    lhs = _dims(lhs_type)
+    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs)
+    k = 1
+    if contracting:
+        for i in contracting[1].split(","):
+            if i and int(i) < len(lhs):
+                k *= lhs[int(i)]
+    return 2.0 * out * k
+
+
+def _conv_flops(result: str, rhs_type: str, attrs: str) -> float:
+    """A convolution (XLA:TPU writes matmuls as convolutions): 2 x output elements x the
+    kernel's elements per output feature."""
+    out = 1
+    for d in _dims(result):
+        out *= d
+    kernel = _dims(rhs_type)
+    labels = re.search(r"dim_labels=\w*_(\w+)->", attrs)
+    per_feature = 1
+    for i, d in enumerate(kernel):
+        if not labels or i >= len(labels[1]) or labels[1][i] != "o":
+            per_feature *= d
+    return 2.0 * out * per_feature
+
+
+def _part(opcode: str, metadata: str) -> str:
+    if opcode.removesuffix("-start").removesuffix("-done") in COLLECTIVES:
+        return "collectives"
+    if "optimizer_update" in metadata:
+        return "optimizer"
+    if "accumulate_grads" in metadata:
+        return "accumulate"
+    if "transpose(" in metadata:
+        return "backward"
+    if "jvp(" in metadata:
+        return "forward"
+    return "other"
+
+
+def breakdown(hlo_text: str, devices: int) -> Breakdown:
+    """The HBM bytes per chip of one run of the module's entry computation, by part, and
+    its collectives (``devices``: the program's device count, for groups it leaves out)."""
+    computations: dict[str, list[str]] = {}
+    entry, current = None, None
+    for line in hlo_text.splitlines():
+        header = HEADER.match(line)
+        if header and " = " not in line.split("{")[0]:
+            current = header[2]
+            computations[current] = []
+            if header[1]:
+                entry = current
+            continue
+        if current is not None and line.strip() == "}":
+            current = None
+            continue
+        if current is not None:
+            computations[current].append(line)
+    parts = dict.fromkeys(PARTS, 0.0)
+    collectives: dict[tuple, Collective] = {}
+    flops = [0.0]
+    shapes: dict[str, str] = {}  # instruction name -> its result type (operands name them)
+    for lines in computations.values():
+        for line in lines:
+            match = INSTRUCTION.match(line)
+            if match:
+                shapes[match[1]] = match[2]
+
+    def operand_bytes(operands: str) -> float:
+        """Operands print as names (``%fusion.3``) or with their types."""
+        if SHAPE.search(operands):
+            return _bytes(operands)
+        return sum(_bytes(shapes.get(name, "")) for name in
+                   re.findall(r"%([\w.\-]+)", operands))
+
+    def operand_type(operands: str, index: int) -> str:
+        typed = re.findall(r"((?:" + SHAPE.pattern + r")\{?[^ ]*)\s+%", operands)
+        if typed:
+            return typed[index][0] if index < len(typed) else ""
+        names = re.findall(r"%([\w.\-]+)", operands)
+        return shapes.get(names[index], "") if index < len(names) else ""
+
+    def lhs_type(operands: str) -> str:
+        return operand_type(operands, 0)
+
+    def matmul_flops(opcode: str, result: str, operands: str, attrs: str) -> float:
+        if opcode == "dot":
+            return _dot_flops(result, lhs_type(operands), attrs)
+        if opcode == "convolution":
+            return _conv_flops(result, operand_type(operands, 1), attrs)
+        return 0.0
+
+    def trip_count(condition: str, attrs: str) -> int:
+        """The loop's known trip count, else the bound its condition compares against."""
+        known = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs)
+        if known:
+            return int(known[1])
+        for line in computations.get(condition, ()):
+            bound = re.search(r"constant\((\d+)\)", line)
+            if bound:
+                return int(bound[1])
+        return 1
+
+    def inner_flops(name: str, depth: int = 0) -> float:
+        """The dot FLOPs inside a fused (or called) computation."""
+        total = 0.0
+        for line in computations.get(name, ()):
+            match = INSTRUCTION.match(line)
+            if not match:
+                continue
+            _, result, opcode, rest = match.groups()
+            operands, attrs = _split_operands(rest)
+            if opcode in ("dot", "convolution"):
+                total += matmul_flops(opcode, result, operands, attrs)
+            elif opcode == "fusion" and depth < 4:
+                callee = re.search(r"calls=%?([\w.\-]+)", attrs)
+                if callee:
+                    total += inner_flops(callee[1], depth + 1)
+        return total
+
+    def moved_bytes(opcode: str, result: str, operands: str, attrs: str, trips: int
+                    ) -> float:
+        """Operands read plus result written; inside a loop, an operand stacked along the
+        loop (leading dimension = trip count) that a dynamic slice reads, or a dynamic
+        update writes in place, moves one slice per iteration, not the whole stack."""
+        names = re.findall(r"%([\w.\-]+)", operands)
+        types = [shapes.get(n, "") for n in names] if not SHAPE.search(operands) else \
+            [t[0] for t in re.findall(r"((?:" + SHAPE.pattern + r")\S*)\s+%", operands)]
+        callee = re.search(r"calls=%?([\w.\-]+)", attrs)
+        body = "\n".join(computations.get(callee[1], ())) if callee else ""
+        slicing = opcode in ("dynamic-slice", "dynamic-update-slice") or \
+            "dynamic-slice(" in body or "dynamic-update-slice(" in body
+        total = 0.0
+        for t in (*types, result):
+            size = _bytes(t)
+            dims = _dims(t)
+            if slicing and trips > 1 and dims and dims[0] == trips:
+                size /= trips
+            total += size
+        return total
+
+    def walk(name: str, weight: float, seen: tuple[str, ...], trips: int = 1) -> None:
+        for line in computations.get(name, ()):
+            match = INSTRUCTION.match(line)
+            if not match:
+                continue
+            _, result, opcode, rest = match.groups()
+            operands, attrs = _split_operands(rest)
+            if opcode == "while":
+                body = re.search(r"body=%?([\w.\-]+)", attrs)
+                condition = re.search(r"condition=%?([\w.\-]+)", attrs)
+                trips = trip_count(condition[1] if condition else "", attrs)
+                if body and body[1] not in seen:
+                    walk(body[1], weight * trips, (*seen, body[1]), trips)
+                continue
+            if opcode in ("call", "conditional"):
+                for callee in re.findall(r"(?:to_apply|branch_computations|"
+                                         r"true_computation|false_computation)=\{?%?"
+                                         r"([\w.\-]+)", attrs):
+                    if callee not in seen:
+                        walk(callee, weight, (*seen, callee), trips)
+                continue
+            if opcode in NO_TRAFFIC or opcode.endswith("-done"):
+                continue
+            if opcode in ("dot", "convolution"):
+                flops[0] += weight * matmul_flops(opcode, result, operands, attrs)
+            elif opcode == "fusion":
+                callee = re.search(r"calls=%?([\w.\-]+)", attrs)
+                if callee:
+                    flops[0] += weight * inner_flops(callee[1])
+            elif opcode == "custom-call":
+                declared = re.search(r'\\?"flops\\?":\s*\\?"?(\d+)', attrs)
+                if declared:
+                    flops[0] += weight * float(declared[1])
+            moved = moved_bytes(opcode, result, operands, attrs, trips)
+            metadata = re.search(r'op_name="([^"]*)"', attrs)
+            parts[_part(opcode, metadata[1] if metadata else "")] += weight * moved
+            base = opcode.removesuffix("-start")
+            if base in COLLECTIVES:
+                # the full array: the gathered result, the unreduced operand
+                payload = _bytes(result) if base == "all-gather" else operand_bytes(operands)
+                if opcode.endswith("-start") and base == "all-gather":
+                    payload = max(_bytes(result) - operand_bytes(operands), 0.0)
+                key = (base, _group_size(attrs, devices), opcode.endswith("-start"))
+                c = collectives.setdefault(key, Collective(base, key[1], 0.0, key[2], 0))
+                c.payload_bytes += weight * payload
+                c.count += int(weight)
+
+    if entry is not None:
+        walk(entry, 1.0, (entry,))
+    return Breakdown(parts, sorted(collectives.values(), key=lambda c: -c.payload_bytes),
+                     flops[0])
