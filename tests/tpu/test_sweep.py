@@ -61,7 +61,7 @@ def test_an_interrupted_sweep_keeps_its_rows(tmp_path, monkeypatch, capsys):
         compiled.append(row.command())
         return _record(label=row.label, command=row.command(), seconds=1.0)
 
-    monkeypatch.setattr(sweep, "ROWS", rows)
+    monkeypatch.setitem(sweep.SETS, "paper", rows)
     monkeypatch.setattr(sweep, "run_row", fake_run_row)
     (tmp_path / "sweep.jsonl").write_text(json.dumps(
         _record(label="first", command=rows[1].command(), seconds=1.0)) + "\n")
