@@ -318,11 +318,7 @@ class WorkdirLock:
         me = {"pid": os.getpid(), "host": socket.gethostname()}
         for _ in range(3):
             if self._file.create(me):
-                self._held = True
-                _HELD_LOCKS.add(self)
-                self._stop.clear()
-                threading.Thread(target=self._heartbeat, daemon=True,
-                                 name="workdir-lock").start()
+                self._start_holding()
                 return
             owner, seen = self._file.read()
             if owner == me:  # already held by this process: the outer holder releases it
@@ -340,13 +336,16 @@ class WorkdirLock:
             print(f"warning: taking over the stale lock {self.path} ({detail})",
                   file=sys.stderr, flush=True)
             if self._file.take_over(me, seen):
-                self._held = True
-                _HELD_LOCKS.add(self)
-                self._stop.clear()
-                threading.Thread(target=self._heartbeat, daemon=True,
-                                 name="workdir-lock").start()
+                self._start_holding()
                 return
         raise BertJaxError(f"{self.path}: could not take the workdir lock")
+
+    def _start_holding(self) -> None:
+        """Marks the lock held and starts its heartbeat."""
+        self._held = True
+        _HELD_LOCKS.add(self)
+        self._stop.clear()
+        threading.Thread(target=self._heartbeat, daemon=True, name="workdir-lock").start()
 
     def _stale(self, owner: dict[str, Any], seen: dict[str, Any]) -> bool:
         if owner["host"] == socket.gethostname():
