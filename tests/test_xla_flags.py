@@ -43,7 +43,7 @@ def test_pretrain_adds_collective_overlap_before_the_run(overlap, monkeypatch, t
 
     monkeypatch.setattr("bert_jax.training.loop.train_and_evaluate", fake_run)
     args = type("Args", (), {"config": "experiments/pretrain.py:tiny", "workdir": str(tmp_path),
-                             "overwrite": False,
+                             "overwrite": False, "json": False,
                              "overrides": [f"--config.parallel.collective_overlap={overlap}"]})
     assert pretrain.command.run(args) == 0
     assert (seen["flags"].split() == list(xla_flags.COLLECTIVE_OVERLAP)) is overlap
@@ -56,11 +56,11 @@ def test_finetune_turns_triton_gemm_off_before_the_run(monkeypatch, tmp_path):
 
     def fake_finetune(config, workdir, overwrite=False):
         seen["flags"] = os.environ.get("XLA_FLAGS", "")
-        return {"best": {}}
+        return {"best": {"metric": "dev/accuracy", "epoch": 1, "value": 0.5}}
 
     monkeypatch.setattr("bert_jax.tasks.finetune.finetune", fake_finetune)
     args = type("Args", (), {"config": "experiments/glue.py:mrpc", "workdir": str(tmp_path),
-                             "overwrite": False,
+                             "overwrite": False, "json": False,
                              "overrides": ["--config.compilation_cache=false"]})
     assert finetune_commands.finetune_command.run(args) == 0
     assert seen["flags"] == "--xla_gpu_enable_triton_gemm=false"

@@ -9,7 +9,7 @@ from tests.training.helpers import EXPERIMENT, SMALL
 
 BAD = [
     ("global_batch_size=-4", "global_batch_size=-4: expected an integer >= 1"),
-    ("microbatches=0", "microbatches=0: expected an integer >= 1"),
+    ("microbatches=-1", "microbatches=-1: expected an integer >= 0"),
     ("microbatches=3", "global_batch_size=16: expected a multiple of microbatches=3"),
     ("num_train_steps=0", "num_train_steps=0: expected an integer >= 1"),
     ("optimizer.learning_rate=0", "optimizer.learning_rate=0.0: expected a finite number > 0"),
