@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _state: dict[str, object] = {}
@@ -29,7 +30,9 @@ def _handle(signum, frame) -> None:  # the watcher thread does the work
     pass
 
 
-def _watch(read_fd: int) -> None:
+def wakeup_signals(read_fd: int) -> Iterator[int]:
+    """The signal numbers ``signal.set_wakeup_fd`` writes to the pipe ``read_fd`` (the last
+    of each read), until the pipe is closed."""
     while True:
         try:
             data = os.read(read_fd, 16)
@@ -37,7 +40,11 @@ def _watch(read_fd: int) -> None:
             return
         if not data:
             return
-        signum = data[-1]
+        yield data[-1]
+
+
+def _watch(read_fd: int) -> None:
+    for signum in wakeup_signals(read_fd):
         if signum not in (int(s) for s in _SIGNALS):
             continue
         name = signal.Signals(signum).name

@@ -25,6 +25,7 @@ scheduled them asynchronously (a ``-start``/``-done`` pair that other work can o
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1,
@@ -136,9 +137,7 @@ def _dims(text: str) -> list[int]:
 def _dot_flops(result: str, lhs_type: str, attrs: str) -> float:
     """2 x output elements x contracted elements of a dot (``lhs_type``: its first
     operand's type)."""
-    out = 1
-    for d in _dims(result):
-        out *= d
+    out = math.prod(_dims(result))
     lhs = _dims(lhs_type)
     contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs)
     k = 1
@@ -152,9 +151,7 @@ def _dot_flops(result: str, lhs_type: str, attrs: str) -> float:
 def _conv_flops(result: str, rhs_type: str, attrs: str) -> float:
     """A convolution (XLA:TPU writes matmuls as convolutions): 2 x output elements x the
     kernel's elements per output feature."""
-    out = 1
-    for d in _dims(result):
-        out *= d
+    out = math.prod(_dims(result))
     kernel = _dims(rhs_type)
     labels = re.search(r"dim_labels=\w*_(\w+)->", attrs)
     per_feature = 1

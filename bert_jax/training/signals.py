@@ -19,6 +19,8 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from bert_jax.startup import wakeup_signals
+
 
 class Preemption:
     """Context manager: SIGTERM (and SIGINT, when ``catch_interrupt``) set ``requested``."""
@@ -50,15 +52,8 @@ class Preemption:
         self.signal_name = signal.Signals(signum).name
 
     def _watch(self, read_fd: int) -> None:
-        while True:
-            try:
-                data = os.read(read_fd, 16)
-            except OSError:
-                return
-            if not data:
-                return
+        for signum in wakeup_signals(read_fd):
             if self.idle:
-                signum = data[-1]
                 name = signal.Signals(signum).name if signum in (15, 2) else "signal"
                 sys.stderr.write(f"{name}: nothing new to save since the restored checkpoint; "
                                  "exiting\n")
