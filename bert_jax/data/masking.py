@@ -3,11 +3,10 @@
 A batch is masked as a whole: the tokens that may be masked (not special, not padding) are
 grouped into *units* (single tokens; whole words with ``whole_word``; with ``span_masking``,
 runs of units whose lengths follow a geometric distribution clipped at ``max_span``, as in
-SpanBERT). Units are drawn in a random order and taken while the running token count stays
-within ``round(n * mask_rate)`` (at least 1, at most ``max_predictions``), so whole words and
-spans are never cut. Google's loop skips a word that does not fit and tries the next; a
-vectorised draw stops at the first that does not fit, so whole-word and span masking may pick a
-few tokens fewer than the budget. Each chosen token becomes [MASK] with probability
+SpanBERT). Units are visited in a random order and each is taken when it fits in what is left
+of ``round(n * mask_rate)`` tokens (at least 1, at most ``max_predictions``) and skipped
+otherwise, as Google's loop does, so whole words and spans are never cut and the budget is
+filled up to the last unit that fits. Each chosen token becomes [MASK] with probability
 ``mask_token_fraction`` (BERT's 0.8), a random non-special token with ``random_token_fraction``
 (0.1), and stays unchanged otherwise (0.1); with ``per_unit_actions``
 (span and knowledge masking) the draw is made once per unit, so a whole span is masked,
@@ -160,6 +159,22 @@ def _unit_starts(input_ids, candidate, config: MaskingConfig, tables, seed, unit
     return boundary | forced
 
 
+def _take_fitting(lengths, budget):
+    """bool[B, U]: which units, visited in order, are taken: a unit is taken when it fits in
+    what the units taken before it left of ``budget`` [B], and skipped otherwise (Google's
+    loop). Stopping at the first misfit instead leaves spans of up to ten words far short of
+    the budget: 57% of it at seq 128 with 20 predictions."""
+    import tensorflow as tf
+
+    def visit(total, length):  # total, length: [B]
+        return tf.where(total + length <= budget, total + length, total)
+
+    by_unit = tf.transpose(lengths)  # [U, B]
+    totals = tf.scan(visit, by_unit, initializer=tf.zeros_like(budget))  # after each unit
+    before = tf.concat([tf.zeros_like(totals[:1]), totals[:-1]], axis=0)
+    return tf.transpose(totals > before)  # units of no tokens are never taken
+
+
 def mask_batch(input_ids, seed, config: MaskingConfig, tables, unit_ids=None,
                example_ids=None):
     """Masks int32[B, S] ids. Returns (masked_ids, positions, ids, weights); see module doc.
@@ -196,8 +211,7 @@ def mask_batch(input_ids, seed, config: MaskingConfig, tables, unit_ids=None,
         score = tf.random.stateless_uniform([batch, slots], seeds[1], alg="philox")
         score = tf.where(unit_len > 0, score, 2.0)
         order = tf.argsort(score, axis=1)
-        cum = tf.cumsum(tf.gather(unit_len, order, batch_dims=1), axis=1)
-        take_sorted = cum <= budget[:, None]
+        take_sorted = _take_fitting(tf.gather(unit_len, order, batch_dims=1), budget)
         rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(order))
         take_unit = tf.scatter_nd(tf.stack([rows, order], axis=-1), take_sorted,
                                   tf.shape(order))  # undo the sort
