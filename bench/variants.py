@@ -1,34 +1,31 @@
-"""The BERT family at equal tokens on one device: pretrain, fine-tune, compare.
+"""The BERT family at equal pretraining compute, fine-tuned on GLUE, SQuAD and CoNLL-2003.
 
-From a plain-text corpus: trains one SentencePiece tokenizer, creates NSP (with phrase/entity
-annotations), SOP and FULL-SENTENCES data, then pretrains BERT (MLM + NSP), RoBERTa-style
-(MLM, dynamic masking, full sentences), SpanBERT (span masking + SBO), ERNIE-style (knowledge
-masking + NSP), ELECTRA (generator 1/4 width + RTD) and ALBERT (SOP, shared layers,
-factorised embeddings) with the same encoder size, batch, sequence length and number of steps
-(the same tokens), and a DistilBERT student (half the layers) distilled from the BERT run for
-the same steps. The steps come from the budget: a short BERT probe measures steps per second,
-and each of the seven runs gets an equal share of ``--budget-minutes`` at that rate (variants
-that cost more per token than BERT, ELECTRA above all, take longer; the table shows each
-run's wall time). Every model is then fine-tuned on the same GLUE tasks with several seeds
-(dev = a seeded 10% of train, as ``experiments/glue.py`` does without a dev file).
+Eight members pretrain the 6 x 512 model of ``experiments/e2e.py`` from one corpus, one
+tokenizer and one set of prepared batches, each for the steps that spend the FLOPs of 3,000
+BERT steps of 256 x 128 (``experiments/variants.py``); then every member is fine-tuned with
+3 seeds. docs/variants.md has the results and what they say.
 
-  python -m bench variants --corpus /work/shared/data/pretrain-corpus \
-      --glue /work/shared/data/glue --out bench_out/variants --budget-minutes 2      # GPU
-  python -m bench variants --corpus tiny_corpus --glue tiny_glue --out /tmp/v \
-      --budget-minutes 0.3 --model tiny --vocab-size 400 --batch-size 16 --seq-len 64 \
-      --tasks mrpc --seeds 2 --max-train-examples 64 --epochs 1                    # CPU smoke
+  python -m bench variants prepare --corpus CORPUS --glue GLUE --conll CONLL --squad FILE \
+      --out variants_data                 # tensorflow machine, ~20 min on 2 cores
+  python -m bench variants gpu --data variants_data --work variants_work --out OUT
+      # the GPU; stops by itself before --deadline-s and continues where it stopped when
+      # run again on the same machine (Orbax checkpoints, finished runs are kept)
+  python -m bench variants report OUT/variants_h200.jsonl --docs docs
 
-Two phases, for a GPU machine without tensorflow (docs/variants.md):
+``scripts/variants_compare.sh`` runs the three in order.
 
-  python -m bench variants --prepare-only prep/ --corpus CORPUS --glue GLUE --out work/
-      # with tensorflow: tokenizer, data, the batches of every (data, masking) pair the
-      # variants use, packed into prep/ (variants_prep.tar.xz + prepared.json, ~17 MiB)
-  python -m bench variants --prepared prep/ --out bench_out/variants
-      # no tensorflow: unpacks to /tmp, pretrains from data.source=materialized, fine-tunes
-
-Writes OUT/variants.jsonl (one record per variant: pretraining steps, distinct batches, wall
-time, last losses, and per task the seeds' dev scores with mean and std), OUT/variants.md (the
-table) and OUT/variants.png (the scores with their spread).
+Budget (one H200; the end-to-end run measured 14,000 BERT sequences/s of this model, 1.8 M
+tokens/s, docs/results.md):
+  pretraining  8 members x 98.3 M BERT-equivalent tokens = 786 M tokens = ~7.3 min at that
+               rate (the issue's 200 M tokens per member would be 15 min: halved to fit)
+  fine-tuning  GLUE 5 tasks x 3 seeds x 8 members (SST-2 capped at 8,000 train rows, 3 epochs)
+               + SQuAD (128 tokens, stride 64, 2 epochs) and CoNLL-2003 (3 epochs) x 3 seeds
+               x 8 members: ~90 k steps of batch 32 at ~4 ms, 6 processes at a time, ~6 min
+  speed        DistilBERT against its teacher: ~20 s
+  + two machine starts: ~17 min of the H200 in all.
+The jobs run in the order of the claims (GLUE of bert, electra, roberta, albert, distilbert;
+SQuAD of bert and spanbert; CoNLL of bert and both ERNIEs; then the other cells), so a
+budget that runs out cuts the table's extra cells first.
 """
 
 from __future__ import annotations
@@ -37,32 +34,31 @@ import argparse
 import json
 import os
 import platform
+import runpy
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import time
 
 from bench.common import REPO
 
-EXPERIMENT = os.path.join(REPO, "experiments", "pretrain.py")
-GLUE_EXPERIMENT = os.path.join(REPO, "experiments", "glue.py")
-TASK_DIRS = {"mrpc": "MRPC", "cola": "CoLA", "sst2": "SST-2", "stsb": "STS-B", "rte": "RTE"}
-SKIP_FILES = ("MANIFEST.tsv", "README", "cats.txt", "stopwords")
-
-# variant -> (data kind, data.masking, pretraining overrides); every run shares the common
-# overrides.
-VARIANTS = {
-    "bert": ("nsp", "token", ["--config.objective=nsp"]),
-    "roberta": ("full", "token", ["--config.objective=mlm"]),
-    "spanbert": ("full", "span", ["--config.objective=sbo"]),
-    "ernie": ("nsp", "knowledge", ["--config.objective=nsp"]),
-    "electra": ("full", "token", ["--config.objective=electra",
-                                  "--config.electra.generator_fraction=0.25"]),
-    "albert": ("sop", "token", ["--config.objective=sop", "--config.model.share_layers=true"]),
-    "distilbert": ("full", "token", ["--config.objective=distill"]),
-}
+EXPERIMENT = os.path.join(REPO, "experiments", "variants.py")
+SETTINGS = runpy.run_path(EXPERIMENT)
+VARIANTS = SETTINGS["VARIANTS"]
+GLUE = {"sst2": "SST-2", "cola": "CoLA", "mrpc": "MRPC", "stsb": "STS-B", "rte": "RTE"}
+TASKS = (*GLUE, "squad", "conll")
+SEEDS = (0, 1, 2)
+BATCHES = 320  # materialized per (kind, masking): 81,920 sequences, ~9 passes at 3,000 steps
+SST2_TRAIN_ROWS = 8_000
 DATA_MODES = {"nsp": ["--mode", "nsp", "--knowledge-units"], "sop": ["--mode", "sop"],
-              "full": ["--mode", "full_sentences"]}
+              "full": ["--mode", "full_sentences"], "nsplex": ["--mode", "nsp"]}
+# The claims and the cells each needs, in the order they run.
+CLAIM_CELLS = ([(v, t) for v in ("bert", "electra", "roberta", "albert", "distilbert")
+                for t in GLUE]
+               + [(v, "squad") for v in ("bert", "spanbert")]
+               + [(v, "conll") for v in ("bert", "ernie", "ernie_lexicon")])
 
 
 def _log(message: str) -> None:
@@ -77,477 +73,659 @@ def _cli(args: list[str]) -> None:
         sys.exit(f"bert-jax {' '.join(args)}: exit {rc}")
 
 
-def corpus_files(corpus: str, max_mb: float) -> list[str]:
-    """The corpus' text files in sorted order, up to ``max_mb`` megabytes."""
-    files = []
-    for root, _, names in os.walk(corpus):
-        files += [os.path.join(root, n) for n in names if not n.startswith(SKIP_FILES)]
-    files.sort()
-    if not files:
-        sys.exit(f"--corpus {corpus}: no text files")
-    chosen, total = [], 0
-    for f in files:
-        if chosen and total + os.path.getsize(f) > max_mb * 1e6:
-            break
-        chosen.append(f)
-        total += os.path.getsize(f)
+# ---- prepare (tensorflow) ---------------------------------------------------------------------
+def conll_lexicon(train_file: str) -> list[str]:
+    """The distinct entity strings of a CoNLL-2003 file (IOB tags, last column), in order of
+    first appearance."""
+    entities: dict[str, None] = {}
+    words: list[str] = []
+    with open(train_file, encoding="utf-8") as f:
+        for line in [*f, "\n"]:
+            parts = line.split()
+            tag = parts[-1] if parts and not parts[0].startswith("-DOCSTART-") else "O"
+            if words and not tag.startswith("I-"):
+                entities[" ".join(words)] = None
+                words = []
+            if tag.startswith(("B-", "I-")):
+                words.append(parts[0])
+    return list(entities)
+
+
+def corpus_files(corpus: str) -> list[str]:
+    """The corpus' UTF-8 text files in sorted order (metadata files and the few files in other
+    encodings left out)."""
+    skip = ("MANIFEST.tsv", "README", "cats.txt", "stopwords")
+    files = sorted(os.path.join(root, n) for root, _, names in os.walk(corpus)
+                   for n in names if not n.startswith(skip))
+    chosen = []
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                f.read()
+        except UnicodeDecodeError:
+            continue
+        chosen.append(path)
     return chosen
 
 
-def prepare(args, work: str, kinds=tuple(DATA_MODES)) -> dict[str, str]:
-    """Tokenizer and the kinds of pretraining data (reused when already there)."""
-    files = corpus_files(args.corpus, args.max_corpus_mb)
-    tokenizer = os.path.join(work, "tokenizer")
-    if not os.path.exists(os.path.join(tokenizer, "tokenizer.json")):
-        _log(f"tokenizer: {len(files)} files, vocab {args.vocab_size}")
-        _cli(["train-tokenizer", "--input", *files, "--output", tokenizer, "--vocab-size",
-              str(args.vocab_size), "--model-type", "unigram", "--seed", "0"])
-    data = {"tokenizer": tokenizer}
-    for kind in kinds:
-        flags = DATA_MODES[kind]
-        directory = os.path.join(work, f"data_{kind}")
-        if not os.path.exists(os.path.join(directory, "metadata.json")):
-            _log(f"pretraining data: {kind}")
-            _cli(["create-pretraining-data", "--input", *files, "--tokenizer", tokenizer,
-                  "--output-dir", directory, "--max-seq-length", str(args.seq_len),
-                  "--num-shards", "4", "--num-workers", str(args.num_workers),
-                  "--no-progress", *flags])
-        data[kind] = directory
-    return data
-
-
-def max_predictions(seq_len: int) -> int:
-    return max(1, round(seq_len * 0.15))
-
-
-def combos(variants: list[str]) -> dict[str, tuple[str, str]]:
-    """The (data kind, masking) pairs the variants train on, by name (nsp_token, ...)."""
-    from bench.variants_prep import combo_name
-
-    return {combo_name(kind, masking): (kind, masking)
-            for kind, masking, _ in (VARIANTS[v] for v in variants)}
-
-
-def materialize(args, data: dict[str, str], work: str, variants: list[str]) -> dict[str, str]:
-    """``args.batches`` batches of every (data kind, masking) pair, as the live pipeline of
-    the pretraining run would produce them (seed 0, the run's shuffle buffer)."""
+def prepare(args) -> None:
+    from bench import variants_prep
     from bert_jax.data.materialize import materialize_batches
     from bert_jax.tokenization.factory import load_tokenizer
 
-    tokenizer = load_tokenizer(data["tokenizer"])
-    out = {}
-    for combo, (kind, masking) in combos(variants).items():
+    work = os.path.abspath(args.work)
+    os.makedirs(work, exist_ok=True)
+    files = corpus_files(args.corpus)
+    tokenizer = os.path.join(work, "tokenizer")
+    if not os.path.exists(os.path.join(tokenizer, "tokenizer.json")):
+        _log(f"tokenizer: {len(files)} files, vocab {SETTINGS['VOCAB']}")
+        _cli(["train-tokenizer", "--input", *files, "--output", tokenizer, "--vocab-size",
+              str(SETTINGS["VOCAB"]), "--model-type", "unigram", "--seed", "0"])
+    lexicon = os.path.join(work, "conll_train_entities.txt")
+    entities = conll_lexicon(os.path.join(args.conll, "train.txt"))
+    with open(lexicon, "w", encoding="utf-8") as f:
+        f.write("# CoNLL-2003 train entities\n" + "\n".join(entities) + "\n")
+    _log(f"lexicon: {len(entities)} entities from CoNLL-2003 train")
+    kinds = sorted({kind for _, kind, _ in VARIANTS.values()})
+    for kind in kinds:
+        directory = os.path.join(work, f"data_{kind}")
+        if not os.path.exists(os.path.join(directory, "metadata.json")):
+            _log(f"pretraining data: {kind}")
+            extra = ["--knowledge-lexicon", lexicon] if kind == "nsplex" else []
+            _cli(["create-pretraining-data", "--input", *files, "--tokenizer", tokenizer,
+                  "--output-dir", directory, "--max-seq-length", str(SETTINGS["SEQ"]),
+                  "--dupe-factor", "2", "--num-shards", "8", "--num-workers",
+                  str(args.num_workers), "--seed", "12345", "--no-progress",
+                  *DATA_MODES[kind], *extra])
+    combos = {variants_prep.combo_name(kind, masking): (kind, masking)
+              for _, kind, masking in VARIANTS.values()}
+    materialized = {}
+    tok = load_tokenizer(tokenizer)
+    for combo, (kind, masking) in sorted(combos.items()):
         directory = os.path.join(work, "materialized", combo)
-        path = os.path.join(directory, "manifest.json")
-        current = None
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                current = json.load(f)
-        if current is None or current["steps"] != args.batches \
-                or current["batch_size"] != args.batch_size:
-            _log(f"materialize {combo}: {args.batches} batches of {args.batch_size}")
-            materialize_batches(data[kind], directory, steps=args.batches,
-                                batch_size=args.batch_size,
-                                max_predictions=max_predictions(args.seq_len), seed=0,
-                                tokenizer=tokenizer, shuffle_buffer=args.shuffle_buffer,
+        if not os.path.exists(os.path.join(directory, "manifest.json")):
+            _log(f"materialize {combo}: {BATCHES} batches of 256")
+            materialize_batches(os.path.join(work, f"data_{kind}"), directory, steps=BATCHES,
+                                batch_size=256, max_predictions=SETTINGS["PREDICTIONS"],
+                                seed=0, tokenizer=tok, shuffle_buffer=10_000,
                                 masking=masking, basic_fraction=0.25, progress=False)
-        out[combo] = directory
-    return out
-
-
-def glue_files(glue: str, tasks: list[str]) -> dict[str, list[str]]:
-    """The files of each task folder the fine-tuning reads (train, and dev where present)."""
-    out = {}
-    for task in tasks:
-        folder = os.path.join(glue, TASK_DIRS[task])
-        names = [n for n in ("train.tsv", "dev.tsv") if os.path.exists(os.path.join(folder, n))]
-        if "train.tsv" not in names:
-            sys.exit(f"--glue {glue}: no {TASK_DIRS[task]}/train.tsv")
-        out[TASK_DIRS[task]] = [os.path.join(folder, n) for n in names]
-    return out
-
-
-def _examples(data_dir: str) -> int:
-    from bert_jax.data.metadata import load_metadata
-
-    return sum(load_metadata(data_dir).train_examples)
-
-
-def prepare_only(args, work: str) -> dict:
-    """The first phase: data, batches and GLUE files packed into ``args.prepare_only``."""
-    from bench import variants_prep
-
-    variants = args.variants.split(",")
-    started = time.perf_counter()
-    data = prepare(args, work, sorted({VARIANTS[v][0] for v in variants}))
-    materialized = materialize(args, data, work, variants)
+        materialized[combo] = directory
+    # The lexicon changes only the units, not the examples: both NSP kinds store their ids
+    # once (packing checks that they are equal).
+    stored = {c: "nsp" if k == "nsplex" else k for c, (k, _) in combos.items()}
     stage = os.path.join(work, "stage")
     shutil.rmtree(stage, ignore_errors=True)
-    _log(f"pack {len(materialized)} batch sets into {args.prepare_only}")
-    variants_prep.pack(stage, materialized,
-                       {c: kind for c, (kind, _) in combos(variants).items()})
-    shutil.copytree(data["tokenizer"], os.path.join(stage, "tokenizer"))
-    for folder, files in glue_files(args.glue, args.tasks.split(",")).items():
-        os.makedirs(os.path.join(stage, "glue", folder))
-        for f in files:
-            shutil.copy(f, os.path.join(stage, "glue", folder))
-    prepared = variants_prep.write_archive(stage, args.prepare_only, {
-        "batches": args.batches, "steps": args.steps or args.batches,
-        "batch_size": args.batch_size, "seq_len": args.seq_len,
-        "max_predictions": max_predictions(args.seq_len), "vocab_size": args.vocab_size,
-        "model": args.model, "variants": variants, "tasks": args.tasks.split(","),
-        "corpus_mb": round(sum(os.path.getsize(f) for f in
-                               corpus_files(args.corpus, args.max_corpus_mb)) / 1e6, 2),
-        "combos": {c: {"kind": kind, "masking": masking}
-                   for c, (kind, masking) in combos(variants).items()},
-        "examples": {kind: _examples(data[kind]) for kind in {k for k, _ in
-                                                             combos(variants).values()}},
-        "prepare_seconds": round(time.perf_counter() - started, 1)})
+    variants_prep.pack(stage, materialized, stored)
+    shutil.copytree(tokenizer, os.path.join(stage, "tokenizer"))
+    _log("GLUE dev held out from train (seed 1234)")
+    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "e2e_glue_data.py"),
+                    "--glue", args.glue, "--output", os.path.join(stage, "glue")], check=True)
+    subprocess.run([sys.executable, "-m", "bench", "quality", "squad", "split", "--input",
+                    args.squad, "--dev-articles", "6", "--out", os.path.join(stage, "squad")],
+                   check=True, cwd=REPO)
+    os.makedirs(os.path.join(stage, "conll"))
+    shutil.copy(os.path.join(args.conll, "train.txt"), os.path.join(stage, "conll"))
+    shutil.copy(os.path.join(args.conll, "valid.txt"), os.path.join(stage, "conll"))
+    prepared = variants_prep.write_archive(stage, args.out, {
+        "batches": BATCHES, "batch_size": 256, "seq_len": SETTINGS["SEQ"],
+        "corpus_files": len(files), "lexicon_entities": len(entities),
+        "combos": {c: {"kind": stored[c], "masking": m} for c, (_, m) in combos.items()}})
     shutil.rmtree(stage)
-    _log(f"{args.prepare_only}: {prepared['archive_bytes'] / 2 ** 20:.1f} MiB "
-         f"({prepared['unpacked_bytes'] / 2 ** 20:.1f} MiB unpacked), "
-         f"{prepared['batches']} batches per (data, masking), {prepared['steps']} steps")
-    return prepared
+    _log(f"{args.out}: {prepared['archive_bytes'] / 2 ** 20:.1f} MiB")
 
 
-def common_overrides(args, steps: int, data_dir: str, tokenizer: str,
-                     source: str = "tfrecord") -> list[str]:
-    preds = max_predictions(args.seq_len)
-    return [f"--config.model.preset={args.model}",
-            f"--config.model.max_position_embeddings={args.seq_len}",
-            f"--config.model.dtype={args.dtype}",
-            f"--config.data.source={source}", f"--config.data.directory={data_dir}",
-            f"--config.data.tokenizer={tokenizer}",
-            *(["--config.data.repeat=true"] if source == "materialized" else []),
-            f"--config.data.max_seq_length={args.seq_len}",
-            f"--config.data.max_predictions_per_seq={preds}",
-            f"--config.data.shuffle_buffer={args.shuffle_buffer}",
-            f"--config.global_batch_size={args.batch_size}",
-            f"--config.num_train_steps={steps}",
-            f"--config.optimizer.learning_rate={args.learning_rate}",
-            f"--config.optimizer.warmup_steps={max(1, steps // 10)}",
-            f"--config.checkpoint.every_steps={steps}", "--config.checkpoint.keep=1",
-            f"--config.log_every={max(1, min(50, steps // 5))}", "--config.eval_steps=0",
-            "--config.progress_bar=false"]
+# ---- gpu ----------------------------------------------------------------------------------
+class Deadline:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
 
 
-def _metrics(workdir: str) -> list[dict]:
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def _done(path: str) -> bool:
+    return os.path.exists(path)
 
 
-def pretrain(args, name: str, workdir: str, steps: int, data: dict, teacher: str | None
-             ) -> dict:
-    """One variant's pretraining run (skipped when it finished before). ``data`` maps the
-    data kinds (tfrecord) or the (kind, masking) pairs (materialized) to folders."""
+def _spawn(cmd: list[str], log: str, mem_fraction: float) -> subprocess.Popen:
+    env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{mem_fraction:.3f}",
+           "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open(log, "a", encoding="utf-8") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                start_new_session=True)
+
+
+def _stop(procs: dict[str, subprocess.Popen]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs.values():
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def pretrain_all(data: dict, work: str, deadline: Deadline, parallel: int, check: bool
+                 ) -> bool:
+    """Pretrains every member, ``parallel`` at a time (distilbert once bert is done);
+    returns whether all finished."""
     from bench.variants_prep import combo_name
 
-    kind, masking, overrides = VARIANTS[name]
-    if data.get("source") == "materialized":  # the masks are in the batches
-        directory, source, extra = data[combo_name(kind, masking)], "materialized", []
-    else:
-        directory, source = data[kind], "tfrecord"
-        extra = [f"--config.data.masking={masking}"]
-    if name == "albert":
-        extra.append(f"--config.model.embedding_size={args.albert_embedding_size}")
-    if name == "distilbert":
-        extra.append(f"--config.distill.teacher={teacher}")
-    seconds_file = os.path.join(workdir, "bench_seconds.json")
-    if not os.path.exists(seconds_file):
-        _log(f"pretrain {name}: {steps} steps")
+    order = ["bert", "electra", "spanbert", "roberta", "albert", "ernie", "ernie_lexicon",
+             "distilbert"]
+    running: dict[str, subprocess.Popen] = {}
+    root = os.path.join(work, "pretrain")
+    os.makedirs(root, exist_ok=True)
+
+    def marker(name):
+        return os.path.join(root, name, "done.json")
+
+    started: dict[str, float] = {}
+    failed: set[str] = set()
+    attempts: dict[str, int] = {}
+    last_start = 0.0
+    while True:
+        for name, p in list(running.items()):
+            if p.poll() is not None:
+                del running[name]
+                if p.returncode != 0:
+                    _log(f"pretrain {name} failed (exit {p.returncode}); log: "
+                         f"{root}/{name}.log")
+                    attempts[name] = attempts.get(name, 0) + 1
+                    if attempts[name] >= 2:  # a second start (a CUDA start that lost a race)
+                        failed.add(name)
+                    continue
+                with open(marker(name), "w", encoding="utf-8") as f:
+                    json.dump({"seconds": round(time.monotonic() - started[name], 1)}, f)
+                _log(f"pretrain {name} done")
+        todo = [n for n in order if not _done(marker(n)) and n not in running
+                and n not in failed]
+        if not todo and not running:  # every member done, or failed in this call
+            return True
+        if deadline.left() < 40:
+            _log("deadline: stopping the pretraining runs (they resume from their checkpoint)")
+            _stop(running)
+            return False
+        for name in todo:
+            if len(running) >= parallel or time.monotonic() - last_start < 10:
+                break  # one start at a time: simultaneous CUDA starts can fail
+            if name == "distilbert" and not _done(marker("bert")):
+                continue
+            _, kind, masking = VARIANTS[name]
+            workdir = os.path.join(root, name)
+            cmd = [sys.executable, "-m", "bert_jax", "pretrain", "--config",
+                   f"{EXPERIMENT}:{name}{'_check' if check else ''}", "--workdir", workdir,
+                   f"--config.data.directory={data[combo_name(kind, masking)]}",
+                   f"--config.data.tokenizer={data['tokenizer']}"]
+            if name == "distilbert":
+                cmd.append(f"--config.distill.teacher={os.path.join(root, 'bert')}")
+            _log(f"pretrain {name}: {20 if check else SETTINGS['steps'](name)} steps")
+            started[name] = last_start = time.monotonic()
+            running[name] = _spawn(cmd, os.path.join(root, f"{name}.log"), 0.9 / parallel)
+        time.sleep(2)
+
+
+def jobs(check: bool = False) -> list[tuple[str, str, int]]:
+    """(variant, task, seed) in the order they run: the claims' cells first. ``check``: three
+    members on RTE, SQuAD and CoNLL, one seed."""
+    if check:
+        return [(v, t, 0) for v in ("bert", "albert", "distilbert")
+                for t in ("rte", "squad", "conll")]
+    cells = list(CLAIM_CELLS) + [(v, t) for t in TASKS for v in VARIANTS
+                                 if (v, t) not in CLAIM_CELLS]
+    return [(v, t, s) for v, t in cells for s in SEEDS]
+
+
+def finetune_dir(work: str, variant: str, task: str, seed: int) -> str:
+    return os.path.join(work, "finetune", f"{variant}_{task}_seed{seed}")
+
+
+def finetune_overrides(task: str, data_root: str, init: str, seed: int, check: bool
+                       ) -> tuple[str, list]:
+    """(experiment spec, overrides) of one fine-tuning run: the paper's recipe at length 128
+    (batch 32, 3 epochs, 10% warmup; lr 5e-5, SQuAD 1e-4 as docs/results.md found a small
+    model needs)."""
+    common = [f"--config.init_checkpoint={init}", f"--config.seed={seed}",
+              "--config.progress_bar=false", "--config.log_every=1000",
+              "--config.model.dtype=" + ("float32" if check else "bfloat16"),
+              "--config.max_seq_length=128",
+              "--config.length_bucket_min=0"]
+    if check:
+        common += ["--config.max_train_examples=64", "--config.epochs=1"]
+    if task in GLUE:
+        rows = SST2_TRAIN_ROWS if task == "sst2" and not check else 0
+        return (f"{REPO}/experiments/glue.py:{task}",
+                [*common, f"--config.data_dir={data_root}/glue/{GLUE[task]}",
+                 "--config.optimizer.learning_rate=5e-5",
+                 *([] if check else ["--config.epochs=3", f"--config.max_train_examples={rows}"])])
+    if task == "squad":
+        return (f"{REPO}/experiments/squad.py:v1",
+                [*common, f"--config.data_dir={data_root}/squad",
+                 "--config.featurize.doc_stride=64", "--config.featurize.max_query_length=32",
+                 "--config.optimizer.learning_rate=1e-4"])
+    return (f"{REPO}/experiments/ner.py:conll2003",
+            [*common, f"--config.data_dir={data_root}/conll",
+             "--config.optimizer.learning_rate=5e-5"])
+
+
+def finetune_worker(args) -> int:
+    """One process: claims unfinished jobs in order and runs them in-process (programs of the
+    same shape compiled once)."""
+    import jax
+
+    from bert_jax.tasks.config import load_config
+    from bert_jax.tasks.finetune import finetune
+    from bert_jax.tasks.trainer import FinetunerCache
+
+    jax.config.update("jax_compilation_cache_dir", os.path.join(args.work, "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    programs = FinetunerCache()
+    deadline = Deadline(args.deadline_s)
+    for variant, task, seed in jobs(args.check):
+        if deadline.left() < 60:
+            break
+        workdir = finetune_dir(args.work, variant, task, seed)
+        if os.path.exists(os.path.join(workdir, "metrics.json")) or not os.path.exists(
+                os.path.join(args.work, "pretrain", variant, "done.json")):
+            continue
+        os.makedirs(os.path.dirname(workdir), exist_ok=True)
+        try:
+            os.close(os.open(workdir + ".claim", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue
+        shutil.rmtree(workdir, ignore_errors=True)
+        spec, overrides = finetune_overrides(task, args.data_root,
+                                             os.path.join(args.work, "pretrain", variant), seed,
+                                             args.check)
         start = time.perf_counter()
-        _cli(["pretrain", "--config", f"{EXPERIMENT}:tiny", "--workdir", workdir,
-              *common_overrides(args, steps, directory, data["tokenizer"], source),
-              *overrides, *extra])
-        with open(seconds_file, "w", encoding="utf-8") as f:
-            json.dump({"seconds": round(time.perf_counter() - start, 1)}, f)
-    with open(seconds_file, encoding="utf-8") as f:
-        seconds = json.load(f)["seconds"]
-    records = [r for r in _metrics(workdir) if "loss" in r]
-    last = records[-1] if records else {}
-    keep = ("loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "sbo_loss", "rtd_loss",
-            "rtd_accuracy", "kd_loss", "cos_loss", "seq_per_sec")
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-        model = json.load(f)["config"]
-    return {"pretrain_steps": steps, "pretrain_seconds": seconds,
-            "layers": model["num_hidden_layers"], "hidden": model["hidden_size"],
-            "first_loss": records[0]["loss"] if records else None,
-            **{f"last_{k}": last[k] for k in keep if k in last}}
+        finetune(load_config(spec, overrides), workdir, programs=programs)
+        _log(f"{variant} {task} seed {seed}: {time.perf_counter() - start:.0f} s")
+    return 0
 
 
-def probe_steps_per_second(args, data: dict, work: str) -> float:
-    """Steady BERT steps per second from a short run (its second logging interval)."""
-    from bench.variants_prep import combo_name
-
-    workdir = os.path.join(work, "probe")
-    steps = args.probe_steps
-    materialized = data.get("source") == "materialized"
-    directory = data[combo_name("nsp", "token")] if materialized else data["nsp"]
-    if not _metrics(workdir):
-        _cli(["pretrain", "--config", f"{EXPERIMENT}:tiny", "--workdir", workdir,
-              *common_overrides(args, steps, directory, data["tokenizer"],
-                                "materialized" if materialized else "tfrecord"),
-              f"--config.log_every={steps // 2}", "--config.objective=nsp"])
-    rates = [r["steps_per_sec"] for r in _metrics(workdir) if "steps_per_sec" in r]
-    return rates[-1]
-
-
-def finetune(args, name: str, init: str, task: str, seed: int, work: str, glue: str,
-             programs) -> tuple[float, str]:
-    """One fine-tuning run in this process; ``programs`` (a FinetunerCache) lets runs of the
-    same shape (seeds, variants with the same encoder shape) share compiled steps. One length
-    bucket: at this size the runs are bound by per-step dispatch, not padding, and every
-    bucket would be one more program to compile per model shape."""
-    workdir = os.path.join(work, "finetune", f"{name}_{task}_seed{seed}")
-    metrics_path = os.path.join(workdir, "metrics.json")
-    if not os.path.exists(metrics_path):
-        from bert_jax.tasks.config import load_config
-        from bert_jax.tasks.finetune import finetune as run_finetune
-
-        config = load_config(f"{GLUE_EXPERIMENT}:{task}", [
-            f"--config.data_dir={os.path.join(glue, TASK_DIRS[task])}",
-            "--config.length_bucket_min=0", "--config.progress_bar=false",
-            f"--config.init_checkpoint={init}", f"--config.seed={seed}",
-            f"--config.epochs={args.epochs}",
-            f"--config.max_train_examples={args.max_train_examples}",
-            f"--config.max_seq_length={args.seq_len}",
-            f"--config.optimizer.learning_rate={args.finetune_learning_rate}",
-            f"--config.model.dtype={args.dtype}", "--config.log_every=1000"])
-        run_finetune(config, workdir, programs=programs)
-    with open(metrics_path, encoding="utf-8") as f:
-        result = json.load(f)
-    split, metric = result["best"]["metric"].split("/")
-    return float(result["final"][split][metric]), f"{metric}"
+def finetune_all(data_root: str, work: str, deadline: Deadline, parallel: int, check: bool
+                 ) -> bool:
+    for name in os.listdir(os.path.join(work, "finetune")) \
+            if os.path.isdir(os.path.join(work, "finetune")) else []:
+        if name.endswith(".claim"):  # claims of runs stopped in an earlier call
+            if not os.path.exists(os.path.join(work, "finetune", name[:-6], "metrics.json")):
+                os.remove(os.path.join(work, "finetune", name))
+    os.makedirs(os.path.join(work, "finetune"), exist_ok=True)
+    procs = {}
+    for i in range(parallel):
+        cmd = [sys.executable, "-m", "bench", "variants", "finetune-worker", "--work", work,
+               "--data-root", data_root, "--deadline-s", str(max(0, deadline.left() - 20)),
+               *(["--check"] if check else [])]
+        procs[str(i)] = _spawn(cmd, os.path.join(work, "finetune", f"worker{i}.log"),
+                               0.9 / parallel)
+    while any(p.poll() is None for p in procs.values()):
+        if deadline.left() < 10:
+            _stop(procs)
+            break
+        time.sleep(2)
+    return all(os.path.exists(os.path.join(finetune_dir(work, *j), "metrics.json"))
+               for j in jobs(check))
 
 
-def write_table(records: list[dict], tasks: list[str], out: str, header: str) -> str:
-    lines = [header, "",
-             "| variant | layers x hidden | pretrain steps (distinct batches) | pretrain s | "
-             "last loss (first) | " + " | ".join(f"{t} (mean ± std)" for t in tasks) + " |",
-             "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in tasks) + " |"]
-    for r in records:
-        scores = []
-        for t in tasks:
-            s = r["tasks"][t]
-            scores.append(f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f} {s['metric']}")
-        first = f"{r['first_loss']:.2f}" if r.get("first_loss") is not None else "-"
-        last = f"{r['last_loss']:.2f}" if r.get("last_loss") is not None else "-"
-        distinct = r.get("distinct_batches") or "live"
-        lines.append(f"| {r['variant']} | {r['layers']} x {r['hidden']} | "
-                     f"{r['pretrain_steps']} ({distinct}) | {r['pretrain_seconds']} | "
-                     f"{last} ({first}) | "
-                     + " | ".join(scores) + " |")
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(out, "variants.md"), "w", encoding="utf-8") as f:
-        f.write(text)
-    return text
+def _time(fn, *args, repeats: int = 5, iters: int = 20) -> float:
+    """Median seconds of one call over ``repeats`` timings of ``iters`` calls (after warm-up)."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = None
+        for _ in range(iters):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / iters)
+    return statistics.median(times)
 
 
-def plot(records: list[dict], tasks: list[str], out: str) -> None:
+def _speed(cfg) -> dict:
+    """Inference (batch 256) and fine-tuning (batch 32, AdamW) sequences/s of a sequence
+    classifier of ``cfg`` at length 128, on random ids."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from bert_jax.modeling import BertForSequenceClassification
+
+    rng = np.random.default_rng(0)
+    model = BertForSequenceClassification(cfg, num_labels=2)
+    ids = jnp.asarray(rng.integers(5, cfg.vocab_size, (256, 128)), jnp.int32)
+    mask = jnp.ones_like(ids)
+    params = model.init(jax.random.PRNGKey(0), ids[:1], mask[:1])["params"]
+    forward = jax.jit(lambda p, x, m: model.apply({"params": p}, x, m)["logits"])
+    tx = optax.adamw(5e-5)
+    labels = jnp.asarray(rng.integers(0, 2, 32))
+
+    def loss(p, x, m, y):
+        logits = model.apply({"params": p}, x, m, deterministic=False,
+                             rngs={"dropout": jax.random.PRNGKey(1)})["logits"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    @jax.jit
+    def step(p, o):
+        grads = jax.grad(loss)(p, ids[:32], mask[:32], labels)
+        updates, o = tx.update(grads, o, p)
+        return optax.apply_updates(p, updates), o
+
+    infer = _time(forward, params, ids, mask)
+    train = _time(lambda p, o: step(p, o)[0], params, tx.init(params))
+    return {"layers": cfg.num_hidden_layers, "inference_seq_per_s": round(256 / infer),
+            "finetune_seq_per_s": round(32 / train)}
+
+
+def speed_and_size(work: str) -> dict:
+    """Parameter counts of every member's encoder, and DistilBERT's inference and fine-tuning
+    speed against its teacher's."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from bert_jax.checkpoint import store
+    from bert_jax.modeling import BertModel
+
+    out: dict = {"params": {}, "speed": {}}
+    ids = jnp.ones((1, 8), jnp.int32)
+    for name in VARIANTS:
+        path = os.path.join(work, "pretrain", name)
+        if not os.path.exists(os.path.join(path, "config.json")):
+            continue
+        cfg, _ = store.read_config(path)
+        shapes = jax.eval_shape(BertModel(cfg, add_pooler=False).init, jax.random.PRNGKey(0),
+                                ids)
+        out["params"][name] = int(sum(np.prod(x.shape) for x in jax.tree.leaves(shapes)))
+        if name in ("bert", "distilbert"):
+            out["speed"][name] = _speed(cfg)
+    return out
+
+
+def collect(work: str, data_root: str) -> list[dict]:
+    """One record per member: pretraining steps, tokens, FLOPs, time, last losses, and per task
+    the seeds' dev scores."""
+    records = []
+    for name in VARIANTS:
+        pre = os.path.join(work, "pretrain", name)
+        rec: dict = {"variant": name, "steps": SETTINGS["steps"](name),
+                     "flops_per_seq": SETTINGS["train_flops"](name), "tasks": {}}
+        marker = os.path.join(pre, "done.json")
+        if os.path.exists(marker):
+            with open(marker, encoding="utf-8") as f:
+                rec["pretrain_seconds"] = json.load(f)["seconds"]
+        metrics_file = os.path.join(pre, "metrics.jsonl")
+        if os.path.exists(metrics_file):
+            with open(metrics_file, encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+            rows = [r for r in rows if "loss" in r]
+            if rows:
+                keep = ("step", "loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy",
+                        "sop_accuracy", "sbo_loss", "rtd_loss", "rtd_accuracy", "kd_loss",
+                        "seq_per_sec")
+                rec["last"] = {k: rows[-1][k] for k in keep if k in rows[-1]}
+                rates = sorted(r["seq_per_sec"] for r in rows if "seq_per_sec" in r)
+                if rates:
+                    rec["median_seq_per_sec"] = rates[len(rates) // 2]
+        for task in TASKS:
+            scores = {}
+            for seed in SEEDS:
+                path = os.path.join(finetune_dir(work, name, task, seed), "metrics.json")
+                if os.path.exists(path):
+                    with open(path, encoding="utf-8") as f:
+                        result = json.load(f)
+                    split = next(k for k in result["final"]
+                                 if isinstance(result["final"][k], dict))
+                    scores[seed] = {k: v for k, v in result["final"][split].items()
+                                    if isinstance(v, (int, float))}
+                    scores[seed]["train_seq_per_s"] = result.get("train_sequences_per_second")
+            if scores:
+                rec["tasks"][task] = scores
+        records.append(rec)
+    return records
+
+
+def gpu(args) -> int:
+    import jax
+
+    from bench import variants_prep
+
+    deadline = Deadline(args.deadline_s)
+    work = os.path.abspath(args.work)
+    os.makedirs(work, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
+    data = variants_prep.unpack(args.data, os.path.join(work, "data"))
+    data_root = os.path.join(work, "data")
+    status = {"pretrained": pretrain_all(data, work, deadline, args.pretrain_parallel,
+                                         args.check)}
+    status["finetuned"] = status["pretrained"] and finetune_all(
+        data_root, work, deadline, args.finetune_parallel, args.check)
+    extra = {}
+    speed_file = os.path.join(work, "speed.json")
+    if status["finetuned"] and not os.path.exists(speed_file) and deadline.left() > 60:
+        # alone on the GPU, after every other process has ended
+        with open(speed_file, "w", encoding="utf-8") as f:
+            json.dump(speed_and_size(work), f)
+    if os.path.exists(speed_file):
+        with open(speed_file, encoding="utf-8") as f:
+            extra = json.load(f)
+    env = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
+           **status, **extra}
+    path = os.path.join(args.out, "variants_h200.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"environment": env}) + "\n")
+        for rec in collect(work, data_root):
+            f.write(json.dumps(rec) + "\n")
+    logs = os.path.join(args.out, "logs.txt")
+    with open(logs, "w", encoding="utf-8") as f:
+        for root, _, names in os.walk(work):
+            for n in sorted(names):
+                if n.endswith(".log"):
+                    with open(os.path.join(root, n), encoding="utf-8", errors="replace") as g:
+                        lines = g.readlines()
+                    f.write(f"==> {os.path.join(root, n)}\n" + "".join(lines[-15:]))
+    done = status["finetuned"] and bool(extra)
+    _log(f"{path}: pretrained {status['pretrained']}, finetuned {status['finetuned']}; "
+         + ("complete" if done else "not complete: run again on this machine to continue"))
+    return 0
+
+
+# ---- report -----------------------------------------------------------------------------
+GLUE_METRIC = {"sst2": "accuracy", "cola": "mcc", "mrpc": "acc_and_f1", "stsb": "corr",
+               "rte": "accuracy"}
+LABELS = {"sst2": "SST-2 acc", "cola": "CoLA MCC", "mrpc": "MRPC acc/F1", "stsb": "STS-B corr",
+          "rte": "RTE acc", "glue": "GLUE avg", "squad": "SQuAD F1", "conll": "CoNLL F1"}
+
+
+def task_scores(rec: dict, task: str) -> dict[int, float]:
+    """{seed: score x 100} of one member on one task (GLUE: the task's main metric;
+    SQuAD and CoNLL: F1); ``glue``: the five tasks' average, per seed that has all five."""
+    if task == "glue":
+        per = [task_scores(rec, t) for t in GLUE]
+        seeds = set.intersection(*(set(p) for p in per)) if all(per) else set()
+        return {s: statistics.fmean(p[s] for p in per) for s in sorted(seeds)}
+    runs = rec["tasks"].get(task, {})
+    out = {}
+    for seed, metrics in runs.items():
+        value = metrics[GLUE_METRIC[task]] if task in GLUE else metrics["f1"]
+        out[int(seed)] = value * 100 if task in GLUE else value  # SQuAD, CoNLL: percent
+    return out
+
+
+def mean_std(scores: dict[int, float]) -> tuple[float, float] | None:
+    if not scores:
+        return None
+    values = list(scores.values())
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _fmt(ms) -> str:
+    return "–" if ms is None else f"{ms[0]:.1f} ± {ms[1]:.1f}"
+
+
+def claims(by: dict[str, dict]) -> list[tuple[str, str, str, str]]:
+    """(claim, member's result, baseline's result, verdict) per claim."""
+    def ms(v, t):
+        return mean_std(task_scores(by[v], t)) if v in by else None
+
+    def verdict(a, b, better=True, ratio=None):
+        if a is None or b is None:
+            return "not measured"
+        if ratio is not None:
+            held = a[0] >= ratio * b[0]
+            return f"{'held' if held else 'did not hold'} ({100 * a[0] / b[0]:.1f}% of BERT)"
+        diff = a[0] - b[0]
+        noise = max(a[1], b[1])
+        held = diff > 0 if better else diff >= 0
+        size = "within the seed spread" if abs(diff) <= noise else "beyond the seed spread"
+        return f"{'held' if held else 'did not hold'} ({diff:+.1f}, {size})"
+
+    bert_glue = ms("bert", "glue")
+    rows = [("ELECTRA: higher GLUE avg than BERT", _fmt(ms("electra", "glue")), _fmt(bert_glue),
+             verdict(ms("electra", "glue"), bert_glue)),
+            ("RoBERTa-style: GLUE avg at least BERT's", _fmt(ms("roberta", "glue")),
+             _fmt(bert_glue), verdict(ms("roberta", "glue"), bert_glue, better=False)),
+            ("SpanBERT: higher SQuAD F1 than BERT", _fmt(ms("spanbert", "squad")),
+             _fmt(ms("bert", "squad")), verdict(ms("spanbert", "squad"), ms("bert", "squad"))),
+            ("ERNIE (CoNLL-train lexicon): higher CoNLL F1 than token masking",
+             _fmt(ms("ernie_lexicon", "conll")), _fmt(ms("bert", "conll")),
+             verdict(ms("ernie_lexicon", "conll"), ms("bert", "conll"))),
+            ("ERNIE (built-in fallback units): higher CoNLL F1 than token masking",
+             _fmt(ms("ernie", "conll")), _fmt(ms("bert", "conll")),
+             verdict(ms("ernie", "conll"), ms("bert", "conll"))),
+            ("DistilBERT: at least 95% of its teacher's GLUE avg",
+             _fmt(ms("distilbert", "glue")), _fmt(bert_glue),
+             verdict(ms("distilbert", "glue"), bert_glue, ratio=0.95))]
+    return rows
+
+
+def report(records_path: str, docs: str) -> int:
+    """Writes the generated part of docs/variants.md and docs/variants.png."""
+    with open(records_path, encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    env = lines[0]["environment"]
+    by = {r["variant"]: r for r in lines[1:]}
+    cols = [*GLUE, "glue", "squad", "conll"]
+    params = env.get("params", {})
+    out = ["| member | steps | GFLOP / sequence | wall s | final loss | MLM acc | other |",
+           "|---|---:|---:|---:|---:|---:|---|"]
+    for name, rec in by.items():
+        last = rec.get("last", {})
+        other = ", ".join(f"{k.replace('_', ' ')} {last[k]:.3f}" for k in
+                          ("nsp_accuracy", "sbo_loss", "rtd_accuracy", "rtd_loss", "kd_loss")
+                          if k in last)
+        out.append(f"| {name} | {rec['steps']:,} | {rec['flops_per_seq'] / 1e9:.1f} | "
+                   f"{rec.get('pretrain_seconds', '–')} | {last.get('loss', float('nan')):.3f} "
+                   f"| {last.get('mlm_accuracy', float('nan')):.3f} | {other} |")
+    out += ["", "| member | pretrain steps | encoder params | "
+           + " | ".join(LABELS[c] for c in cols) + " |",
+           "|---|---:|---:|" + "---:|" * len(cols)]
+    for name, rec in by.items():
+        cells = []
+        for c in cols:
+            cell = _fmt(mean_std(task_scores(rec, c)))
+            cells.append(f"**{cell}**" if c == "glue" else cell)
+        p = params.get(name)
+        out.append(f"| {name} | {rec['steps']:,} | {f'{p / 1e6:.1f} M' if p else '–'} | "
+                   + " | ".join(cells) + " |")
+    out += ["", "| claim | member | baseline (BERT) | at this scale |", "|---|---:|---:|---|"]
+    out += [f"| {c} | {a} | {b} | {v} |" for c, a, b, v in claims(by)]
+    speed = env.get("speed", {})
+    if "bert" in speed and "distilbert" in speed:
+        t, s = speed["bert"], speed["distilbert"]
+        out += ["", "| model | layers | inference seq/s (batch 256) | fine-tuning seq/s "
+                "(batch 32) |", "|---|---:|---:|---:|",
+                f"| BERT (teacher) | {t['layers']} | {t['inference_seq_per_s']:,} | "
+                f"{t['finetune_seq_per_s']:,} |",
+                f"| DistilBERT | {s['layers']} | {s['inference_seq_per_s']:,} "
+                f"({s['inference_seq_per_s'] / t['inference_seq_per_s']:.2f}x) | "
+                f"{s['finetune_seq_per_s']:,} "
+                f"({s['finetune_seq_per_s'] / t['finetune_seq_per_s']:.2f}x) |"]
+    section = "\n".join(out) + "\n"
+    path = os.path.join(docs, "variants.md")
+    with open(path, encoding="utf-8") as f:
+        doc = f.read()
+    begin, end = "<!-- variants:begin -->\n", "<!-- variants:end -->"
+    if begin in doc and end in doc:
+        doc = doc[:doc.index(begin) + len(begin)] + section + doc[doc.index(end):]
+        with open(path, encoding="utf-8", mode="w") as f:
+            f.write(doc)
+    print(section)
+    _plot(by, os.path.join(docs, "variants.png"))
+    return 0
+
+
+def _plot(by: dict[str, dict], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(1.6 * len(records) + 2, 3.5))
-    width = 0.8 / len(tasks)
-    for i, t in enumerate(tasks):
-        xs = [j + i * width for j in range(len(records))]
-        ax.bar(xs, [100 * r["tasks"][t]["mean"] for r in records], width,
-               yerr=[100 * r["tasks"][t]["std"] for r in records], capsize=3,
-               label=f"{t} ({records[0]['tasks'][t]['metric']})")
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(records))])
-    ax.set_xticklabels([r["variant"] for r in records])
-    ax.set_ylabel("dev score x 100 (mean ± std over seeds)")
-    ax.legend(fontsize=8)
+    names = list(by)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for ax, task in zip(axes, ("glue", "squad", "conll"), strict=True):
+        stats = [mean_std(task_scores(by[n], task)) for n in names]
+        xs = [i for i, s in enumerate(stats) if s]
+        ax.bar(xs, [stats[i][0] for i in xs], yerr=[stats[i][1] for i in xs], capsize=3,
+               color=["tab:gray" if names[i] == "bert" else "tab:blue" for i in xs])
+        for i in xs:
+            ax.plot([i] * len(task_scores(by[names[i]], task)),
+                    list(task_scores(by[names[i]], task).values()), "k.", ms=3)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
+        ax.set_title(f"{LABELS[task]} (dev, x100; mean ± sd over seeds, dots = seeds)",
+                     fontsize=9)
+        lows = [stats[i][0] - stats[i][1] for i in xs]
+        if lows:
+            ax.set_ylim(max(0.0, min(lows) - 5), None)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "variants.png"), dpi=120)
-
-
-def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bench variants", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    phase = p.add_mutually_exclusive_group()
-    phase.add_argument("--prepare-only", metavar="DIR",
-                       help="needs tensorflow: write the tokenizer, the batches of every "
-                            "(data, masking) pair and the GLUE files to DIR, packed, and stop "
-                            "(--out holds the intermediate files)")
-    phase.add_argument("--prepared", metavar="DIR",
-                       help="no tensorflow: run everything from DIR (made by --prepare-only), "
-                            "unpacked into --unpack-dir")
-    p.add_argument("--unpack-dir", default=None,
-                   help="--prepared: where the archive is unpacked (default: a folder under "
-                        "the system's temporary directory)")
-    p.add_argument("--corpus", help="directory of plain-text files (not with --prepared)")
-    p.add_argument("--glue", help="GLUE root with MRPC/, CoLA/, ... train.tsv (with "
-                                  "--prepared: default the copy in DIR)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--budget-minutes", type=float, default=None,
-                   help="pretraining wall budget of all seven runs together (BERT's rate); "
-                        "with --prepared the default is the steps DIR was prepared for")
-    p.add_argument("--tasks", default="mrpc,cola")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--model", default="mini", help="bert_jax.config preset of every encoder")
-    p.add_argument("--albert-embedding-size", type=int, default=128)
-    p.add_argument("--vocab-size", type=int, default=8000)
-    p.add_argument("--max-corpus-mb", type=float, default=12.0)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--batches", type=int, default=1200,
-                   help="--prepare-only: batches materialized per (data, masking) pair")
-    p.add_argument("--learning-rate", type=float, default=1e-3)
-    p.add_argument("--shuffle-buffer", type=int, default=2000)
-    p.add_argument("--probe-steps", type=int, default=40)
-    p.add_argument("--steps", type=int, default=0,
-                   help="fixed steps per variant (0: from the budget; --prepare-only: the "
-                        "steps the GPU phase runs by default, 0 = --batches)")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--max-train-examples", type=int, default=2000)
-    p.add_argument("--finetune-learning-rate", type=float, default=1e-4)
-    p.add_argument("--dtype", default=None, help="compute dtype (default: bfloat16 on GPU, "
-                                                 "float32 elsewhere)")
-    p.add_argument("--num-workers", type=int, default=min(8, os.cpu_count() or 1))
-    args = p.parse_args(argv)
-    if args.prepared:
-        if args.corpus:
-            p.error("--corpus: not with --prepared (the data is in the prepared folder)")
-    else:
-        for name in ("corpus", "glue"):
-            if not getattr(args, name):
-                p.error(f"--{name} is required (unless --prepared)")
-        if not args.prepare_only and args.budget_minutes is None and args.steps <= 0:
-            p.error("--budget-minutes or --steps is required (unless --prepared)")
-    if args.batches < 1:
-        p.error(f"--batches {args.batches}: must be >= 1")
-    unknown = [t for t in args.tasks.split(",") if t not in TASK_DIRS]
-    if unknown:
-        p.error(f"--tasks: unknown {unknown}; choose from {sorted(TASK_DIRS)}")
-    bad = [v for v in args.variants.split(",") if v not in VARIANTS]
-    if bad:
-        p.error(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
-    if "distilbert" in args.variants.split(",") and "bert" not in args.variants.split(","):
-        p.error("--variants: distilbert needs bert (its teacher)")
-    return args
-
-
-def use_prepared(args, work: str) -> tuple[dict, dict, float]:
-    """Unpacks ``args.prepared`` and takes its settings; returns (data, prepared settings,
-    seconds). Settings that shape the data come from the folder, never from the flags."""
-    import tempfile
-
-    from bench import variants_prep
-
-    started = time.perf_counter()
-    prepared = variants_prep.read_prepared(args.prepared)
-    missing = [c for c in combos(args.variants.split(",")) if c not in prepared["combos"]]
-    missing_tasks = [t for t in args.tasks.split(",") if t not in prepared["tasks"]
-                     and not args.glue]
-    if missing or missing_tasks:
-        sys.exit(f"--prepared {args.prepared}: prepared without {missing + missing_tasks} "
-                 "(prepare again with these --variants / --tasks, or pass --glue)")
-    for name in ("batch_size", "seq_len", "model"):
-        setattr(args, name, prepared[name])
-    target = args.unpack_dir or os.path.join(
-        tempfile.gettempdir(), f"bert_jax_variants_{prepared['archive_bytes']}")
-    _log(f"unpack {args.prepared} ({prepared['archive_bytes'] / 2 ** 20:.1f} MiB) to {target}")
-    data = {**variants_prep.unpack(args.prepared, target), "source": "materialized"}
-    return data, prepared, time.perf_counter() - started
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    out = os.path.abspath(args.out)
-    work = os.path.join(out, "work")
-    os.makedirs(work, exist_ok=True)
-    if args.prepare_only:
-        prepare_only(args, work)
+    p = argparse.ArgumentParser(prog="python -m bench variants", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    q = sub.add_parser("prepare", help="tensorflow: tokenizer, data, batches, task files")
+    q.add_argument("--corpus", required=True)
+    q.add_argument("--glue", required=True)
+    q.add_argument("--conll", required=True, help="folder with CoNLL-2003 train.txt, valid.txt")
+    q.add_argument("--squad", required=True, help="a SQuAD v1.1 JSON file, split by article")
+    q.add_argument("--out", required=True)
+    q.add_argument("--work", default="variants_work")
+    q.add_argument("--num-workers", type=int, default=2)
+    g = sub.add_parser("gpu", help="pretrain, fine-tune, time; resumable")
+    g.add_argument("--data", required=True, help="the folder `prepare` wrote")
+    g.add_argument("--work", default="variants_work")
+    g.add_argument("--out", required=True)
+    g.add_argument("--deadline-s", type=float, default=560)
+    g.add_argument("--pretrain-parallel", type=int, default=4)
+    g.add_argument("--finetune-parallel", type=int, default=6)
+    g.add_argument("--check", action="store_true",
+                   help="CPU validation: the 2 x 128 model, 20 steps, three members fine-tuned "
+                        "on 64 rows of RTE, SQuAD and CoNLL")
+    w = sub.add_parser("finetune-worker")
+    w.add_argument("--work", required=True)
+    w.add_argument("--data-root", required=True)
+    w.add_argument("--deadline-s", type=float, required=True)
+    w.add_argument("--check", action="store_true")
+    r = sub.add_parser("report", help="the table and plot of docs/variants.md")
+    r.add_argument("records")
+    r.add_argument("--docs", default=os.path.join(REPO, "docs"))
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "prepare":
+        prepare(args)
         return 0
-    import jax
-
-    if args.dtype is None:
-        args.dtype = "bfloat16" if jax.default_backend() == "gpu" else "float32"
-    # The fine-tuning runs of one task differ only in their seed: the same programs, compiled
-    # once and read back from this cache by the other seeds and variants.
-    jax.config.update("jax_compilation_cache_dir", os.path.join(work, "jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    started = time.perf_counter()
-    distinct = None
-    if args.prepared:
-        data, prepared, prep_seconds = use_prepared(args, work)
-        distinct = prepared["batches"]
-        glue = args.glue or data["glue"]
-    else:
-        data = prepare(args, work)
-        prep_seconds = time.perf_counter() - started
-        glue = args.glue
-    variants = args.variants.split(",")
-    steps = args.steps
-    if steps <= 0 and args.budget_minutes is None:
-        steps = prepared["steps"]
-    elif steps <= 0:
-        rate = probe_steps_per_second(args, data, work)
-        steps = max(10, int(args.budget_minutes * 60 / len(variants) * rate))
-        _log(f"probe: BERT at {rate:.2f} steps/s -> {steps} steps per variant")
-    from bert_jax.tasks.trainer import FinetunerCache
-
-    programs = FinetunerCache()
-    tasks = args.tasks.split(",")
-    records = []
-    pretrain_total = finetune_total = 0.0
-    for name in variants:
-        workdir = os.path.join(work, "pretrain", name)
-        t0 = time.perf_counter()
-        record = {"variant": name, **pretrain(args, name, workdir, steps, data,
-                                              os.path.join(work, "pretrain", "bert"))}
-        pretrain_total += time.perf_counter() - t0
-        record["distinct_batches"] = distinct
-        record["tasks"] = {}
-        t0 = time.perf_counter()
-        for task in tasks:
-            scores = []
-            for seed in range(args.seeds):
-                value, metric = finetune(args, name, workdir, task, seed, work, glue, programs)
-                scores.append(value)
-            record["tasks"][task] = {
-                "metric": metric, "scores": scores, "mean": statistics.fmean(scores),
-                "std": statistics.stdev(scores) if len(scores) > 1 else 0.0}
-            _log(f"{name} {task}: {record['tasks'][task]['mean']:.4f} "
-                 f"± {record['tasks'][task]['std']:.4f}")
-        finetune_total += time.perf_counter() - t0
-        records.append(record)
-    total = time.perf_counter() - started
-    device = jax.devices()[0].device_kind
-    command = " ".join(sys.argv[1:] if argv is None else argv)
-    if distinct:
-        data_line = (f"Pretraining data: {distinct} distinct batches per (data, masking) pair, "
-                     f"materialized with the pipeline's dynamic masking; {steps} steps = "
-                     f"{steps / distinct:.1f} passes, so "
-                     + ("every batch is seen once." if steps <= distinct else
-                        "batches repeat with the same masks (cycling)."))
-    else:
-        data_line = "Pretraining data: the live tf.data pipeline, every batch masked afresh."
-    header = (f"Device: {device} ({jax.default_backend()}), jax {jax.__version__}, Python "
-              f"{platform.python_version()}; model preset {args.model}, seq {args.seq_len}, "
-              f"batch {args.batch_size}, {steps} steps each "
-              f"({steps * args.batch_size * args.seq_len:,} tokens); fine-tuning: "
-              f"{args.seeds} seeds, {args.epochs} epochs, at most {args.max_train_examples} "
-              f"train examples. {data_line} Data preparation {prep_seconds:.0f} s, "
-              f"pretraining {pretrain_total:.0f} s, fine-tuning {finetune_total:.0f} s "
-              f"({len(programs)} distinct fine-tuning shapes), total {total:.0f} s.\n"
-              f"Command: python -m bench variants {command}")
-    with open(os.path.join(out, "variants.jsonl"), "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps({**r, "device": device, "steps": steps,
-                                "pretrain_total_seconds": round(pretrain_total, 1),
-                                "finetune_total_seconds": round(finetune_total, 1),
-                                "total_seconds": round(total, 1)}) + "\n")
-    print(write_table(records, tasks, out, header))
-    plot(records, tasks, out)
-    return 0
+    if args.command == "gpu":
+        return gpu(args)
+    if args.command == "finetune-worker":
+        return finetune_worker(args)
+    return report(args.records, args.docs)
 
 
 if __name__ == "__main__":

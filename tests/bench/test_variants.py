@@ -1,105 +1,78 @@
-"""``python -m bench variants`` in two phases: --prepare-only (tensorflow) packs the batches of
-every (data, masking) pair; --prepared rebuilds them and runs without tensorflow."""
+"""``python -m bench variants``: the equal-FLOPs steps, the CoNLL entity lexicon, the job order
+and the claims table, without a model."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-import numpy as np
 import pytest
-from xla_env import cpu_flags
 
-from bench import variants, variants_prep
-from bench.common import REPO
-
-pytestmark = pytest.mark.slow
-
-pytest.importorskip("tensorflow")
-
-TINY = ["--model", "tiny", "--vocab-size", "300", "--batch-size", "8", "--seq-len", "32",
-        "--tasks", "mrpc", "--seeds", "2", "--max-train-examples", "24", "--epochs", "1",
-        "--num-workers", "1", "--variants", "bert,ernie"]
+from bench import variants
 
 
-def write_inputs(root):
-    """A small corpus from the demo texts and an MRPC-format file of sentence pairs."""
-    corpus = root / "corpus"
-    corpus.mkdir()
-    with open(os.path.join(REPO, "bert_jax", "demo_data", "austen-persuasion.txt"),
-              encoding="utf-8") as f:
-        text = f.read()[:60_000]
-    (corpus / "austen.txt").write_text(text)
-    sentences = [s.strip().replace("\n", " ") for s in text.split(".") if len(s.split()) > 6]
-    rng = np.random.default_rng(0)
-    rows = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
-    for i, s in enumerate(sentences[:40]):
-        words = s.split()
-        other = " ".join(rng.permutation(words[:3]).tolist() + words[3:]) if i % 2 \
-            else sentences[-1 - i]
-        rows.append(f"{i % 2}\t{i}\t{1000 + i}\t{s}\t{other}")
-    (root / "glue" / "MRPC").mkdir(parents=True)
-    (root / "glue" / "MRPC" / "train.tsv").write_text("\n".join(rows) + "\n")
-    return corpus, root / "glue"
+def test_steps_spend_bert_flops():
+    steps, flops = variants.SETTINGS["steps"], variants.SETTINGS["train_flops"]
+    bert = flops("bert") * steps("bert")
+    for name in variants.VARIANTS:
+        assert abs(flops(name) * steps(name) / bert - 1) < 1e-3, name
+    # ELECTRA pays for its generator, DistilBERT's half-depth student outweighs the
+    # teacher's forward pass: fewer and more steps than BERT.
+    assert steps("electra") < steps("bert") < steps("distilbert")
+    assert steps("roberta") == steps("ernie") == steps("bert")
 
 
-def test_prepare_then_run_prepared_without_tensorflow(tmp_path):
-    corpus, glue = write_inputs(tmp_path)
-    prep = tmp_path / "prep"
-    assert variants.main(["--prepare-only", str(prep), "--corpus", str(corpus), "--glue",
-                          str(glue), "--out", str(tmp_path / "work"), "--batches", "4",
-                          "--steps", "6", *TINY]) == 0
-    assert sorted(os.listdir(prep)) == [variants_prep.PREPARED_JSON, variants_prep.ARCHIVE]
-    prepared = json.loads((prep / variants_prep.PREPARED_JSON).read_text())
-    assert set(prepared["combos"]) == {"nsp_token", "nsp_knowledge"}
-    assert prepared["batches"] == 4 and prepared["steps"] == 6
-
-    # Unpacked batches are exactly what materialize-batches wrote (masked ids and labels
-    # rebuilt from the shared unmasked ids); knowledge and token masks of one kind differ.
-    paths = variants_prep.unpack(str(prep), str(tmp_path / "unpacked"))
-    for combo in prepared["combos"]:
-        original = tmp_path / "work" / "work" / "materialized" / combo
-        for name in os.listdir(original):
-            if name.endswith(".npy"):
-                np.testing.assert_array_equal(np.load(os.path.join(paths[combo], name)),
-                                              np.load(original / name), err_msg=name)
-    token = np.load(os.path.join(paths["nsp_token"], "masked_lm_positions.npy"))
-    knowledge = np.load(os.path.join(paths["nsp_knowledge"], "masked_lm_positions.npy"))
-    assert not np.array_equal(token, knowledge)
-
-    # The GPU phase in a process where tensorflow cannot be imported, on one device (the
-    # bench's setting; one simulated device also compiles faster than the tests' eight).
-    out = tmp_path / "out"
-    code = ("import sys; sys.modules['tensorflow'] = None; from bench import variants; "
-            f"sys.exit(variants.main(['--prepared', {str(prep)!r}, '--out', {str(out)!r}, "
-            f"'--unpack-dir', {str(tmp_path / 'unpacked2')!r}, '--tasks', 'mrpc', "
-            "'--seeds', '2', '--max-train-examples', '24', '--epochs', '1', "
-            "'--variants', 'bert,ernie']))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True,
-                          env={**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": cpu_flags(1)})
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = [json.loads(line) for line in (out / "variants.jsonl").read_text().splitlines()]
-    assert [r["variant"] for r in records] == ["bert", "ernie"]
-    for r in records:
-        assert r["pretrain_steps"] == 6 and r["distinct_batches"] == 4
-        assert len(r["tasks"]["mrpc"]["scores"]) == 2
-        assert r["last_loss"] == r["last_loss"]  # finite, logged
-    table = (out / "variants.md").read_text()
-    assert "4 distinct batches per (data, masking) pair" in table and "cycling" in table
-    assert "| bert | 2 x 128 | 6 (4) |" in table
-    # The two seeds of a variant, and both variants (one encoder shape), share the programs.
-    assert "(1 distinct fine-tuning shapes)" in table
+def test_conll_lexicon_takes_entities_across_lines(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text("-DOCSTART- -X- -X- O\n\n"
+                    "EU NNP B-NP B-ORG\nrejects VBZ B-VP O\nGerman JJ B-NP B-MISC\n"
+                    "call NN I-NP O\n\n"
+                    "Peter NNP B-NP B-PER\nBlackburn NNP I-NP I-PER\n\n"
+                    "New NNP B-NP B-LOC\nYork NNP I-NP I-LOC\nEU NNP B-NP B-ORG\n")
+    assert variants.conll_lexicon(str(path)) == ["EU", "German", "Peter Blackburn", "New York"]
 
 
-def test_prepared_folder_errors(tmp_path, capsys):
-    with pytest.raises(SystemExit, match="no prepared.json"):
-        variants.main(["--prepared", str(tmp_path), "--out", str(tmp_path / "o")])
-    with pytest.raises(SystemExit):
-        variants.main(["--prepared", str(tmp_path), "--corpus", "c", "--out", "o"])
-    assert "--corpus: not with --prepared" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        variants.main(["--corpus", "c", "--out", "o"])
-    assert "--glue is required" in capsys.readouterr().err
+def test_claim_cells_run_first_and_every_cell_once():
+    jobs = variants.jobs()
+    assert len(jobs) == len(set(jobs)) == len(variants.VARIANTS) * len(variants.TASKS) * 3
+    claim = {(v, t) for v, t in variants.CLAIM_CELLS}
+    first_other = next(i for i, (v, t, _) in enumerate(jobs) if (v, t) not in claim)
+    assert all((v, t) in claim for v, t, _ in jobs[:first_other])
+    assert first_other == len(claim) * 3
+
+
+def _record(name, glue, squad, conll):
+    tasks = {t: {str(s): {variants.GLUE_METRIC[t]: (glue + s) / 100} for s in range(3)}
+             for t in variants.GLUE}
+    tasks["squad"] = {str(s): {"f1": squad + s, "exact_match": 0.0} for s in range(3)}
+    tasks["conll"] = {str(s): {"f1": conll + s} for s in range(3)}
+    return {"variant": name, "steps": 3000, "tasks": tasks}
+
+
+def test_claims_and_report(tmp_path):
+    records = [_record("bert", 60, 30, 70), _record("electra", 64, 30, 70),
+               _record("roberta", 59, 30, 70), _record("spanbert", 60, 35, 70),
+               _record("ernie", 60, 30, 69), _record("ernie_lexicon", 60, 30, 72),
+               _record("albert", 55, 30, 70), _record("distilbert", 57.5, 25, 65)]
+    by = {r["variant"]: r for r in records}
+    assert variants.mean_std(variants.task_scores(by["electra"], "glue")) == \
+        pytest.approx((65.0, 1.0))
+    verdicts = [v.split(" (")[0] for *_, v in variants.claims(by)]
+    assert verdicts == ["held", "did not hold", "held", "held", "did not hold", "held"]
+    assert "95.9% of BERT" in variants.claims(by)[-1][3]
+    env = {"environment": {"device": "test", "params": {"bert": 22_000_000},
+                           "speed": {"bert": {"layers": 6, "inference_seq_per_s": 100,
+                                              "finetune_seq_per_s": 50},
+                                     "distilbert": {"layers": 3, "inference_seq_per_s": 190,
+                                                    "finetune_seq_per_s": 95}}}}
+    path = tmp_path / "records.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [env, *records]) + "\n")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "variants.md").write_text("intro\n<!-- variants:begin -->\nSTALE\n"
+                                      "<!-- variants:end -->\nafter\n")
+    assert variants.main(["report", str(path), "--docs", str(docs)]) == 0
+    text = (docs / "variants.md").read_text()
+    assert "STALE" not in text and text.startswith("intro") and text.endswith("after\n")
+    assert "| electra | 3,000 | – | 65.0 ± 1.0 |" in text
+    assert "190 (1.90x)" in text
+    assert (docs / "variants.png").stat().st_size > 0
