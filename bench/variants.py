@@ -1,7 +1,7 @@
 """The BERT family at equal pretraining compute, fine-tuned on GLUE, SQuAD and CoNLL-2003.
 
 Eight members pretrain the 6 x 512 model of ``experiments/e2e.py`` from one corpus, one
-tokenizer and one set of prepared batches, each for the steps that spend the FLOPs of 3,000
+tokenizer and one set of prepared batches, each for the steps that spend the FLOPs of 2,000
 BERT steps of 256 x 128 (``experiments/variants.py``); then every member is fine-tuned with
 3 seeds. docs/variants.md has the results and what they say.
 
@@ -14,15 +14,16 @@ BERT steps of 256 x 128 (``experiments/variants.py``); then every member is fine
 
 ``scripts/variants_compare.sh`` runs the three in order.
 
-Budget (one H200; the end-to-end run measured 14,000 BERT sequences/s of this model, 1.8 M
-tokens/s, docs/results.md):
-  pretraining  8 members x 98.3 M BERT-equivalent tokens = 786 M tokens = ~7.3 min at that
-               rate (the issue's 200 M tokens per member would be 15 min: halved to fit)
-  fine-tuning  GLUE 5 tasks x 3 seeds x 8 members (SST-2 capped at 8,000 train rows, 3 epochs)
-               + SQuAD (128 tokens, stride 64, 2 epochs) and CoNLL-2003 (3 epochs) x 3 seeds
-               x 8 members: ~90 k steps of batch 32 at ~4 ms, 6 processes at a time, ~6 min
-  speed        DistilBERT against its teacher: ~20 s
-  + two machine starts: ~17 min of the H200 in all.
+Budget, measured on one H200 (jax 0.11.2):
+  pretraining  four processes at a time: the eight members at 2,000 BERT steps (65.5 M
+               tokens each, 524 M in all) take 5.0 min with start-up and compilation, ~14,000
+               BERT sequences/s overall; 200 M tokens each would take ~15 min, which the
+               budget of ~20 minutes for everything could not hold beside the fine-tuning.
+  fine-tuning  8 members x (5 GLUE tasks + SQuAD + CoNLL-2003) x 3 seeds = 168 runs (SST-2
+               capped at 8,000 train rows, 3 epochs; SQuAD 2 epochs at 128 tokens), six
+               processes at a time: the first run of each shape compiles (~80 s), later ones
+               take 7-26 s; ~36 runs per 3 minutes, ~14 min for the table.
+  + a machine start (~1.5 min) per call: ~21 min of the H200 for everything.
 The jobs run in the order of the claims (GLUE of bert, electra, roberta, albert, distilbert;
 SQuAD of bert and spanbert; CoNLL of bert and both ERNIEs; then the other cells), so a
 budget that runs out cuts the table's extra cells first.
@@ -50,7 +51,7 @@ VARIANTS = SETTINGS["VARIANTS"]
 GLUE = {"sst2": "SST-2", "cola": "CoLA", "mrpc": "MRPC", "stsb": "STS-B", "rte": "RTE"}
 TASKS = (*GLUE, "squad", "conll")
 SEEDS = (0, 1, 2)
-BATCHES = 320  # materialized per (kind, masking): 81,920 sequences, ~9 passes at 3,000 steps
+BATCHES = 320  # materialized per (kind, masking): 81,920 sequences, ~6 passes at 2,000 steps
 SST2_TRAIN_ROWS = 8_000
 DATA_MODES = {"nsp": ["--mode", "nsp", "--knowledge-units"], "sop": ["--mode", "sop"],
               "full": ["--mode", "full_sentences"], "nsplex": ["--mode", "nsp"]}

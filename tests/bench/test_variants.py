@@ -45,7 +45,7 @@ def _record(name, glue, squad, conll):
              for t in variants.GLUE}
     tasks["squad"] = {str(s): {"f1": squad + s, "exact_match": 0.0} for s in range(3)}
     tasks["conll"] = {str(s): {"f1": conll + s} for s in range(3)}
-    return {"variant": name, "steps": 3000, "tasks": tasks}
+    return {"variant": name, "steps": 3000, "flops_per_seq": 1.56e10, "tasks": tasks}
 
 
 def test_claims_and_report(tmp_path):
