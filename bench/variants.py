@@ -657,11 +657,13 @@ def report(records_path: str, docs: str) -> int:
         with open(path, encoding="utf-8", mode="w") as f:
             f.write(doc)
     print(section)
-    _plot(by, os.path.join(docs, "variants.png"))
+    _plot(by, os.path.join(docs, "variants.png"),
+          f"{env.get('device', '?')}, jax {env.get('jax', '?')}, {env.get('date', '')}: "
+          f"{os.path.basename(records_path)}")
     return 0
 
 
-def _plot(by: dict[str, dict], path: str) -> None:
+def _plot(by: dict[str, dict], path: str, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -684,6 +686,11 @@ def _plot(by: dict[str, dict], path: str) -> None:
         lows = [stats[i][0] - stats[i][1] for i in xs]
         if lows:
             ax.set_ylim(max(0.0, min(lows) - 5), None)
+        else:
+            ax.set_yticks([])
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center",
+                    transform=ax.transAxes, color="gray")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
