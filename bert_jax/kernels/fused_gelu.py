@@ -67,13 +67,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from bert_jax.kernels.fused_norm import (
-    _flat,
-    per_shard,
-    rows_per_shard,
-    split_axes,
-    unsplit_row_spec,
-)
 from bert_jax.kernels.row_tiles import (
     TRANSPOSED_BLOCKS,
     TileSettings,
@@ -87,6 +80,7 @@ from bert_jax.kernels.row_tiles import (
     quantized,
     tile_amax,
 )
+from bert_jax.kernels.sharding import WHOLE, RowShards, flat, per_shard, rows_per_shard
 
 _SQRT_HALF = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
@@ -261,35 +255,21 @@ def _backward_call(g, y, b, s: TileSettings):
 
 
 # ---------------------------------------------------------------------------------------------
-# Per shard: [batch, ..., width] arrays flattened to rows; split over the mesh's batch axes.
-
-def mlp_split_axes():
-    """The mesh axes that split the intermediate (logical ``mlp``) axis under the entered mesh
-    (None: unsplit, split one way, or no mesh); the kernels need it unsplit."""
-    return split_axes("mlp")
-
-
-def _row_spec():
-    """(mesh, batch mesh axes) when the kernels must run per shard, else (None, None)."""
-    return unsplit_row_spec(
-        "mlp", "the fused bias + GELU kernel needs the intermediate axis unsplit (logical "
-        "axis 'mlp' is mapped to mesh axes {axes}); set BertConfig.fused_gelu='auto' (XLA's "
-        "fusions there) or 'off'")
-
+# Per shard (``s.shards``): [batch, ..., width] arrays flattened to rows.
 
 def _forward(y, b, s: TileSettings):
     def local(y, b):
-        return (_forward_call(_flat(y), b, s).reshape(y.shape),)
+        return (_forward_call(flat(y), b, s).reshape(y.shape),)
 
-    return per_shard(local, (y,), (b,), (y.ndim,), _row_spec)[0]
+    return per_shard(local, (y,), (b,), (y.ndim,), s.shards)[0]
 
 
 def _backward(g, y, b, s: TileSettings):
     def local(g, y, b):
-        dx, sums = _backward_call(_flat(g), _flat(y), b, s)
+        dx, sums = _backward_call(flat(g), flat(y), b, s)
         return dx.reshape(y.shape), sums
 
-    return per_shard(local, (g, y), (b,), (y.ndim, 2), _row_spec)
+    return per_shard(local, (g, y), (b,), (y.ndim, 2), s.shards)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -312,7 +292,8 @@ _bias_gelu.defvjp(_bias_gelu_fwd, _bias_gelu_bwd)
 
 def bias_gelu(y, b, *, block_rows: int | None = None, block_cols: int | None = None,
               num_warps: int | None = None, sum_blocks: int | None = None,
-              num_stages: int | None = None, interpret: bool | None = None):
+              num_stages: int | None = None, interpret: bool | None = None,
+              shards: RowShards = WHOLE):
     """``gelu_erf(y + b)`` (``reference.gelu_erf``, exact erf GELU) computed in float32, returned in
     ``y.dtype``, one kernel each way. ``y`` is [..., width] (e.g. [batch, seq, width]; under a
     mesh the first axis is the batch), ``b`` [width]. The bias gradient comes back in
@@ -320,17 +301,19 @@ def bias_gelu(y, b, *, block_rows: int | None = None, block_cols: int | None = N
     (row blocks per backward program) default to :func:`blocks_for` (rows per shard) and are
     fitted to the shape (powers of two dividing the rows per shard and the width);
     ``num_stages`` > 1 (default :data:`BACKWARD_STAGES`) software-pipelines the backward's
-    loop over row blocks. ``interpret``
-    (Pallas interpret mode) defaults to "not on a GPU"."""
+    loop over row blocks. ``interpret`` (Pallas interpret mode) defaults to "not on a GPU".
+    ``shards``: run per batch shard of a mesh (the width whole); default one call on the
+    whole arrays."""
     s = tile_settings(y, b, block_rows=block_rows, block_cols=block_cols, num_warps=num_warps,
-                      sum_blocks=sum_blocks, num_stages=num_stages, interpret=interpret)
+                      sum_blocks=sum_blocks, num_stages=num_stages, interpret=interpret,
+                      shards=shards)
     return _bias_gelu(y, b, s)
 
 
 def tile_settings(y, b, *, block_rows: int | None = None, block_cols: int | None = None,
                   num_warps: int | None = None, sum_blocks: int | None = None,
                   num_stages: int | None = None, interpret: bool | None = None,
-                  transposed: bool = False) -> TileSettings:
+                  transposed: bool = False, shards: RowShards = WHOLE) -> TileSettings:
     """The kernels' settings for ``y`` [..., width] and bias ``b`` [width] (see
     :func:`bias_gelu` for the arguments), after checking the shapes; with ``transposed`` the
     defaults of the float8 kernels that also write transposed copies
@@ -345,13 +328,13 @@ def tile_settings(y, b, *, block_rows: int | None = None, block_cols: int | None
     if not supported(width):
         raise ValueError(f"bias_gelu needs a width divisible by 16; got y {y.shape}")
     interpret = interpret_default(interpret)
-    rows = rows_per_shard(y, _row_spec)
+    rows = rows_per_shard(y, shards)
     block_rows, block_cols, num_warps, sum_blocks, num_stages = fit_tile(
         blocks_for(rows, (block_rows, block_cols, num_warps), sum_blocks,
                    TRANSPOSED_BLOCKS if transposed else BLOCKS), rows, width,
         (None, None, None, None, BACKWARD_STAGES if num_stages is None else num_stages))
     return TileSettings(block_rows, block_cols, num_warps, interpret, sum_blocks,
-                        num_stages, COLS_FASTEST)
+                        num_stages, COLS_FASTEST, shards)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,11 +419,11 @@ def forward_fp8(y, b, scale, dtype, s: TileSettings, transposed: bool = False):
     inv = inverse_columns(scale, y.shape[-1])
 
     def local(y, b, inv):
-        q, amax, *qt = _forward_fp8_call(_flat(y), b, inv, dtype, s, transposed)
+        q, amax, *qt = _forward_fp8_call(flat(y), b, inv, dtype, s, transposed)
         return q.reshape(y.shape), amax, *qt
 
     q, amax, *qt = per_shard(local, (y,), (b, inv), (y.ndim, 2) + (2,) * transposed,
-                             _row_spec, (0, 0) + (1,) * transposed)
+                             s.shards, (0, 0) + (1,) * transposed)
     return (q, *qt, jnp.max(amax))
 
 
@@ -452,12 +435,12 @@ def backward_fp8(g, y, b, scale, dtype, s: TileSettings, transposed: bool = Fals
     inv = inverse_columns(scale, y.shape[-1])
 
     def local(g, y, b, inv):
-        dq, sums, amax, *dqt = _backward_fp8_call(_flat(g), _flat(y), b, inv, dtype, s,
+        dq, sums, amax, *dqt = _backward_fp8_call(flat(g), flat(y), b, inv, dtype, s,
                                                   transposed)
         return dq.reshape(y.shape), sums, amax, *dqt
 
     dq, sums, amax, *dqt = per_shard(local, (g, y), (b, inv),
-                                     (y.ndim, 2, 2) + (2,) * transposed, _row_spec,
+                                     (y.ndim, 2, 2) + (2,) * transposed, s.shards,
                                      (0, 0, 0) + (1,) * transposed)
     return (dq, *dqt, jnp.sum(sums, axis=0), jnp.max(amax))
 

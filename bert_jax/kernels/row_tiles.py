@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from bert_jax.kernels.flash import fit_block
+from bert_jax.kernels.sharding import WHOLE, RowShards
 
 # The tile (block_rows, block_cols, num_warps) of the float8 kernels that also write their
 # tile transposed (``fused_gelu``'s with ``transposed=True``, ``fp8_cast``): a tile is then
@@ -44,6 +45,8 @@ class TileSettings:
     num_stages: int = 1
     # Launch order: column tiles fastest (consecutive programs stream consecutive memory).
     cols_fastest: bool = True
+    # Where the kernels run: whole arrays, or per batch shard of a mesh.
+    shards: RowShards = WHOLE
 
 
 def fit_tile(tuned, rows: int, width: int, given) -> tuple[int, int, int, int, int]:

@@ -23,6 +23,7 @@ from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.kernels import fused_gelu
 from bert_jax.kernels.dropout import Dropout, salt_from_rng
+from bert_jax.modeling import placement
 from bert_jax.modeling.attention import (
     dropout_attention,
     dropout_attention_packed,
@@ -105,14 +106,13 @@ def use_fused_norm(config: BertConfig) -> bool:
     if config.layer_norm_impl == "fused":
         return True
     from bert_jax.kernels import fused_norm
-    from bert_jax.kernels.platform import target_platform
 
-    if config.layer_norm_impl != "auto" or target_platform() != "gpu":
+    if config.layer_norm_impl != "auto" or placement.target_platform() != "gpu":
         return False
 
     if config.hidden_dropout_impl != "hash" or config.dropout_hash != "rowcol":
         return False
-    return fused_norm.supported(config.hidden_size) and fused_norm.hidden_split_axes() is None
+    return fused_norm.supported(config.hidden_size) and placement.hidden_split_axes() is None
 
 
 class FusedResidualNorm(nn.Module):
@@ -146,7 +146,8 @@ class FusedResidualNorm(nn.Module):
             residual, y, b, scale, bias, salt=salt, rate=rate, epsilon=cfg.layer_norm_eps,
             out_dtype=dtype, block_rows=rows, num_warps=warps, recompute=recompute,
             sum_blocks=cfg.norm_sum_blocks,
-            split_output=self.split_output and cfg.split_norm_grads)
+            split_output=self.split_output and cfg.split_norm_grads,
+            shards=placement.norm_shards())
 
 
 def hidden_dropout(config: BertConfig) -> Dropout:
@@ -451,11 +452,13 @@ def _fp8_gelu_mlp(cfg: BertConfig, mlp_in: Projection, x):
     x, kernel_in, bias_in, kernel_out, bias_out = nn.dtypes.promote_dtype(
         x, kernel_in, bias_in, kernel_out, bias_out, dtype=cfg.dtype)
     if cfg.fp8_gelu_transpose:  # the transposing kernels' own tiles
-        tiles = fused_gelu.tile_settings(h, bias_in, transposed=True)
+        tiles = fused_gelu.tile_settings(h, bias_in, transposed=True,
+                                         shards=placement.gelu_shards())
     else:
         rows, cols, warps = (None, None, None) if cfg.gelu_blocks is None else cfg.gelu_blocks
         tiles = fused_gelu.tile_settings(h, bias_in, block_rows=rows, block_cols=cols,
-                                         num_warps=warps, sum_blocks=cfg.gelu_sum_blocks)
+                                         num_warps=warps, sum_blocks=cfg.gelu_sum_blocks,
+                                         shards=placement.gelu_shards())
     return (fp8_gelu_mlp(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles,
                          cfg.fp8_gelu_transpose, use_fp8_cast(cfg)), bias_out)
 

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
 from bert_jax.kernels import fused_xent
-from bert_jax.kernels.platform import target_platform
 from bert_jax.kernels.reference import NEG_INF, decode, logits_cross_entropy
+from bert_jax.modeling import placement
 from bert_jax.modeling.encoder import (
     BertModel,
     dense,
@@ -107,8 +107,8 @@ def _use_fused_mlm_loss(decoder: MLMDecoder | None, fused: str) -> bool:
     applies = fused_xent.supported(decoder.table.shape[0])
     if fused == "force":
         return applies
-    return (applies and target_platform() == "gpu"
-            and fused_xent.vocab_split_axes() is None)
+    return (applies and placement.target_platform() == "gpu"
+            and placement.split_axes("vocab") is None)
 
 
 def mlm_cross_entropy(outputs: dict[str, Any], ids, config: BertConfig):
@@ -119,7 +119,8 @@ def mlm_cross_entropy(outputs: dict[str, Any], ids, config: BertConfig):
     passes over ``outputs["mlm_logits"]`` (the same values up to float32 summation order)."""
     decoder = outputs.get("mlm_decoder")
     if _use_fused_mlm_loss(decoder, config.fused_mlm_loss):
-        return fused_xent.decode_cross_entropy(decoder.hidden, decoder.table, decoder.bias, ids)
+        return fused_xent.decode_cross_entropy(decoder.hidden, decoder.table, decoder.bias, ids,
+                                               shards=placement.xent_shards())
     return logits_cross_entropy(outputs["mlm_logits"], ids)
 
 

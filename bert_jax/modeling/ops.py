@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.kernels import fused_gelu
-from bert_jax.kernels.platform import target_platform
 from bert_jax.kernels.reference import gelu_erf
+from bert_jax.modeling import placement
 
 
 def activation(name: str):
@@ -82,8 +82,8 @@ def use_fused_gelu(y, bias, name: str, fused: str) -> bool:
                and fused_gelu.supported(y.shape[-1]))
     if fused == "force":
         return applies
-    return (applies and target_platform() == "gpu"
-            and fused_gelu.mlp_split_axes() is None)
+    return (applies and placement.target_platform() == "gpu"
+            and placement.split_axes("mlp") is None)
 
 
 def add_bias_activate(y, bias, name: str, *, fused: str = "off", blocks: tuple | None = None,
@@ -98,7 +98,8 @@ def add_bias_activate(y, bias, name: str, *, fused: str = "off", blocks: tuple |
     if use_fused_gelu(y, bias, name, fused):
         rows, cols, warps = (None, None, None) if blocks is None else blocks
         return fused_gelu.bias_gelu(y, bias, block_rows=rows, block_cols=cols,
-                                    num_warps=warps, sum_blocks=sum_blocks)
+                                    num_warps=warps, sum_blocks=sum_blocks,
+                                    shards=placement.gelu_shards())
     return _add_bias_activate(y, bias, name)
 
 

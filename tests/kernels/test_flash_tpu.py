@@ -11,8 +11,8 @@ import pytest
 from packing import assert_packed_equals_alone, segment_ids
 
 from bert_jax.kernels import flash, flash_tpu
-from bert_jax.kernels.platform import target_platform, targeting
 from bert_jax.modeling.attention import resolve_dropout_implementation
+from bert_jax.parallel import target_platform, targeting
 
 
 def _inputs(seed, batch=2, seq=64, heads=2, dim=32, dtype=jnp.float32):

@@ -18,6 +18,7 @@ from bert_jax.config import BertConfig, get_preset
 from bert_jax.errors import BertJaxError
 from bert_jax.kernels import fused_norm
 from bert_jax.kernels.dropout import hash_dropout, salt_from_rng
+from bert_jax.kernels.sharding import WHOLE, RowShards
 
 
 def _inputs(shape=(2, 16, 96), dtype=jnp.float32, seed=0):
@@ -160,16 +161,17 @@ def test_per_shard_under_a_mesh_matches_one_device(sum_blocks, split):
 
     r, y, b, gamma, beta, salt = _inputs(shape=(4, 16, 64))
 
-    def loss(r, y, b, gamma, beta):
+    def loss(r, y, b, gamma, beta, shards=WHOLE):
         out = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=0.1,
-                                                     sum_blocks=sum_blocks, split_output=split)
+                                                     sum_blocks=sum_blocks, split_output=split,
+                                                     shards=shards)
         a, c = out if split else (out, out)
         return jnp.sum(a * jnp.cos(c))
 
     want = jax.value_and_grad(loss, range(5))(r, y, b, gamma, beta)
     mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
-    fn = parallel.traced_in_mesh(jax.value_and_grad(loss, range(5)), mesh,
-                                 parallel.DEFAULT_RULES)
+    shards = RowShards(mesh, ("data", "fsdp"))
+    fn = jax.value_and_grad(functools.partial(loss, shards=shards), range(5))
     got = jax.jit(fn)(r, y, b, gamma, beta)
     text = jax.jit(fn).lower(r, y, b, gamma, beta).as_text()
     assert text.count("manual_computation") + text.count("shard_map") >= 2  # fwd + bwd
@@ -325,9 +327,9 @@ def test_uneven_batch_under_a_mesh_falls_back_to_one_call():
 
     r, y, b, gamma, beta, _ = _inputs(shape=(3, 16, 64))
     mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
-    fn = parallel.traced_in_mesh(
-        lambda r, y: fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta), mesh,
-        parallel.DEFAULT_RULES)
+    shards = RowShards(mesh, ("data", "fsdp"))
+    fn = functools.partial(fused_norm.residual_dropout_layer_norm, b=b, gamma=gamma, beta=beta,
+                           shards=shards)
     np.testing.assert_allclose(jax.jit(fn)(r, y), fused_norm.reference(r, y, b, gamma, beta),
                                rtol=1e-5, atol=1e-5)
 
