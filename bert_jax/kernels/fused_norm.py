@@ -4,8 +4,8 @@ Each BERT sublayer ends in ``LayerNorm(residual + dropout(y + b))``, where ``y``
 projection's matmul and ``b`` its bias. XLA compiles this, with its backward pass, into four
 to six memory-bound kernels per sublayer that each read a [tokens, hidden] array again: the
 statistics, the normalization, the parameter-gradient column sums, the input gradient, the
-dropout's gradient and the bias gradient (24 sublayers, ~7 ms of a 54 ms Base/128 step on an
-H100; ``bench/profile_step.py``). Here one forward kernel reads ``residual`` and ``y`` once and
+dropout's gradient and the bias gradient (24 sublayers in BERT-Base; ``bench/profile_step.py``
+shows their share of a step). Here one forward kernel reads ``residual`` and ``y`` once and
 writes the output, and one backward kernel reads the output gradient, ``residual`` and ``y``
 once and writes both input gradients plus partial sums of the three parameter gradients, one
 [3 x hidden] row per program (summed by XLA afterwards in one reduction). With
@@ -63,11 +63,10 @@ class NormSettings:
 
 
 # Kernel settings (block_rows, num_warps, recompute, sum_blocks) from ``python -m bench kernels
-# --kernel norm`` on an H100 (docs/performance.md). Long row counts: 2 rows x 1 warp, 8 row
-# blocks per backward program (Base/128 at batch 256: 237 us forward + backward against 330 for
-# 16 rows x 8 warps and XLA's 346; Large/512 at batch 32: 159 vs 227 and 238; the step +3.4%
-# and +2.5%). Short ones: 4 rows x 2 warps (Base/128 at batch 32: 77 vs XLA's 79 us). Callers
-# override them for every shape (``BertConfig.norm_blocks``, ``norm_sum_blocks``).
+# --kernel norm`` sweeps (docs/performance.md, "Kernels against XLA"): many rows per shard
+# run fastest in small tiles, 2 rows x 1 warp, with 8 row blocks per backward program; few
+# rows in 4 rows x 2 warps. Callers override them for every shape (``kernels.norm_blocks``,
+# ``norm_sum_blocks``).
 LONG_BLOCKS = (2, 1, True, 8)
 SHORT_BLOCKS = (4, 2, True, 1)
 LONG_ROWS = 16384  # rows per shard from which LONG_BLOCKS apply

@@ -4,11 +4,10 @@ kernels (Triton on GPUs).
 The MLM loss reads the float32 logits of every masked position over the whole (padded)
 vocabulary: [batch x predictions, 30,592] at BERT's vocabulary, 626 MB at Base/128 with batch
 256 (20 predictions per sequence). XLA runs the loss and its gradient as four passes over that
-array (``bench/profile_step.py`` on an H100, Base/128): the row max (0.22 ms) and the
-exponential sum (0.22 ms) of the forward's logsumexp, the backward's ``softmax - one_hot``
-that writes the bfloat16 logit gradient for the two decoder matmuls (0.41 ms), and the bias
-gradient's column sum over the float32 gradient (0.31 ms): 1.15 ms against the 0.47 ms that
-one read of the logits plus one bfloat16 write of their gradient take at the HBM bandwidth.
+array: the row max and the exponential sum of the forward's logsumexp, the backward's
+``softmax - one_hot`` that writes the bfloat16 logit gradient for the two decoder matmuls, and
+the bias gradient's column sum over the float32 gradient, where one read of the logits plus
+one bfloat16 write of their gradient would do.
 
 Here the decoder matmul and the loss are one custom VJP (:func:`decode_cross_entropy`), so the
 logit gradient never exists in float32:
@@ -30,18 +29,13 @@ masked logits) up to float32 summation order; ``correct`` bit for bit (same floa
 ``logits + bias``). Padded vocabulary entries are excluded by the caller's bias (``NEG_INF``
 there, ``heads.masked_bias``): their ``exp`` underflows to 0 and their gradient is 0.
 
-Measured on an H100 (``python -m bench kernels --kernel xent``): the loss with its three gradients
-at Base/128's [5,120 predictions x 30,592] 2,322 -> 1,626 us (XLA's passes -> these kernels,
-the decoder matmuls included in both), at [2,432 x 30,592] (near Large/512 at batch 32, which
-has 2,560 predictions) 1,286 -> 967; in the step's profile the forward kernel reads the logits
-at 2.82 TB/s (0.22 ms) and the backward moves its 939 MB at 2.97 TB/s (0.32 ms), 84% and 89% of
-the nominal 3.35. The Base/128 step: +2.0%, 0.7 GiB less peak memory (the float32 logit
-gradient is gone). Every tile of the sweep (8-64 rows x 64-128 columns, 2-8 warps) was within
-3% of the default.
+Both kernels run near the memory bandwidth, and the float32 logit gradient no longer exists,
+which lowers the step's peak memory (docs/performance.md, "Kernels against XLA"); the tile
+matters little (every tile of the sweep was close to the default).
 
-Under a device mesh the kernels run per batch shard (``shard_map``) with the vocabulary axis
-unsplit (``vocab_split_axes``; ``BertConfig.fused_mlm_loss='auto'`` falls back to XLA where it
-is split).
+Under a device mesh the kernels run per batch shard (``shards``, ``shard_map``) with the
+vocabulary axis unsplit (the model checks it, ``modeling/placement.py``;
+``kernels.fused_mlm_loss='auto'`` falls back to XLA where it is split).
 On the CPU they run in Pallas interpret mode (tests).
 """
 

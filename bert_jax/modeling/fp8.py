@@ -20,8 +20,8 @@ a handful of operations on two arrays per step, whatever the number of matmuls.
 
 :func:`fp8_gelu_mlp` is the MLP (two such matmuls around the GELU) for the fused GELU
 kernels, which then write the activation and its gradient in float8 themselves
-(``BertConfig.fp8_gelu_quantize``), and transposed for the weight gradients
-(``BertConfig.fp8_gelu_transpose``).
+(``BertConfig.kernels.fp8_gelu_quantize``), and transposed for the weight gradients
+(``BertConfig.kernels.fp8_gelu_transpose``).
 
 An apply without the collection multiplies in the compute dtype (evaluation, fine-tuning,
 export of a model pretrained in FP8).

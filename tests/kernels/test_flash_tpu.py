@@ -231,7 +231,7 @@ def test_model_training_step_same_on_both_kernels():
     probe = jax.random.normal(jax.random.key(3), (2, 32, cfg.hidden_size))
 
     def loss(p, impl):
-        out = BertModel(cfg.replace(dropout_attention_impl=impl)).apply(
+        out = BertModel(cfg.with_kernels(dropout_attention_impl=impl)).apply(
             p, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(2)})
         return jnp.mean(out["sequence_output"] * probe)
 

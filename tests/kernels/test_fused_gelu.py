@@ -243,9 +243,9 @@ def test_model_with_fused_gelu_matches_xla():
     loss and gradients with fused_gelu="force" (the kernels, with the config's tiles) equal
     those with "off"."""
     from bert_jax import modeling
-    from bert_jax.config import get_preset
+    from bert_jax.config import KernelOptions, get_preset
 
-    cfg = get_preset("tiny", vocab_size=128, fused_gelu="off")
+    cfg = get_preset("tiny", vocab_size=128, kernels=KernelOptions(fused_gelu="off"))
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
     mask = jnp.ones_like(ids)
     positions = jnp.tile(jnp.arange(1, 4)[None], (2, 1))
@@ -259,12 +259,12 @@ def test_model_with_fused_gelu_matches_xla():
         return loss
 
     want = jax.jit(jax.value_and_grad(loss_of(cfg)))(params)
-    fused = cfg.replace(fused_gelu="force", gelu_blocks=(8, 64, 1), gelu_sum_blocks=2)
+    fused = cfg.with_kernels(fused_gelu="force", gelu_blocks=(8, 64, 1), gelu_sum_blocks=2)
     jaxpr = str(jax.make_jaxpr(loss_of(fused))(params))
     assert jaxpr.count(" name=bert_bias_gelu_forward") == 3
     tile = "block_shape=(Blocked(block_size=8), Blocked(block_size=64))"  # gelu_blocks
     assert tile in jaxpr
-    assert tile not in str(jax.make_jaxpr(loss_of(fused.replace(gelu_blocks=None)))(params))
+    assert tile not in str(jax.make_jaxpr(loss_of(fused.with_kernels(gelu_blocks=None)))(params))
     got = jax.jit(jax.value_and_grad(loss_of(fused)))(params)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         _close(g, w, 1e-5, "model")

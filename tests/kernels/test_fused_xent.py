@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from triton_lowering import cuda_lowering_text
 
-from bert_jax.config import BertConfig
+from bert_jax.config import BertConfig, KernelOptions
 from bert_jax.kernels import fused_xent
 from bert_jax.kernels.sharding import WHOLE, RowShards
 from bert_jax.modeling import heads
@@ -174,7 +174,8 @@ def test_split_vocab_axis_is_refused_and_auto_falls_back(monkeypatch):
         decoder = heads.MLMDecoder(h, table, bias)
         return heads.mlm_cross_entropy({"mlm_decoder": decoder,
                                         "mlm_logits": jnp.einsum("...e,ve->...v", h, table)
-                                        + bias}, ids, BertConfig(fused_mlm_loss="auto"))
+                                        + bias}, ids,
+                                       BertConfig(kernels=KernelOptions(fused_mlm_loss="auto")))
 
     text = str(jax.make_jaxpr(parallel.traced_in_mesh(routed, mesh, parallel.DEFAULT_RULES))(
         h, table, bias, ids))
@@ -236,7 +237,7 @@ def test_pretraining_loss_through_the_kernels_matches_xla():
     params = jax.jit(model.init)(k[2], ids, batch["input_mask"])["params"]
 
     def loss_of(fused):
-        config = cfg.replace(fused_mlm_loss=fused)
+        config = cfg.with_kernels(fused_mlm_loss=fused)
 
         def loss(p):
             sums = steps.loss_sums(steps._apply(model, p, batch), batch, True, config)
