@@ -190,8 +190,8 @@ class BertConfig:
     """Architecture and numerics of a BERT (or ALBERT-style) encoder.
 
     Architecture fields use Hugging Face / Google names so configs round-trip. Runtime fields
-    (dtypes, attention implementation, kernel choices and tiles, scan, remat) do not change
-    the parameters.
+    (dtypes, scan, remat, FP8, and the kernel options in ``kernels``) do not change the
+    parameters.
     """
 
     vocab_size: int = 30522
