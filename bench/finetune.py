@@ -21,6 +21,7 @@ from bench.levers import (
     kernel_lever_record,
     model_choice_fields,
     model_choice_record,
+    model_fields,
 )
 from bench.pretrain import (
     add_common_arguments,
@@ -44,12 +45,12 @@ def model_config(args):
     from bert_jax.config import get_preset
 
     layers = {"num_hidden_layers": int(args.layers)} if args.layers else {}
+    fields = model_fields({"attention_impl": args.attention,
+                           "dropout_attention_impl": args.dropout_impl,
+                           **model_choice_fields(args), **kernel_lever_fields(args)})
     return get_preset(args.model, **layers, dtype="bfloat16", param_dtype="float32",
-                      attention_impl=args.attention,
                       attention_probs_dropout_prob=float(args.attention_dropout),
-                      hidden_dropout_prob=float(args.hidden_dropout_rate),
-                      dropout_attention_impl=args.dropout_impl,
-                      **model_choice_fields(args), **kernel_lever_fields(args),
+                      hidden_dropout_prob=float(args.hidden_dropout_rate), **fields,
                       scan_layers=bool(args.scan), remat_policy=args.remat,
                       vocab_size=int(args.vocab_size), vocab_pad_multiple=int(args.vocab_pad))
 

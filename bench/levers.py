@@ -7,7 +7,7 @@
   ``--hidden-dropout``, ``--dropout-hash``, ``--qkv``, ``--layer-norm``,
   ``--residual-dtype``) and its kernel choices (:data:`KERNEL_LEVERS`: ``--fused-gelu``,
   ``--fused-mlm-loss``, ``--norm-blocks``, ...), defined once for every benchmark. A lever
-  is a BertConfig field passed to ``get_preset``; nothing patches a module.
+  is a BertConfig or KernelOptions field (:func:`model_fields`); nothing patches a module.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import os
 
 from bert_jax.xla_flags import COLLECTIVE_OVERLAP, TRITON_GEMM_OFF
 
-# bench option -> BertConfig field it sets (choices and default come from bert_jax.config).
+# bench option -> BertConfig or KernelOptions field it sets (choices and default come from
+# bert_jax.config).
 MODEL_CHOICES = {"hidden_dropout": "hidden_dropout_impl", "dropout_hash": "dropout_hash",
                  "qkv": "qkv_projection", "layer_norm": "layer_norm_impl",
                  "residual_dtype": "residual_dtype"}
@@ -25,12 +26,34 @@ MODEL_CHOICES = {"hidden_dropout": "hidden_dropout_impl", "dropout_hash": "dropo
 
 def add_model_choice_arguments(ap: argparse.ArgumentParser) -> None:
     """One option per :data:`MODEL_CHOICES` entry (docs/pretraining.md, runtime fields)."""
-    from bert_jax.config import CHOICE_FIELDS, BertConfig
+    from bert_jax.config import CHOICE_FIELDS, KERNEL_CHOICE_FIELDS, BertConfig
 
     defaults = BertConfig()
     for option, field in MODEL_CHOICES.items():
-        ap.add_argument("--" + option.replace("_", "-"), default=getattr(defaults, field),
-                        choices=CHOICE_FIELDS[field], help=f"model.{field}")
+        kernel = field in KERNEL_CHOICE_FIELDS
+        ap.add_argument("--" + option.replace("_", "-"),
+                        default=getattr(defaults.kernels if kernel else defaults, field),
+                        choices=(KERNEL_CHOICE_FIELDS if kernel else CHOICE_FIELDS)[field],
+                        help=f"model.{model_path(field)}")
+
+
+def model_path(field: str) -> str:
+    """Where a BertConfig or KernelOptions field lives under an experiment's model section."""
+    from bert_jax.config import KERNEL_FIELDS
+
+    return f"kernels.{field}" if field in KERNEL_FIELDS else field
+
+
+def model_fields(fields: dict) -> dict:
+    """``{field: value}`` of BertConfig and KernelOptions fields as ``get_preset`` keywords:
+    the kernel options gathered under ``kernels``."""
+    from bert_jax.config import KERNEL_FIELDS, KernelOptions
+
+    out = {k: v for k, v in fields.items() if k not in KERNEL_FIELDS}
+    kernels = {k: v for k, v in fields.items() if k in KERNEL_FIELDS}
+    if kernels:
+        out["kernels"] = KernelOptions(**kernels)
+    return out
 
 
 def model_choice_fields(args) -> dict:
@@ -113,7 +136,7 @@ def _gelu_blocks(spec: str) -> tuple:
     return _int_tuple(spec, 3)
 
 
-# bench option -> (BertConfig field, parser, choices, default, help). The default is the
+# bench option -> (KernelOptions field, parser, choices, default, help). The default is the
 # field's default in bert_jax.config; only values that differ from it reach the config.
 KERNEL_LEVERS = {
     "fused_gelu": ("fused_gelu", str, ("auto", "off", "force"), "auto",
@@ -159,7 +182,7 @@ def add_kernel_lever_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def kernel_lever_fields(args) -> dict:
-    """``{BertConfig field: value}`` of the kernel levers that differ from the defaults."""
+    """``{KernelOptions field: value}`` of the kernel levers that differ from the defaults."""
     return {field: getattr(args, option)
             for option, (field, _, _, default, _) in KERNEL_LEVERS.items()
             if getattr(args, option, default) != default}

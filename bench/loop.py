@@ -29,6 +29,7 @@ from bench.levers import (
     kernel_lever_record,
     model_choice_fields,
     model_choice_record,
+    model_path,
 )
 from bench.pretrain import (
     add_common_arguments,
@@ -92,11 +93,11 @@ def loop_overrides(args, data_dir: str, peak: float) -> list[str]:
     other = "fsdp" if mesh == "data" else "data"
     values = {
         "model.preset": args.model, "model.dtype": "bfloat16", "model.param_dtype": "float32",
-        "model.attention_impl": args.attention,
+        "model.kernels.attention_impl": args.attention,
         "model.attention_probs_dropout_prob": args.attention_dropout,
-        "model.dropout_attention_impl": args.dropout_impl,
-        **{f"model.{field}": value for field, value in model_choice_fields(args).items()},
-        **{f"model.{field}": value for field, value in kernel_lever_fields(args).items()},
+        "model.kernels.dropout_attention_impl": args.dropout_impl,
+        **{f"model.{model_path(field)}": value
+           for field, value in {**model_choice_fields(args), **kernel_lever_fields(args)}.items()},
         "model.scan_layers": args.scan, "model.remat_policy": args.remat,
         "model.vocab_size": args.vocab_size, "model.vocab_pad_multiple": args.vocab_pad,
         **({"model.num_hidden_layers": args.layers} if args.layers else {}),

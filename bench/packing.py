@@ -77,7 +77,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dropout", type=float, default=0.1,
                     help="hidden and attention dropout (default 0.1)")
     ap.add_argument("--dropout-impl", default="auto",
-                    help="model.dropout_attention_impl (auto: flash on GPU, explicit on CPU)")
+                    help="model.kernels.dropout_attention_impl (auto: flash on GPU, explicit "
+                         "on CPU)")
     add_out_argument(ap)
     return ap.parse_args(argv)
 
@@ -198,7 +199,7 @@ def take_batches(rows: dict[str, np.ndarray], batch_size: int, count: int, keys,
 
 # ---- steps -----------------------------------------------------------------------------------
 def model_config(args, vocab_size: int):
-    from bert_jax.config import get_preset
+    from bert_jax.config import KernelOptions, get_preset
 
     sizes = {}
     if args.layers:
@@ -209,7 +210,7 @@ def model_config(args, vocab_size: int):
     return get_preset(args.model, vocab_size=vocab_size, dtype=args.dtype, **sizes,
                       param_dtype="float32", hidden_dropout_prob=args.dropout,
                       attention_probs_dropout_prob=args.dropout,
-                      dropout_attention_impl=args.dropout_impl)
+                      kernels=KernelOptions(dropout_attention_impl=args.dropout_impl))
 
 
 def _optimizer():

@@ -67,8 +67,8 @@ def add_common_arguments(ap: argparse.ArgumentParser, batch_size: int) -> None:
                          "dropout-free comparison with plain Flax")
     ap.add_argument("--dropout-impl", default="auto",
                     choices=["auto", "explicit", "flash"],
-                    help="attention with dropout: model.dropout_attention_impl (auto = the "
-                         "flash kernel on GPU, explicit = einsum path)")
+                    help="attention with dropout: model.kernels.dropout_attention_impl (auto = "
+                         "the flash kernel on GPU, explicit = einsum path)")
     add_model_choice_arguments(ap)
     add_kernel_lever_arguments(ap)
     ap.add_argument("--scan", action="store_true", help="scan over layers")
@@ -114,13 +114,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--fp8", action="store_true",
                     help="model.fp8: the encoder layers' matmuls in FP8 (delayed scaling)")
     ap.add_argument("--fp8-gelu-quantize", default="on", choices=["on", "off"],
-                    help="model.fp8_gelu_quantize: under --fp8, the GELU kernels write the MLP "
-                         "activation and its gradient in float8 (off: XLA quantizes them)")
+                    help="model.kernels.fp8_gelu_quantize: under --fp8, the GELU kernels "
+                         "write the MLP activation and its gradient in float8 (off: XLA "
+                         "quantizes them)")
     ap.add_argument("--fp8-gelu-transpose", default="on", choices=["on", "off"],
-                    help="model.fp8_gelu_transpose: the GELU kernels also write those float8 "
-                         "tensors transposed for the weight gradients (off: XLA transposes)")
+                    help="model.kernels.fp8_gelu_transpose: the GELU kernels also write "
+                         "those float8 tensors transposed for the weight gradients (off: XLA "
+                         "transposes)")
     ap.add_argument("--fp8-cast-kernel", default="on", choices=["on", "off"],
-                    help="model.fp8_cast_kernel: the FP8 matmuls' inputs and gradients "
+                    help="model.kernels.fp8_cast_kernel: the FP8 matmuls' inputs and gradients "
                          "quantized, with transposed copies, by one Pallas kernel (off: XLA)")
     return ap.parse_args(argv)
 
@@ -203,6 +205,7 @@ def time_steps(step, state, batches, rng, steps: int, repeats: int, warmup: int)
 # ---- pretraining ------------------------------------------------------------------------------
 def experiment_config(args: argparse.Namespace):
     """The experiment ConfigDict the loop would get for these benchmark options."""
+    from bert_jax.config import KERNEL_FIELDS
     from bert_jax.training.config import base_config
 
     c = base_config()
@@ -211,21 +214,21 @@ def experiment_config(args: argparse.Namespace):
         c.model.num_hidden_layers = int(args.layers)
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "float32"
-    c.model.attention_impl = args.attention
+    c.model.kernels.attention_impl = args.attention
     c.model.attention_probs_dropout_prob = float(args.attention_dropout)
     c.model.hidden_dropout_prob = float(args.hidden_dropout_rate)
-    c.model.dropout_attention_impl = args.dropout_impl
-    c.model.update(model_choice_fields(args))
-    for field, value in kernel_lever_fields(args).items():
-        c.model[field] = value
+    c.model.kernels.dropout_attention_impl = args.dropout_impl
+    for field, value in {**model_choice_fields(args), **kernel_lever_fields(args)}.items():
+        section = c.model.kernels if field in KERNEL_FIELDS else c.model
+        section[field] = value
     c.model.scan_layers = bool(args.scan)
     c.model.remat_policy = args.remat
     c.model.vocab_size = int(args.vocab_size)
     c.model.vocab_pad_multiple = int(args.vocab_pad)
     c.model.fp8 = bool(getattr(args, "fp8", False))
-    c.model.fp8_gelu_quantize = getattr(args, "fp8_gelu_quantize", "on") == "on"
-    c.model.fp8_gelu_transpose = getattr(args, "fp8_gelu_transpose", "on") == "on"
-    c.model.fp8_cast_kernel = getattr(args, "fp8_cast_kernel", "on") == "on"
+    c.model.kernels.fp8_gelu_quantize = getattr(args, "fp8_gelu_quantize", "on") == "on"
+    c.model.kernels.fp8_gelu_transpose = getattr(args, "fp8_gelu_transpose", "on") == "on"
+    c.model.kernels.fp8_cast_kernel = getattr(args, "fp8_cast_kernel", "on") == "on"
     c.data.source = "synthetic"
     c.data.max_seq_length = args.seq_len
     c.data.max_predictions_per_seq = masked_positions(args.seq_len)

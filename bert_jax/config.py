@@ -50,18 +50,139 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_approx", "relu", "tanh")
 # BertConfig fields restricted to a set of values (checked in __post_init__).
 CHOICE_FIELDS = {
     "hidden_act": ACTIVATIONS, "pooler_activation": ACTIVATIONS, "dtype": DTYPES,
-    "param_dtype": DTYPES,
+    "param_dtype": DTYPES, "residual_dtype": RESIDUAL_DTYPES, "remat_policy": REMAT_POLICIES,
+    "model_type": MODEL_TYPES,
+}
+# KernelOptions fields restricted to a set of values.
+KERNEL_CHOICE_FIELDS = {
     "attention_impl": ATTENTION_IMPLS, "dropout_attention_impl": DROPOUT_ATTENTION_IMPLS,
     "hidden_dropout_impl": HIDDEN_DROPOUT_IMPLS, "dropout_hash": DROPOUT_HASHES,
-    "qkv_projection": QKV_PROJECTIONS,
-    "layer_norm_impl": LAYER_NORM_IMPLS, "residual_dtype": RESIDUAL_DTYPES,
-    "remat_policy": REMAT_POLICIES,
-    "fused_gelu": KERNEL_CHOICES, "fused_mlm_loss": KERNEL_CHOICES, "model_type": MODEL_TYPES,
+    "qkv_projection": QKV_PROJECTIONS, "layer_norm_impl": LAYER_NORM_IMPLS,
+    "fused_gelu": KERNEL_CHOICES, "fused_mlm_loss": KERNEL_CHOICES,
 }
+KERNEL_BOOL_FIELDS = ("split_norm_grads", "direct_weight_grads", "flash_bias_grads",
+                      "fp8_gelu_quantize", "fp8_gelu_transpose", "fp8_cast_kernel")
 # Kernel tile overrides: field -> (the type of each entry: int (positive) or bool, what they are).
 BLOCK_FIELDS = {"norm_blocks": ((int, int, bool), "(block_rows, num_warps, recompute)"),
                 "gelu_blocks": ((int, int, int), "(block_rows, block_cols, num_warps)")}
 SUM_BLOCK_FIELDS = ("norm_sum_blocks", "gelu_sum_blocks")
+
+
+def _bad(owner: str):
+    """``bad(key, msg)``: raises the BertJaxError of an invalid ``owner.key``."""
+    def bad(key, msg):
+        raise BertJaxError(f"invalid {owner}.{key}: {msg}")
+    return bad
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """How the encoder computes, not what: attention backends, dropout masks, the Pallas
+    kernels and their tiles (``bert_jax/kernels/``). Every choice gives the same parameters;
+    the values agree up to float32 summation order (dropout masks: the same distribution).
+    ``BertConfig.kernels``; in experiment configs ``model.kernels.<field>``."""
+
+    attention_impl: str = "auto"  # xla | cudnn | splash | auto (cudnn on GPU, else xla)
+    # With attention dropout active: explicit einsum | flash (Pallas kernel with in-kernel
+    # dropout, bert_jax/kernels/flash.py) | flash_tpu (its TPU counterpart, the same masks,
+    # bert_jax/kernels/flash_tpu.py) | auto (flash on GPU, flash_tpu on TPU where shapes allow).
+    dropout_attention_impl: str = "auto"
+    hidden_dropout_impl: str = "hash"  # hash | prng (see HIDDEN_DROPOUT_IMPLS)
+    dropout_hash: str = "rowcol"  # rowcol | flat (see DROPOUT_HASHES)
+    qkv_projection: str = "packed"  # packed | split | fused (see QKV_PROJECTIONS)
+    layer_norm_impl: str = "auto"  # auto | two_stage | flax | fused (see LAYER_NORM_IMPLS)
+    # Kernel choices (KERNEL_CHOICES): the erf GELU after the MLP's first projection as the
+    # bias + GELU kernel pair (bert_jax/kernels/fused_gelu.py; the intermediate axis unsplit),
+    # and the MLM loss as the fused decoder + softmax cross-entropy (bert_jax/kernels/
+    # fused_xent.py; the vocabulary axis unsplit).
+    fused_gelu: str = "auto"
+    fused_mlm_loss: str = "auto"
+    # Gradient paths (same values either way, up to float32 summation order): the fused
+    # LayerNorm's backward kernel adds the gradients of its output's two consumers as it reads
+    # them (False: XLA sums them first, one more pass over [tokens, hidden] per sublayer);
+    # projection weight gradients as one dot_general in the kernel's own layout (False: JAX's
+    # transpose rule, [out, in] then a transpose); the flash kernel's backward sums the
+    # query/key/value bias gradients as it writes dQ, dK, dV (False: XLA's column sums).
+    split_norm_grads: bool = True
+    direct_weight_grads: bool = True
+    flash_bias_grads: bool = True
+    # Kernel tiles for every shape, in place of the per-shape defaults (None): the fused
+    # LayerNorm's (block_rows, num_warps, recompute) and row blocks per backward program
+    # (fused_norm.blocks_for), the bias + GELU kernels' (block_rows, block_cols, num_warps)
+    # and row blocks per backward program (fused_gelu.blocks_for).
+    norm_blocks: tuple | None = None
+    norm_sum_blocks: int | None = None
+    gelu_blocks: tuple | None = None
+    gelu_sum_blocks: int | None = None
+    # Under ``BertConfig.fp8`` with the fused GELU kernels: the GELU kernels write the MLP's
+    # activation, and its gradient, directly in float8 (``modeling/fp8.py: fp8_gelu_mlp``)
+    # instead of XLA quantizing their bf16 outputs in separate passes.
+    fp8_gelu_quantize: bool = True
+    # With ``fp8_gelu_quantize``: the GELU kernels also write those float8 tensors transposed,
+    # [intermediate, tokens], the layout of the MLP's weight-gradient GEMMs (FP8 GEMMs take
+    # operands only with the contracted axis innermost), instead of XLA transposing them.
+    fp8_gelu_transpose: bool = True
+    # Under ``fp8`` with the fused LayerNorm kernels: every FP8 matmul's input and output
+    # gradient are quantized by one Pallas kernel (``kernels/fp8_cast.py``) that also writes
+    # the transposed copy the weight gradient takes and the maximum, instead of XLA's
+    # separate cast, maximum and transpose.
+    fp8_cast_kernel: bool = True
+
+    def __post_init__(self):
+        bad = _bad("BertConfig.kernels")
+        # JSON stores tuples as lists: back to tuples (the options stay hashable).
+        for key in BLOCK_FIELDS:
+            if isinstance(getattr(self, key), list):
+                object.__setattr__(self, key, tuple(getattr(self, key)))
+        for key, choices in KERNEL_CHOICE_FIELDS.items():
+            if getattr(self, key) not in choices:
+                bad(key, f"{getattr(self, key)!r} is not one of {choices}")
+        for key in KERNEL_BOOL_FIELDS:
+            if not isinstance(getattr(self, key), bool):
+                bad(key, f"expected true or false, got {getattr(self, key)!r}")
+        for key, (types, entries) in BLOCK_FIELDS.items():
+            value = getattr(self, key)
+            if value is not None and (
+                    not isinstance(value, tuple) or len(value) != len(types)
+                    or not all(_entry_ok(v, t) for v, t in zip(value, types, strict=False))):
+                bad(key, f"expected None or {len(types)} values {entries} (positive integers"
+                    f"{', recompute true or false' if bool in types else ''}), got {value!r}")
+        for key in SUM_BLOCK_FIELDS:
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value <= 0):
+                bad(key, f"expected None or a positive integer, got {value!r}")
+        if self.layer_norm_impl == "fused" and (self.hidden_dropout_impl != "hash"
+                                                or self.dropout_hash != "rowcol"):
+            bad("layer_norm_impl", "'fused' draws its dropout mask from the rowcol hash: it "
+                "needs hidden_dropout_impl='hash' and dropout_hash='rowcol' (got "
+                f"{self.hidden_dropout_impl!r}, {self.dropout_hash!r})")
+
+    def replace(self, **changes: Any) -> KernelOptions:
+        unknown = sorted(set(changes) - set(KERNEL_FIELDS))
+        if unknown:
+            raise BertJaxError(f"unknown BertConfig.kernels field(s) {unknown}; valid: "
+                               f"{sorted(KERNEL_FIELDS)}")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> KernelOptions:
+        unknown = sorted(set(data) - set(KERNEL_FIELDS))
+        if unknown:
+            raise BertJaxError(f"{source}: unknown BertConfig.kernels key(s) {unknown}")
+        return cls(**data)
+
+
+KERNEL_FIELDS = tuple(f.name for f in dataclasses.fields(KernelOptions))
+
+
+def moved_field_message(name: str, prefix: str = "") -> str | None:
+    """Where a field that left BertConfig for :class:`KernelOptions` lives now (``prefix``:
+    how the caller names the model, e.g. ``--config.model.``), or None for other names."""
+    if name not in KERNEL_FIELDS:
+        return None
+    return (f"{prefix}{name} moved to {prefix}kernels.{name} (the kernel options are one "
+            "sub-config, BertConfig.kernels)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +190,8 @@ class BertConfig:
     """Architecture and numerics of a BERT (or ALBERT-style) encoder.
 
     Architecture fields use Hugging Face / Google names so configs round-trip. Runtime fields
-    (dtypes, attention implementation, kernel choices and tiles, scan, remat) do not change
-    the parameters.
+    (dtypes, scan, remat, FP8, and the kernel options in ``kernels``) do not change the
+    parameters.
     """
 
     vocab_size: int = 30522
@@ -101,69 +222,25 @@ class BertConfig:
     vocab_pad_multiple: int = 128
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"
-    attention_impl: str = "auto"  # xla | cudnn | splash | auto (cudnn on GPU, else xla)
-    # With attention dropout active: explicit einsum | flash (Pallas kernel with in-kernel
-    # dropout, bert_jax/kernels/flash.py) | flash_tpu (its TPU counterpart, the same masks,
-    # bert_jax/kernels/flash_tpu.py) | auto (flash on GPU, flash_tpu on TPU where shapes allow).
-    dropout_attention_impl: str = "auto"
-    hidden_dropout_impl: str = "hash"  # hash | prng (see HIDDEN_DROPOUT_IMPLS)
-    dropout_hash: str = "rowcol"  # rowcol | flat (see DROPOUT_HASHES)
-    qkv_projection: str = "packed"  # packed | split | fused (see QKV_PROJECTIONS)
-    layer_norm_impl: str = "auto"  # auto | two_stage | flax | fused (see LAYER_NORM_IMPLS)
     residual_dtype: str = "compute"  # compute | float32 (see RESIDUAL_DTYPES)
     scan_layers: bool = False
     remat_policy: str = "none"
-    # Kernel choices (KERNEL_CHOICES): the erf GELU after the MLP's first projection as the
-    # bias + GELU kernel pair (bert_jax/kernels/fused_gelu.py; the intermediate axis unsplit),
-    # and the MLM loss as the fused decoder + softmax cross-entropy (bert_jax/kernels/
-    # fused_xent.py; the vocabulary axis unsplit).
-    fused_gelu: str = "auto"
-    fused_mlm_loss: str = "auto"
-    # Gradient paths (same values either way, up to float32 summation order): the fused
-    # LayerNorm's backward kernel adds the gradients of its output's two consumers as it reads
-    # them (False: XLA sums them first, one more pass over [tokens, hidden] per sublayer);
-    # projection weight gradients as one dot_general in the kernel's own layout (False: JAX's
-    # transpose rule, [out, in] then a transpose); the flash kernel's backward sums the
-    # query/key/value bias gradients as it writes dQ, dK, dV (False: XLA's column sums).
-    split_norm_grads: bool = True
-    direct_weight_grads: bool = True
-    flash_bias_grads: bool = True
-    # Kernel tiles for every shape, in place of the per-shape defaults (None): the fused
-    # LayerNorm's (block_rows, num_warps, recompute) and row blocks per backward program
-    # (fused_norm.blocks_for), the bias + GELU kernels' (block_rows, block_cols, num_warps)
-    # and row blocks per backward program (fused_gelu.blocks_for).
-    norm_blocks: tuple | None = None
-    norm_sum_blocks: int | None = None
-    gelu_blocks: tuple | None = None
-    gelu_sum_blocks: int | None = None
     # The encoder layers' matmuls (query/key/value, attention output, MLP in and out) in FP8
     # with delayed per-tensor scaling over the maxima of the last ``fp8_amax_history`` steps
     # (bert_jax/modeling/fp8.py): e4m3 forward, e5m2 gradients; for Hopper GPUs. The
     # pretraining step keeps the scales; elsewhere the matmuls run in ``dtype``.
     fp8: bool = False
     fp8_amax_history: int = 1024
-    # Under ``fp8`` with the fused GELU kernels: the GELU kernels write the MLP's activation,
-    # and its gradient, directly in float8 (``modeling/fp8.py: fp8_gelu_mlp``) instead of XLA
-    # quantizing their bf16 outputs in separate passes.
-    fp8_gelu_quantize: bool = True
-    # With ``fp8_gelu_quantize``: the GELU kernels also write those float8 tensors transposed,
-    # [intermediate, tokens], the layout of the MLP's weight-gradient GEMMs (FP8 GEMMs take
-    # operands only with the contracted axis innermost), instead of XLA transposing them.
-    fp8_gelu_transpose: bool = True
-    # Under ``fp8`` with the fused LayerNorm kernels: every FP8 matmul's input and output
-    # gradient are quantized by one Pallas kernel (``kernels/fp8_cast.py``) that also writes
-    # the transposed copy the weight gradient takes and the maximum, instead of XLA's
-    # separate cast, maximum and transpose.
-    fp8_cast_kernel: bool = True
+    # Attention backends, dropout masks, Pallas kernels and their tiles (no effect on the
+    # parameters): see KernelOptions.
+    kernels: KernelOptions = dataclasses.field(default_factory=KernelOptions)
 
     def __post_init__(self):
-        def bad(key, msg):
-            raise BertJaxError(f"invalid BertConfig.{key}: {msg}")
-
-        # JSON stores tuples as lists: back to tuples (the config stays hashable).
-        for key in BLOCK_FIELDS:
-            if isinstance(getattr(self, key), list):
-                object.__setattr__(self, key, tuple(getattr(self, key)))
+        bad = _bad("BertConfig")
+        if isinstance(self.kernels, dict):  # from JSON, or a caller's dict of options
+            object.__setattr__(self, "kernels", KernelOptions.from_dict(self.kernels))
+        if not isinstance(self.kernels, KernelOptions):
+            bad("kernels", f"expected KernelOptions or a dict, got {self.kernels!r}")
 
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                     "intermediate_size", "max_position_embeddings", "type_vocab_size",
@@ -184,17 +261,8 @@ class BertConfig:
         for key, choices in CHOICE_FIELDS.items():
             if getattr(self, key) not in choices:
                 bad(key, f"{getattr(self, key)!r} is not one of {choices}")
-        for key in ("split_norm_grads", "direct_weight_grads", "flash_bias_grads", "fp8",
-                    "fp8_gelu_quantize", "fp8_gelu_transpose", "fp8_cast_kernel"):
-            if not isinstance(getattr(self, key), bool):
-                bad(key, f"expected true or false, got {getattr(self, key)!r}")
-        for key, (types, entries) in BLOCK_FIELDS.items():
-            value = getattr(self, key)
-            if value is not None and (
-                    not isinstance(value, tuple) or len(value) != len(types)
-                    or not all(_entry_ok(v, t) for v, t in zip(value, types, strict=False))):
-                bad(key, f"expected None or {len(types)} values {entries} (positive integers"
-                    f"{', recompute true or false' if bool in types else ''}), got {value!r}")
+        if not isinstance(self.fp8, bool):
+            bad("fp8", f"expected true or false, got {self.fp8!r}")
         if (not isinstance(self.fp8_amax_history, int) or isinstance(self.fp8_amax_history, bool)
                 or self.fp8_amax_history <= 0):
             bad("fp8_amax_history", f"expected a positive integer, got "
@@ -202,16 +270,6 @@ class BertConfig:
         if self.fp8 and self.share_layers:
             bad("fp8", "FP8 scaling keeps one state per layer; shared layers (share_layers) "
                 "have one layer used many times")
-        for key in SUM_BLOCK_FIELDS:
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value <= 0):
-                bad(key, f"expected None or a positive integer, got {value!r}")
-        if self.layer_norm_impl == "fused" and (self.hidden_dropout_impl != "hash"
-                                                or self.dropout_hash != "rowcol"):
-            bad("layer_norm_impl", "'fused' draws its dropout mask from the rowcol hash: it "
-                "needs hidden_dropout_impl='hash' and dropout_hash='rowcol' (got "
-                f"{self.hidden_dropout_impl!r}, {self.dropout_hash!r})")
         if not isinstance(self.position_offset, int) or not (
                 0 <= self.position_offset < self.max_position_embeddings):
             bad("position_offset", f"expected an integer in [0, max_position_embeddings="
@@ -242,6 +300,7 @@ class BertConfig:
         return (self.vocab_size + m - 1) // m * m
 
     def replace(self, **changes: Any) -> BertConfig:
+        _refuse_moved_fields(changes)
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise BertJaxError(f"unknown BertConfig field(s) {unknown}; valid: "
@@ -256,14 +315,21 @@ class BertConfig:
         (``model.init`` traces a forward pass that the program then drops)."""
         xla = {"attention_impl": "xla", "dropout_attention_impl": "explicit",
                "layer_norm_impl": "two_stage", "fused_gelu": "off", "fused_mlm_loss": "off"}
-        return self.replace(**{k: v for k, v in xla.items()
-                               if not only_auto or getattr(self, k) == "auto"})
+        return self.with_kernels(**{k: v for k, v in xla.items()
+                                    if not only_auto or getattr(self.kernels, k) == "auto"})
+
+    def with_kernels(self, **changes: Any) -> BertConfig:
+        """This model with some :class:`KernelOptions` fields changed."""
+        return dataclasses.replace(self, kernels=self.kernels.replace(**changes))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> BertConfig:
+        """From :meth:`to_dict`'s form; configs saved before the kernel options became one
+        sub-config (their fields at the top level) load too."""
+        data = with_kernel_options_nested(data)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -319,6 +385,7 @@ class BertConfig:
             data = json.loads(storage.read_text(path))
         except json.JSONDecodeError as e:
             raise BertJaxError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+        _refuse_moved_fields(overrides)
         if data.get("format") == "bert_jax":
             data = dict(data["config"])
             data.update(overrides)
@@ -343,13 +410,26 @@ class BertConfig:
 # Fields that change how the model computes but not its parameters' shapes or meaning: a run
 # may set them differently from the checkpoint it starts from.
 RUNTIME_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range",
-                  "dtype", "param_dtype", "attention_impl",
-                  "dropout_attention_impl", "hidden_dropout_impl", "dropout_hash",
-                  "qkv_projection", "layer_norm_impl", "residual_dtype", "scan_layers",
-                  "remat_policy", "fused_gelu", "fused_mlm_loss", "split_norm_grads",
-                  "direct_weight_grads", "flash_bias_grads", "norm_blocks", "norm_sum_blocks",
-                  "gelu_blocks", "gelu_sum_blocks", "fp8", "fp8_amax_history",
-                  "fp8_gelu_quantize", "fp8_gelu_transpose", "fp8_cast_kernel")
+                  "dtype", "param_dtype", "residual_dtype", "scan_layers", "remat_policy",
+                  "fp8", "fp8_amax_history", "kernels")
+
+
+def _refuse_moved_fields(changes: dict[str, Any]) -> None:
+    for key in changes:
+        message = moved_field_message(key, "BertConfig.")
+        if message:
+            raise BertJaxError(f"{message}: use .with_kernels({key}=...)")
+
+
+def with_kernel_options_nested(data: dict[str, Any]) -> dict[str, Any]:
+    """A saved config's dict with the kernel options of the earlier flat layout (fields such
+    as ``layer_norm_impl`` at the top level) moved under ``kernels``; other dicts unchanged."""
+    flat = {k: v for k, v in data.items() if k in KERNEL_FIELDS}
+    if not flat:
+        return data
+    nested = {k: v for k, v in data.items() if k not in KERNEL_FIELDS}
+    nested["kernels"] = {**flat, **dict(data.get("kernels") or {})}
+    return nested
 
 
 def _entry_ok(value: Any, kind: type) -> bool:

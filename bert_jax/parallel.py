@@ -14,6 +14,7 @@ each process's local rows with ``jax.make_array_from_process_local_data``.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import math
@@ -29,6 +30,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bert_jax.errors import BertJaxError
+from bert_jax.sharding import mesh_axes_size, shard_map_unchecked
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -282,12 +284,6 @@ def batch_divisor(mesh: Mesh, rules: Rules) -> int:
     return mesh_axes_size(mesh, batch_sharding(mesh, rules, 1).spec[0])
 
 
-def mesh_axes_size(mesh: Mesh, axes: str | Sequence[str] | None) -> int:
-    """How many ways one PartitionSpec entry (an axis name, a tuple of them, None) splits."""
-    names = (axes,) if isinstance(axes, str) else (axes or ())
-    return math.prod(mesh.shape[a] for a in names)
-
-
 # The mesh ``traced_in_mesh`` entered, for the model code traced under it. Our own context
 # variable: JAX's ``with mesh:`` is deprecated (and never reached Flax's constraints), and
 # ``jax.set_mesh`` cannot be entered inside ``jax.jit``.
@@ -313,25 +309,37 @@ def constrain(x, logical_axes: Sequence[str | None]):
     return nn.with_logical_constraint(x, tuple(logical_axes), mesh=mesh)
 
 
-def shard_map_unchecked(fn: Callable[..., Any], mesh: Mesh, in_specs, out_specs):
-    """``shard_map`` without replication checks (for Pallas calls, which the checks cannot
-    see through), on jax versions with ``jax.shard_map`` (``check_vma``) and older ones
-    (``jax.experimental.shard_map``, ``check_rep``)."""
-    shard_map = getattr(jax, "shard_map", None)
-    kwargs = {"check_vma": False}
-    if shard_map is None:  # older jax
-        from jax.experimental.shard_map import shard_map
-        kwargs = {"check_rep": False}
-    return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **kwargs)
+# The platform the traced computation will run on, for choosing kernels at trace time.
+# ``jax.default_backend()`` names where this process runs; a step compiled ahead of time for
+# TPU devices on a CPU machine (``bert_jax/tpu/compile.py``) runs elsewhere.
+_TARGET_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "bert_jax_target_platform", default=None)
+
+
+def target_platform() -> str:
+    """``tpu`` / ``gpu`` / ``cpu``: the platform recorded by :func:`targeting` (inside
+    :func:`traced_in_mesh`: its mesh's), else the default backend."""
+    return _TARGET_PLATFORM.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def targeting(platform: str | None):
+    """Within this block, :func:`target_platform` is ``platform`` (None: unchanged)."""
+    if platform is None:
+        yield
+        return
+    token = _TARGET_PLATFORM.set("gpu" if platform == "cuda" else platform)
+    try:
+        yield
+    finally:
+        _TARGET_PLATFORM.reset(token)
 
 
 def traced_in_mesh(fn: Callable[..., Any], mesh: Mesh, rules: Rules) -> Callable[..., Any]:
     """Wraps ``fn`` so that it traces inside ``mesh`` and the logical-axis ``rules``: the
-    model's activation constraints (:func:`constrain`) then take effect, and kernels are
-    picked for the mesh's platform (``kernels/platform.py``; a TPU mesh compiled ahead of time
-    on a CPU machine gets the TPU kernels)."""
-    from bert_jax.kernels.platform import targeting
-
+    model's activation constraints (:func:`constrain`) then take effect, and the model picks
+    its kernels for the mesh's platform (:func:`target_platform`; a TPU mesh compiled ahead
+    of time on a CPU machine gets the TPU kernels)."""
     platform = mesh.devices.flat[0].platform  # kernels are chosen for the mesh's devices
 
     @functools.wraps(fn)

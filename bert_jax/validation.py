@@ -100,7 +100,8 @@ def check_optimizer(check: Checker, *, warmup_steps_allow: Iterable[int] = (),
 def check_model(check: Checker, config) -> None:
     """The numbers of the ``model`` section (BertConfig fields, None = the preset's): dropout
     probabilities in [0, 1], ``initializer_range`` and ``layer_norm_eps`` > 0, every other
-    number (sizes, counts) an integer >= 1 except ``pad_token_id``."""
+    number (sizes, counts, the kernels' tile counts) an integer >= 1 except
+    ``pad_token_id``."""
     for key, value in config.model.items():
         if key == "preset" or isinstance(value, bool) or not isinstance(value, int | float):
             continue  # the preset, fields left to it (None), switches, names and tiles
@@ -110,3 +111,6 @@ def check_model(check: Checker, config) -> None:
             check.number(f"model.{key}", 0.0, low_open=True)
         elif key != "pad_token_id":
             check.integer(f"model.{key}", 1)
+    for key, value in (config.model.get("kernels") or {}).items():
+        if isinstance(value, int) and not isinstance(value, bool):  # tile counts
+            check.integer(f"model.kernels.{key}", 1)

@@ -49,7 +49,7 @@ def test_model_with_splash_matches_xla():
     ids = jax.random.randint(jax.random.key(0), (2, 128), 5, 300)
     mask = jnp.stack([jnp.ones(128, jnp.int32), (jnp.arange(128) < 70).astype(jnp.int32)])
     params = jax.jit(BertModel(cfg).init)(jax.random.key(1), ids, mask)
-    outs = [BertModel(cfg.replace(attention_impl=impl)).apply(params, ids, mask)
+    outs = [BertModel(cfg.with_kernels(attention_impl=impl)).apply(params, ids, mask)
             for impl in ("xla", "splash")]
     valid = np.asarray(mask, bool)[..., None]
     np.testing.assert_allclose(np.where(valid, outs[0]["sequence_output"], 0),

@@ -16,7 +16,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "bert_jax"
 
 # Layer (first component under bert_jax) -> the layers it must never import.
 FORBIDDEN = {
-    "kernels": {"modeling", "training", "tasks", "checkpoint", "data", "cli"},
+    "kernels": {"modeling", "parallel", "training", "tasks", "checkpoint", "data", "cli"},
+    "parallel": {"kernels", "modeling", "training", "tasks", "checkpoint", "data", "cli"},
     "modeling": {"training", "tasks", "checkpoint", "data", "cli"},
     "data": {"tasks", "training", "cli"},
     "tokenization": {"modeling", "training", "tasks"},

@@ -13,7 +13,7 @@ backward pass recomputes the same bits inside its own fusion. The salt is one ra
 call, drawn from the module's Flax ``dropout`` key, so masks differ between layers and steps
 and a run is reproducible from its seed. Positions are *global* (iotas that XLA's SPMD
 partitioner slices), so a sharded run drops exactly what a one-device run drops. Two hashes
-(``BertConfig.dropout_hash``):
+(``BertConfig.kernels.dropout_hash``):
 
 * ``rowcol`` (default): an array is seen as rows (every axis but the last) x columns (the
   last axis). Each row gets a fully mixed 32-bit code from (salt, row) by two finalizer rounds

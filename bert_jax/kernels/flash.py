@@ -3,8 +3,8 @@
 BERT trains with dropout on the attention probabilities. Neither cuDNN's fused attention as
 JAX exposes it nor XLA's fused path apply dropout, so without this kernel training falls back to
 the explicit einsum attention, which writes the [batch, heads, q, k] scores, probabilities and
-dropout mask to memory in the forward pass and reads them back in the backward pass (17% of a
-BERT-Base/128 step on an H200, more at length 512).
+dropout mask to memory in the forward pass and reads them back in the backward pass (a
+large share of a BERT-Base/128 step, more at length 512: docs/performance.md).
 
 Here the probabilities never leave the chip. The dropout mask is not stored either: it is a
 counter-based hash of (salt, query index, key index), recomputed bit-identically in the
@@ -45,9 +45,8 @@ from bert_jax.kernels.dropout import salt_from_rng as _salts
 LOG2E = math.log2(math.e)
 FUSED_BACKWARD_MAX_KV = 128  # ``backward="auto"``: one-pass backward up to this many keys
 # The split backward's dQ kernel: 128-query tiles stepping over 64 keys, 4 warps, 3 stages
-# (a sweep on an H100, `python -m bench kernels --kernel attention`: 0.816 vs 0.857 ms
-# fwd+bwd at 32 x 512 x 16 x 64 with the dK/dV kernel's 64 x 64); () would give it the dK/dV
-# kernel's blocks, warps and stages.
+# (faster than the dK/dV kernel's 64 x 64 in the sweep of docs/performance.md, "Kernels
+# against XLA"); () would give it the dK/dV kernel's blocks, warps and stages.
 SPLIT_DQ_KERNEL = (128, 64, 4, 3)
 BACKWARDS = ("auto", "fused", "split")
 MASK_VALUE = -1e9  # additive bias of padded keys (log2 units once scaled; exp2 gives 0)
@@ -565,7 +564,7 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
     ``backward``: ``split`` (one kernel per key block for dK/dV, one per query block for dQ,
     any length), ``fused`` (one kernel per (example, head) holding every key: no recomputed
     probabilities; for short sequences) or ``auto`` (fused up to FUSED_BACKWARD_MAX_KV keys,
-    split beyond). Defaults (``None``) are what the H100 sweeps in docs/performance.md found
+    split beyond). Defaults (``None``) are what the sweeps in docs/performance.md found
     fastest: the forward 128 queries per program stepping over 32 keys (fused backward,
     length 128) or 64 keys (split, length 512); the fused backward 16 queries per step; the
     split backward's dK/dV kernel 64 keys per program stepping over 64 queries, its dQ kernel

@@ -253,8 +253,8 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
     """Attention over [batch, seq, heads, head_dim] with right padding given as key lengths
     ([batch]) and, when ``dropout_rate > 0``, dropout on the probabilities from the counter
     hash ``mask_hash`` of ``salt`` (int32 [batch, heads], ``flash.salt_from_rng``). Returns
-    the context, same shape as query. ``interpret``: None = interpret mode unless the
-    arrays' target is a TPU (``bert_jax.kernels.platform``).
+    the context, same shape as query. ``interpret``: None = interpret mode unless this
+    process runs on a TPU (a caller tracing for another platform passes it).
 
     ``segment_ids``: optional int32 [batch, seq] for packed sequences (several examples per
     row, query and key lengths equal): 0 = padding, 1..n = the example a token belongs to. A
@@ -268,9 +268,7 @@ def flash_attention(query, key, value, kv_lengths, *, salt=None, dropout_rate: f
     if dropout_rate > 0.0 and salt is None:
         raise ValueError("attention dropout needs a salt (flash.salt_from_rng)")
     if interpret is None:
-        from bert_jax.kernels.platform import target_platform
-
-        interpret = target_platform() != "tpu"
+        interpret = jax.default_backend() != "tpu"
     if not interpret and not supported(q_len, kv_len, head_dim):
         raise ValueError(f"the TPU attention kernel needs lengths that are multiples of 128 "
                          f"up to {MAX_KV} and head_dim <= 256; got q {q_len}, kv {kv_len}, "

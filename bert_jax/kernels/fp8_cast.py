@@ -23,7 +23,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from bert_jax.kernels.fused_norm import per_shard, rows_per_shard
 from bert_jax.kernels.row_tiles import (
     TRANSPOSED_BLOCKS,
     TileSettings,
@@ -36,34 +35,25 @@ from bert_jax.kernels.row_tiles import (
     quantized,
     tile_amax,
 )
+from bert_jax.kernels.sharding import WHOLE, RowShards, per_shard, rows_per_shard
 
 # (block_rows, block_cols, num_warps): the tile of every kernel with transposed float8 writes
 BLOCKS = TRANSPOSED_BLOCKS
 
 
-def _row_spec():
-    """(mesh, batch mesh axes) under a mesh, else (None, None): the kernel runs per batch
-    shard with the width whole (``shard_map`` gathers a split width first)."""
-    from bert_jax import parallel
-
-    mesh = parallel.entered_mesh()
-    if mesh is None:
-        return None, None
-    import flax.linen as nn
-
-    return mesh, nn.logical_to_mesh_axes(("batch",))[0]
-
-
-def tile_settings(x, *, interpret: bool | None = None) -> TileSettings:
+def tile_settings(x, *, interpret: bool | None = None, shards: RowShards = WHOLE
+                  ) -> TileSettings:
     """The kernel's settings for ``x`` [rows, width]: :data:`BLOCKS` fitted to powers of two
-    dividing the rows per shard and the width."""
+    dividing the rows per shard and the width. ``shards``: run per batch shard of a mesh
+    (the width whole); default one call on the whole array."""
     if x.ndim != 2 or x.shape[-1] % 16:
         raise ValueError(f"cast_transposed needs x of shape [rows, width] with a width "
                          f"divisible by 16; got {x.shape}")
-    rows = rows_per_shard(x, _row_spec)
+    rows = rows_per_shard(x, shards)
     block_rows, block_cols, num_warps, _, _ = fit_tile((*BLOCKS, 1), rows, x.shape[1],
                                                        (None,) * 5)
-    return TileSettings(block_rows, block_cols, num_warps, interpret_default(interpret))
+    return TileSettings(block_rows, block_cols, num_warps, interpret_default(interpret),
+                        shards=shards)
 
 
 def _kernel(x_ref, inv_ref, q_ref, amax_ref, qt_ref):
@@ -90,17 +80,18 @@ def _call(x, inv, dtype, s: TileSettings):
     )(x, inv)
 
 
-def cast_transposed(x, scale, dtype, s: TileSettings | None = None):
+def cast_transposed(x, scale, dtype, s: TileSettings | None = None,
+                    shards: RowShards = WHOLE):
     """``x / scale`` in float8 ``dtype`` (saturated) for ``x`` [rows, width]: (that array; the
     same values as [width, rows]; ``max |x|`` as a float32 scalar). ``s``:
-    :func:`tile_settings` (default: for ``x``)."""
-    s = tile_settings(x) if s is None else s
+    :func:`tile_settings` (default: for ``x`` and ``shards``)."""
+    s = tile_settings(x, shards=shards) if s is None else s
 
     def local(x, inv):
         return _call(x, inv, dtype, s)
 
     q, amax, qt = per_shard(local, (x,), (inverse_columns(scale, x.shape[1]),), (2, 2, 2),
-                            _row_spec, (0, 0, 1))
+                            s.shards, (0, 0, 1))
     return q, qt, jnp.max(amax)
 
 

@@ -2,11 +2,9 @@
 
 The MLP's first projection ends in ``gelu_erf(y + b)`` (``ops.add_bias_activate``), ``y`` the
 matmul output [tokens, intermediate] and ``b`` its bias. XLA runs it as two memory-bound
-fusions at ~70-75% of an H100's HBM bandwidth: the forward reads ``y`` and writes the
-activation (169 us per call at [32768, 3072] bf16, Base/128 at batch 256), the backward reads
-the output gradient ``g`` and ``y`` and writes ``dx`` plus the first stage of the bias
-gradient's column sum (239 us). Here one forward kernel and one backward kernel do the same
-passes, aiming at ~85-90% of the bandwidth:
+fusions: the forward reads ``y`` and writes the activation, the backward reads the output
+gradient ``g`` and ``y`` and writes ``dx`` plus the first stage of the bias gradient's column
+sum. Here one forward kernel and one backward kernel do the same passes:
 
 * forward: ``out = x * Phi(x)`` in float32, written in ``y.dtype``, where ``x = y + b`` is
   rounded to the inputs' dtype as the unfused ``y + b`` is (the same function of the same
@@ -37,22 +35,17 @@ rounding), the normal CDF ``Phi`` within 8.4e-8 on [-12, 12] (XLA's ``0.5 + 0.5 
 float32: 1.7e-7), the GELU within 1.2e-7 x max(|x|, 1) (XLA's ``gelu_erf``: 2.0e-7). On GPUs
 the exp2 and the division are the hardware's approximate ones (a few ulp).
 
-Measured (``python -m bench kernels --kernel gelu``, bf16, the default settings, XLA's fusions
-on the same machine): on an H100, [32768, 3072] forward 152 us against XLA's 170 (2.65 TB/s,
-79% of the nominal 3.35), backward 242 against 253 (2.50 TB/s, 75%); [16384, 4096] (Large/512
-at batch 32) forward 102 against 119, backward 186 against 170 (2 rows x 1024 columns x 4
-warps: 173). On an H200 (4.8 TB/s) the best settings gave 140 against 163 and 203 against 224.
-So the forward gains 11-14%, the backward little or nothing: both kernels sit near the
-arithmetic limit of the erf evaluation as much as the memory limit (the H200's extra bandwidth
-buys XLA nothing), short of the 85-90% of the bandwidth hoped for. In a training step they pay
-anyway (Base/128 +1.3% on an H100, docs/performance.md): ``BertConfig.fused_gelu`` (default
-``auto``) picks them on GPUs where they apply.
+The forward kernel is faster than XLA's fusion and the backward about as fast: both sit near
+the arithmetic limit of the erf evaluation as much as the memory limit, so they stay short of
+the bandwidth's bound; in a training step the pair still pays (docs/performance.md, "Kernels
+against XLA"). ``kernels.fused_gelu`` (default ``auto``) picks them on GPUs where they
+apply.
 
 Under a device mesh the kernels run per batch shard (``shard_map``), the intermediate axis
 unsplit; the partial sums of all shards are summed by XLA. On the CPU the kernels run in
 Pallas interpret mode (tests).
 
-For FP8 pretraining (``BertConfig.fp8`` and ``fp8_gelu_quantize``) a second pair,
+For FP8 pretraining (``BertConfig.fp8`` and ``kernels.fp8_gelu_quantize``) a second pair,
 :func:`forward_fp8` and :func:`backward_fp8`, writes the activation (e4m3) and the
 pre-activation's gradient (e5m2) scaled and saturated in float8, with one absolute maximum per
 program: the operands of the MLP's next FP8 matmuls (``modeling/fp8.py: fp8_gelu_mlp``). With
@@ -67,13 +60,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from bert_jax.kernels.fused_norm import (
-    _flat,
-    per_shard,
-    rows_per_shard,
-    split_axes,
-    unsplit_row_spec,
-)
 from bert_jax.kernels.row_tiles import (
     TRANSPOSED_BLOCKS,
     TileSettings,
@@ -87,6 +73,7 @@ from bert_jax.kernels.row_tiles import (
     quantized,
     tile_amax,
 )
+from bert_jax.kernels.sharding import WHOLE, RowShards, flat, per_shard, rows_per_shard
 
 _SQRT_HALF = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
@@ -105,7 +92,7 @@ _INV_SQRT_2PI = 0.3989422804014327
 # Phi is tiny (x < -4), as XLA's float32 ``0.5 + 0.5 * erf`` does.
 #
 # The kernels are near the GPU's arithmetic limit as much as its memory limit (XLA's own erf
-# GELU fusions are: an H200 runs them no faster than an H100), so the evaluation is trimmed to
+# GELU fusions are: more memory bandwidth does not speed them up), so the evaluation is trimmed to
 # ~20 operations: the 1/sqrt(2) and log2(e) scales are folded into the constants and the
 # exponential is one exp2 (``exp`` lowers to libdevice's longer ``__nv_expf``); the polynomial
 # gives erf/2 directly (S/2's coefficients); and the GELU is 0.5 x + |x| erf(|x|/sqrt 2) / 2,
@@ -158,11 +145,11 @@ def _cdf_and_gauss(x):
 # aimed at about BACKWARD_PROGRAMS row groups: enough programs to fill the GPU several times
 # over (x width / block_cols column tiles), few enough that the [row groups, width] float32
 # partial sums stay a few percent of the traffic (3 MB at [32768, 3072]: 8 row blocks per
-# program). From sweeps on an H100 and an H200 (module docstring): tiles of 2-4 rows x 512-1024
-# columns with 2-4 warps were within noise (+-5 us) of each other; 1-row and 2048-column
-# tiles were slower (10-20 us), and one row block per backward program (tens of MB of partial
-# sums) much slower. Callers override them for every shape with ``blocks`` and ``sum_blocks``
-# (``BertConfig.gelu_blocks``, ``gelu_sum_blocks``).
+# program). In the sweeps (docs/performance.md, "Kernels against XLA") tiles of 2-4 rows x
+# 512-1024 columns with 2-4 warps were within noise of each other; 1-row and 2048-column tiles
+# were slower, and one row block per backward program (tens of MB of partial sums) much
+# slower. Callers override them for every shape with ``blocks`` and ``sum_blocks``
+# (``kernels.gelu_blocks``, ``gelu_sum_blocks``).
 BLOCKS = (4, 512, 2)
 BACKWARD_PROGRAMS = 1024
 BACKWARD_STAGES = 2  # software pipelining of the backward's loop over row blocks
@@ -261,35 +248,21 @@ def _backward_call(g, y, b, s: TileSettings):
 
 
 # ---------------------------------------------------------------------------------------------
-# Per shard: [batch, ..., width] arrays flattened to rows; split over the mesh's batch axes.
-
-def mlp_split_axes():
-    """The mesh axes that split the intermediate (logical ``mlp``) axis under the entered mesh
-    (None: unsplit, split one way, or no mesh); the kernels need it unsplit."""
-    return split_axes("mlp")
-
-
-def _row_spec():
-    """(mesh, batch mesh axes) when the kernels must run per shard, else (None, None)."""
-    return unsplit_row_spec(
-        "mlp", "the fused bias + GELU kernel needs the intermediate axis unsplit (logical "
-        "axis 'mlp' is mapped to mesh axes {axes}); set BertConfig.fused_gelu='auto' (XLA's "
-        "fusions there) or 'off'")
-
+# Per shard (``s.shards``): [batch, ..., width] arrays flattened to rows.
 
 def _forward(y, b, s: TileSettings):
     def local(y, b):
-        return (_forward_call(_flat(y), b, s).reshape(y.shape),)
+        return (_forward_call(flat(y), b, s).reshape(y.shape),)
 
-    return per_shard(local, (y,), (b,), (y.ndim,), _row_spec)[0]
+    return per_shard(local, (y,), (b,), (y.ndim,), s.shards)[0]
 
 
 def _backward(g, y, b, s: TileSettings):
     def local(g, y, b):
-        dx, sums = _backward_call(_flat(g), _flat(y), b, s)
+        dx, sums = _backward_call(flat(g), flat(y), b, s)
         return dx.reshape(y.shape), sums
 
-    return per_shard(local, (g, y), (b,), (y.ndim, 2), _row_spec)
+    return per_shard(local, (g, y), (b,), (y.ndim, 2), s.shards)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -312,7 +285,8 @@ _bias_gelu.defvjp(_bias_gelu_fwd, _bias_gelu_bwd)
 
 def bias_gelu(y, b, *, block_rows: int | None = None, block_cols: int | None = None,
               num_warps: int | None = None, sum_blocks: int | None = None,
-              num_stages: int | None = None, interpret: bool | None = None):
+              num_stages: int | None = None, interpret: bool | None = None,
+              shards: RowShards = WHOLE):
     """``gelu_erf(y + b)`` (``reference.gelu_erf``, exact erf GELU) computed in float32, returned in
     ``y.dtype``, one kernel each way. ``y`` is [..., width] (e.g. [batch, seq, width]; under a
     mesh the first axis is the batch), ``b`` [width]. The bias gradient comes back in
@@ -320,17 +294,19 @@ def bias_gelu(y, b, *, block_rows: int | None = None, block_cols: int | None = N
     (row blocks per backward program) default to :func:`blocks_for` (rows per shard) and are
     fitted to the shape (powers of two dividing the rows per shard and the width);
     ``num_stages`` > 1 (default :data:`BACKWARD_STAGES`) software-pipelines the backward's
-    loop over row blocks. ``interpret``
-    (Pallas interpret mode) defaults to "not on a GPU"."""
+    loop over row blocks. ``interpret`` (Pallas interpret mode) defaults to "not on a GPU".
+    ``shards``: run per batch shard of a mesh (the width whole); default one call on the
+    whole arrays."""
     s = tile_settings(y, b, block_rows=block_rows, block_cols=block_cols, num_warps=num_warps,
-                      sum_blocks=sum_blocks, num_stages=num_stages, interpret=interpret)
+                      sum_blocks=sum_blocks, num_stages=num_stages, interpret=interpret,
+                      shards=shards)
     return _bias_gelu(y, b, s)
 
 
 def tile_settings(y, b, *, block_rows: int | None = None, block_cols: int | None = None,
                   num_warps: int | None = None, sum_blocks: int | None = None,
                   num_stages: int | None = None, interpret: bool | None = None,
-                  transposed: bool = False) -> TileSettings:
+                  transposed: bool = False, shards: RowShards = WHOLE) -> TileSettings:
     """The kernels' settings for ``y`` [..., width] and bias ``b`` [width] (see
     :func:`bias_gelu` for the arguments), after checking the shapes; with ``transposed`` the
     defaults of the float8 kernels that also write transposed copies
@@ -345,13 +321,13 @@ def tile_settings(y, b, *, block_rows: int | None = None, block_cols: int | None
     if not supported(width):
         raise ValueError(f"bias_gelu needs a width divisible by 16; got y {y.shape}")
     interpret = interpret_default(interpret)
-    rows = rows_per_shard(y, _row_spec)
+    rows = rows_per_shard(y, shards)
     block_rows, block_cols, num_warps, sum_blocks, num_stages = fit_tile(
         blocks_for(rows, (block_rows, block_cols, num_warps), sum_blocks,
                    TRANSPOSED_BLOCKS if transposed else BLOCKS), rows, width,
         (None, None, None, None, BACKWARD_STAGES if num_stages is None else num_stages))
     return TileSettings(block_rows, block_cols, num_warps, interpret, sum_blocks,
-                        num_stages, COLS_FASTEST)
+                        num_stages, COLS_FASTEST, shards)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,11 +412,11 @@ def forward_fp8(y, b, scale, dtype, s: TileSettings, transposed: bool = False):
     inv = inverse_columns(scale, y.shape[-1])
 
     def local(y, b, inv):
-        q, amax, *qt = _forward_fp8_call(_flat(y), b, inv, dtype, s, transposed)
+        q, amax, *qt = _forward_fp8_call(flat(y), b, inv, dtype, s, transposed)
         return q.reshape(y.shape), amax, *qt
 
     q, amax, *qt = per_shard(local, (y,), (b, inv), (y.ndim, 2) + (2,) * transposed,
-                             _row_spec, (0, 0) + (1,) * transposed)
+                             s.shards, (0, 0) + (1,) * transposed)
     return (q, *qt, jnp.max(amax))
 
 
@@ -452,12 +428,12 @@ def backward_fp8(g, y, b, scale, dtype, s: TileSettings, transposed: bool = Fals
     inv = inverse_columns(scale, y.shape[-1])
 
     def local(g, y, b, inv):
-        dq, sums, amax, *dqt = _backward_fp8_call(_flat(g), _flat(y), b, inv, dtype, s,
+        dq, sums, amax, *dqt = _backward_fp8_call(flat(g), flat(y), b, inv, dtype, s,
                                                   transposed)
         return dq.reshape(y.shape), sums, amax, *dqt
 
     dq, sums, amax, *dqt = per_shard(local, (g, y), (b, inv),
-                                     (y.ndim, 2, 2) + (2,) * transposed, _row_spec,
+                                     (y.ndim, 2, 2) + (2,) * transposed, s.shards,
                                      (0, 0, 0) + (1,) * transposed)
     return (dq, *dqt, jnp.sum(sums, axis=0), jnp.max(amax))
 

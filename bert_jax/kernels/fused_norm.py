@@ -4,8 +4,8 @@ Each BERT sublayer ends in ``LayerNorm(residual + dropout(y + b))``, where ``y``
 projection's matmul and ``b`` its bias. XLA compiles this, with its backward pass, into four
 to six memory-bound kernels per sublayer that each read a [tokens, hidden] array again: the
 statistics, the normalization, the parameter-gradient column sums, the input gradient, the
-dropout's gradient and the bias gradient (24 sublayers, ~7 ms of a 54 ms Base/128 step on an
-H100; ``bench/profile_step.py``). Here one forward kernel reads ``residual`` and ``y`` once and
+dropout's gradient and the bias gradient (24 sublayers in BERT-Base; ``bench/profile_step.py``
+shows their share of a step). Here one forward kernel reads ``residual`` and ``y`` once and
 writes the output, and one backward kernel reads the output gradient, ``residual`` and ``y``
 once and writes both input gradients plus partial sums of the three parameter gradients, one
 [3 x hidden] row per program (summed by XLA afterwards in one reduction). With
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +36,7 @@ from jax import lax
 
 from bert_jax.kernels.dropout import keep_from_codes, rowcol_codes
 from bert_jax.kernels.flash import fit_block
+from bert_jax.kernels.sharding import WHOLE, RowShards, flat, per_shard, rows_per_shard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,14 +58,15 @@ class NormSettings:
     # returned twice (``split_output``), once per consumer, so that the sum of the two
     # consumers' gradients is not a separate XLA pass over [tokens, hidden].
     cotangents: int = 1
+    # Where the kernels run: whole arrays, or per batch shard of a mesh.
+    shards: RowShards = WHOLE
 
 
 # Kernel settings (block_rows, num_warps, recompute, sum_blocks) from ``python -m bench kernels
-# --kernel norm`` on an H100 (docs/performance.md). Long row counts: 2 rows x 1 warp, 8 row
-# blocks per backward program (Base/128 at batch 256: 237 us forward + backward against 330 for
-# 16 rows x 8 warps and XLA's 346; Large/512 at batch 32: 159 vs 227 and 238; the step +3.4%
-# and +2.5%). Short ones: 4 rows x 2 warps (Base/128 at batch 32: 77 vs XLA's 79 us). Callers
-# override them for every shape (``BertConfig.norm_blocks``, ``norm_sum_blocks``).
+# --kernel norm`` sweeps (docs/performance.md, "Kernels against XLA"): many rows per shard
+# run fastest in small tiles, 2 rows x 1 warp, with 8 row blocks per backward program; few
+# rows in 4 rows x 2 warps. Callers override them for every shape (``kernels.norm_blocks``,
+# ``norm_sum_blocks``).
 LONG_BLOCKS = (2, 1, True, 8)
 SHORT_BLOCKS = (4, 2, True, 1)
 LONG_ROWS = 16384  # rows per shard from which LONG_BLOCKS apply
@@ -225,135 +226,25 @@ def _backward_call(gs, r, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
     )(*gs, r, y, rows, cols, b, gamma, mean, rstd)
 
 
-# ---------------------------------------------------------------------------------------------
-# Per shard: [batch, seq, hidden] arrays flattened to rows; split over the mesh's batch axes.
-
-def hidden_split_axes():
-    """The mesh axes the hidden axis of activations is split over under the entered mesh
-    (None: unsplit, or no mesh); the kernels need it unsplit."""
-    from bert_jax import parallel
-
-    if parallel.entered_mesh() is None:
-        return None
-    import flax.linen as nn
-
-    return nn.logical_to_mesh_axes(("activation_embed",))[0]
-
-
-def _row_spec():
-    """(mesh, batch mesh axes) when the kernels must run per shard, else (None, None)."""
-    from bert_jax import parallel
-
-    mesh = parallel.entered_mesh()
-    if mesh is None:
-        return None, None
-    import flax.linen as nn
-
-    batch_axes = nn.logical_to_mesh_axes(("batch",))[0]
-    embed_axes = hidden_split_axes()
-    if embed_axes is not None:
-        raise ValueError("the fused LayerNorm needs the hidden axis of activations unsplit "
-                         "(logical axis 'activation_embed' is mapped to mesh axis "
-                         f"{embed_axes!r}); use model.layer_norm_impl=two_stage")
-    return mesh, batch_axes
-
-
-def split_axes(logical: str):
-    """The mesh axes that split the logical axis ``logical`` under the entered mesh, or None
-    (unsplit, split one way, or no mesh)."""
-    from bert_jax import parallel
-
-    mesh = parallel.entered_mesh()
-    if mesh is None:
-        return None
-    import flax.linen as nn
-
-    axes = nn.logical_to_mesh_axes((logical,))[0]
-    if axes is None or parallel.mesh_axes_size(mesh, axes) == 1:
-        return None
-    return axes
-
-
-def unsplit_row_spec(logical: str, refusal: str):
-    """The ``row_spec`` (see :func:`per_shard`) of kernels that need the logical axis
-    ``logical`` unsplit: (mesh, batch mesh axes) under a mesh, else (None, None). Where the
-    axis is split, a ValueError with ``refusal`` (``{axes}``: the mesh axes)."""
-    from bert_jax import parallel
-
-    mesh = parallel.entered_mesh()
-    if mesh is None:
-        return None, None
-    import flax.linen as nn
-
-    split = split_axes(logical)
-    if split is not None:
-        raise ValueError(refusal.format(axes=repr(split)))
-    return mesh, nn.logical_to_mesh_axes(("batch",))[0]
-
-
-def rows_per_shard(x, row_spec=None) -> int:
-    """The rows (all axes but the last) of ``x`` one kernel call sees: per batch shard when
-    the kernels run per shard (``row_spec``, as :func:`per_shard`), else all of them."""
-    rows = math.prod(x.shape[:-1])
-    mesh, batch_axes = (row_spec or _row_spec)()
-    if mesh is not None:
-        from bert_jax import parallel
-
-        shards = max(1, parallel.mesh_axes_size(mesh, batch_axes))
-        if x.shape[0] % shards == 0:
-            rows //= shards
-    return rows
-
-
-def per_shard(fn, sharded: tuple, replicated: tuple, out_ndims: tuple[int, ...],
-              row_spec=None, out_axes: tuple[int, ...] | None = None):
-    """Runs ``fn(*sharded, *replicated)`` per batch shard: ``sharded`` arrays split on their
-    first axis over the mesh's batch axes, ``replicated`` whole; every output (of rank
-    ``out_ndims``) is split the same way on its axis in ``out_axes`` (default: the first;
-    per-block partial sums are concatenated over the shards, a [width, rows] transposed
-    output is split on its second axis). ``row_spec()`` gives (mesh, batch mesh axes), or
-    (None, None) for one call on the whole arrays (default: this module's, which also checks
-    that the hidden axis is unsplit; ``fused_gelu`` passes its own)."""
-    mesh, batch_axes = (row_spec or _row_spec)()
-    if mesh is None:
-        return fn(*sharded, *replicated)
-    from jax.sharding import PartitionSpec as P
-
-    from bert_jax import parallel
-
-    if sharded[0].shape[0] % parallel.mesh_axes_size(mesh, batch_axes):
-        return fn(*sharded, *replicated)  # uneven split (e.g. a ragged eval batch): XLA gathers
-    def split(ndim, axis=0):
-        return P(*[batch_axes if a == axis else None for a in range(ndim)])
-
-    in_specs = tuple(split(x.ndim) for x in sharded) + tuple(P() for _ in replicated)
-    out_specs = tuple(split(n, a) for n, a in zip(
-        out_ndims, out_axes or (0,) * len(out_ndims), strict=True))
-    return parallel.shard_map_unchecked(fn, mesh, in_specs, out_specs)(*sharded, *replicated)
-
-
-def _flat(x):
-    return x.reshape(-1, x.shape[-1])
-
-
 def _fused_forward(residual, y, rows, cols, b, gamma, beta, s: NormSettings, out_dtype):
     def local(r, y, rows, cols, b, gamma, beta):
-        out, mean, rstd = _forward_call(_flat(r), _flat(y), rows.reshape(-1), cols, b, gamma,
+        out, mean, rstd = _forward_call(flat(r), flat(y), rows.reshape(-1), cols, b, gamma,
                                         beta, s, out_dtype)
         return out.reshape(r.shape), mean.reshape(r.shape[:2]), rstd.reshape(r.shape[:2])
 
-    return per_shard(local, (residual, y, rows), (cols, b, gamma, beta), (3, 2, 2))
+    return per_shard(local, (residual, y, rows), (cols, b, gamma, beta), (3, 2, 2), s.shards)
 
 
 def _fused_backward(gs, residual, y, rows, cols, b, gamma, mean, rstd, s: NormSettings):
     def local(*args):
         *gs, r, y, rows, mean, rstd, cols, b, gamma = args
-        dr, dy, sums = _backward_call(tuple(_flat(g) for g in gs), _flat(r), _flat(y),
+        dr, dy, sums = _backward_call(tuple(flat(g) for g in gs), flat(r), flat(y),
                                       rows.reshape(-1), cols, b, gamma, mean.reshape(-1),
                                       rstd.reshape(-1), s)
         return dr.reshape(r.shape), dy.reshape(y.shape), sums
 
-    return per_shard(local, (*gs, residual, y, rows, mean, rstd), (cols, b, gamma), (3, 3, 2))
+    return per_shard(local, (*gs, residual, y, rows, mean, rstd), (cols, b, gamma), (3, 3, 2),
+                     s.shards)
 
 
 def _outputs(out, s: NormSettings):
@@ -390,7 +281,8 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
                                 epsilon: float = 1e-12, out_dtype=None,
                                 block_rows: int | None = None, num_warps: int | None = None,
                                 recompute: bool | None = None, sum_blocks: int | None = None,
-                                split_output: bool = False, interpret: bool | None = None):
+                                split_output: bool = False, interpret: bool | None = None,
+                                shards: RowShards = WHOLE):
     """``LayerNorm(residual + dropout(y + b)) * gamma + beta`` over the last axis, in one
     kernel each way. ``residual`` and ``y`` are [batch, seq, hidden]; ``b``, ``gamma``,
     ``beta`` [hidden]; ``salt`` an int32 scalar (``dropout.salt_from_rng``) when ``rate > 0``:
@@ -402,7 +294,10 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
     ``split_output=True`` returns the output twice, ``(out, out)`` (one array, no copy), for a
     caller with two consumers (the next sublayer's matmul and its residual): each handle's
     gradient reaches the backward kernel separately and the kernel adds them as it reads
-    them, instead of XLA summing them first in a pass of its own over [tokens, hidden]."""
+    them, instead of XLA summing them first in a pass of its own over [tokens, hidden].
+
+    ``shards``: run per batch shard of a mesh (the hidden axis whole); default one call on
+    the whole arrays."""
     if residual.ndim != 3 or residual.shape != y.shape:
         raise ValueError(f"residual and y must be the same [batch, seq, hidden] shape; got "
                          f"{residual.shape} and {y.shape}")
@@ -413,7 +308,7 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
         raise ValueError("dropout in the fused LayerNorm needs a salt (salt_from_rng)")
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
-    rows = rows_per_shard(residual)
+    rows = rows_per_shard(residual, shards)
     tuned = blocks_for(rows)
     block_rows = tuned[0] if block_rows is None else block_rows
     num_warps = tuned[1] if num_warps is None else num_warps
@@ -423,7 +318,8 @@ def residual_dropout_layer_norm(residual, y, b, gamma, beta, *, salt=None, rate:
                            rows // block_rows)
     chunk = fit_block(256, hidden)  # the hidden axis in power-of-two chunks (768 = 3 x 256)
     s = NormSettings(float(rate), float(epsilon), block_rows, chunk, int(num_warps),
-                     bool(interpret), bool(recompute), sum_blocks, 2 if split_output else 1)
+                     bool(interpret), bool(recompute), sum_blocks, 2 if split_output else 1,
+                     shards)
     salt = jnp.zeros((), jnp.int32) if salt is None else salt
     rows, cols = rowcol_codes(residual.shape, salt)  # hash_dropout's codes of this shape
     rows = rows[..., 0]

@@ -4,11 +4,10 @@ kernels (Triton on GPUs).
 The MLM loss reads the float32 logits of every masked position over the whole (padded)
 vocabulary: [batch x predictions, 30,592] at BERT's vocabulary, 626 MB at Base/128 with batch
 256 (20 predictions per sequence). XLA runs the loss and its gradient as four passes over that
-array (``bench/profile_step.py`` on an H100, Base/128): the row max (0.22 ms) and the
-exponential sum (0.22 ms) of the forward's logsumexp, the backward's ``softmax - one_hot``
-that writes the bfloat16 logit gradient for the two decoder matmuls (0.41 ms), and the bias
-gradient's column sum over the float32 gradient (0.31 ms): 1.15 ms against the 0.47 ms that
-one read of the logits plus one bfloat16 write of their gradient take at the HBM bandwidth.
+array: the row max and the exponential sum of the forward's logsumexp, the backward's
+``softmax - one_hot`` that writes the bfloat16 logit gradient for the two decoder matmuls, and
+the bias gradient's column sum over the float32 gradient, where one read of the logits plus
+one bfloat16 write of their gradient would do.
 
 Here the decoder matmul and the loss are one custom VJP (:func:`decode_cross_entropy`), so the
 logit gradient never exists in float32:
@@ -30,18 +29,13 @@ masked logits) up to float32 summation order; ``correct`` bit for bit (same floa
 ``logits + bias``). Padded vocabulary entries are excluded by the caller's bias (``NEG_INF``
 there, ``heads.masked_bias``): their ``exp`` underflows to 0 and their gradient is 0.
 
-Measured on an H100 (``python -m bench kernels --kernel xent``): the loss with its three gradients
-at Base/128's [5,120 predictions x 30,592] 2,322 -> 1,626 us (XLA's passes -> these kernels,
-the decoder matmuls included in both), at [2,432 x 30,592] (near Large/512 at batch 32, which
-has 2,560 predictions) 1,286 -> 967; in the step's profile the forward kernel reads the logits
-at 2.82 TB/s (0.22 ms) and the backward moves its 939 MB at 2.97 TB/s (0.32 ms), 84% and 89% of
-the nominal 3.35. The Base/128 step: +2.0%, 0.7 GiB less peak memory (the float32 logit
-gradient is gone). Every tile of the sweep (8-64 rows x 64-128 columns, 2-8 warps) was within
-3% of the default.
+Both kernels run near the memory bandwidth, and the float32 logit gradient no longer exists,
+which lowers the step's peak memory (docs/performance.md, "Kernels against XLA"); the tile
+matters little (every tile of the sweep was close to the default).
 
-Under a device mesh the kernels run per batch shard (``shard_map``) with the vocabulary axis
-unsplit (``vocab_split_axes``; ``BertConfig.fused_mlm_loss='auto'`` falls back to XLA where it
-is split).
+Under a device mesh the kernels run per batch shard (``shards``, ``shard_map``) with the
+vocabulary axis unsplit (the model checks it, ``modeling/placement.py``;
+``kernels.fused_mlm_loss='auto'`` falls back to XLA where it is split).
 On the CPU they run in Pallas interpret mode (tests).
 """
 
@@ -54,13 +48,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bert_jax.kernels.fused_norm import (
-    _flat,
-    per_shard,
-    rows_per_shard,
-    split_axes,
-    unsplit_row_spec,
-)
 from bert_jax.kernels.reference import decode, decode_grads, logits_cross_entropy
 from bert_jax.kernels.row_tiles import (
     TileSettings,
@@ -70,6 +57,7 @@ from bert_jax.kernels.row_tiles import (
     interpret_default,
     layout,
 )
+from bert_jax.kernels.sharding import WHOLE, RowShards, flat, per_shard, rows_per_shard
 
 _LOG2E = 1.4426950408889634
 
@@ -165,41 +153,27 @@ def _backward_call(x, b, ids, lse, g, dtype, s: TileSettings):
 
 
 # ---------------------------------------------------------------------------------------------
-# Per shard: [batch, ..., vocab] logits flattened to rows; split over the mesh's batch axes.
-
-def vocab_split_axes():
-    """The mesh axes that split the (logical ``vocab``) vocabulary axis under the entered mesh,
-    or None (unsplit, split one way, or no mesh); the kernels need it unsplit."""
-    return split_axes("vocab")
-
-
-def _row_spec():
-    """(mesh, batch mesh axes) when the kernels run per shard, else (None, None)."""
-    return unsplit_row_spec(
-        "vocab", "the fused MLM cross-entropy needs the vocabulary axis unsplit (logical axis "
-        "'vocab' is mapped to mesh axes {axes}); set BertConfig.fused_mlm_loss='auto' (XLA's "
-        "passes there) or 'off'")
-
+# Per shard (``s.shards``): [batch, ..., vocab] logits flattened to rows.
 
 def _log_sum_exp(x, b, s: TileSettings):
     """(log-sum-exp, max) over the last axis of ``x + b``, each ``x.shape[:-1]``."""
     def local(x, b):
-        m, total = _forward_call(_flat(x), b, s)
+        m, total = _forward_call(flat(x), b, s)
         top = jnp.max(m, axis=0)
         lse = top + jnp.log(jnp.sum(total * jnp.exp(m - top[None, :]), axis=0))
         return lse.reshape(x.shape[:-1]), top.reshape(x.shape[:-1])
 
     ndim = x.ndim - 1
-    return per_shard(local, (x,), (b,), (ndim, ndim), _row_spec)
+    return per_shard(local, (x,), (b,), (ndim, ndim), s.shards)
 
 
 def _logit_gradient(x, b, ids, lse, g, dtype, s: TileSettings):
     def local(x, ids, lse, g, b):
-        dz, sums = _backward_call(_flat(x), b, ids.reshape(-1), lse.reshape(-1),
+        dz, sums = _backward_call(flat(x), b, ids.reshape(-1), lse.reshape(-1),
                                   g.reshape(-1), dtype, s)
         return dz.reshape(x.shape), sums
 
-    return per_shard(local, (x, ids, lse, g), (b,), (x.ndim, 2), _row_spec)
+    return per_shard(local, (x, ids, lse, g), (b,), (x.ndim, 2), s.shards)
 
 
 def _label_logits(x, b, ids):
@@ -233,7 +207,7 @@ _decode_xent.defvjp(_decode_xent_fwd, _decode_xent_bwd)
 def decode_cross_entropy(h, table, bias, ids, *, block_rows: int | None = None,
                          block_cols: int | None = None, num_warps: int | None = None,
                          sum_blocks: int | None = None, num_stages: int | None = None,
-                         interpret: bool | None = None):
+                         interpret: bool | None = None, shards: RowShards = WHOLE):
     """Per-prediction ``(nll, correct)`` of the tied decoder ``z = h @ table.T + bias``:
     ``nll = logsumexp(z) - z[label]`` and ``correct = 1.0`` where the label's logit is the
     maximum (else 0.0), both float32 of ``ids``' shape. ``h`` [..., embed] and ``table``
@@ -242,7 +216,8 @@ def decode_cross_entropy(h, table, bias, ids, *, block_rows: int | None = None,
     the first axis is the batch). Gradients flow to ``h``, ``table`` and ``bias`` through
     ``nll``. Tiles default to :func:`blocks_for` (fitted to powers of two dividing the rows
     per shard and the vocabulary); ``interpret`` (Pallas interpret mode) defaults to "not on a
-    GPU"."""
+    GPU". ``shards``: run per batch shard of a mesh (the vocabulary whole); default one call
+    on the whole arrays."""
     vocab = table.shape[0]
     if h.ndim < 2 or h.shape[-1] != table.shape[-1] or table.ndim != 2:
         raise ValueError(f"decode_cross_entropy needs h [..., embed] and table [vocab, embed] "
@@ -253,11 +228,12 @@ def decode_cross_entropy(h, table, bias, ids, *, block_rows: int | None = None,
     if not supported(vocab):
         raise ValueError(f"decode_cross_entropy needs a vocabulary divisible by 16; got {vocab}")
     interpret = interpret_default(interpret)
-    rows = rows_per_shard(h, _row_spec)
+    rows = rows_per_shard(h, shards)
     block_rows, block_cols, num_warps, sum_blocks, num_stages = fit_tile(
         blocks_for(rows), rows, vocab, (block_rows, block_cols, num_warps, sum_blocks,
                                         BACKWARD_STAGES if num_stages is None else num_stages))
-    s = TileSettings(block_rows, block_cols, num_warps, interpret, sum_blocks, num_stages)
+    s = TileSettings(block_rows, block_cols, num_warps, interpret, sum_blocks, num_stages,
+                     shards=shards)
     return _decode_xent(h, table, bias.astype(jnp.float32), ids.astype(jnp.int32), s)
 
 

@@ -17,16 +17,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from bert_jax.kernels.flash import fit_block
+from bert_jax.kernels.sharding import WHOLE, RowShards
 
 # The tile (block_rows, block_cols, num_warps) of the float8 kernels that also write their
 # tile transposed (``fused_gelu``'s with ``transposed=True``, ``fp8_cast``): a tile is then
 # written as block_cols rows of block_rows float8 values, so it must be tall enough for those
-# rows to fill whole 32-byte memory sectors. Sweep of the GELU kernels on an H200 ([32768,
-# 3072] and [32768, 4096], one row block per backward program): 64 x 64 x 4 warps forward 188
-# and 239 us, backward 244 and 322 (the kernels without the copy: 164/217 and 235/306; with
-# XLA's transposes after them: 233/307 and 306/399); 64 x 128 x 8 warps 180/241 and
-# 255/335; 32-row tiles, 4 warps on 64 x 128 tiles, and more row blocks per backward program
-# 30-100% slower.
+# rows to fill whole 32-byte memory sectors. In a sweep of the GELU kernels
+# (docs/performance.md, "Kernels against XLA") 64 x 64 with 4 warps was fastest overall and
+# beat XLA transposing the kernels' outputs; 32-row tiles, 4 warps on 64 x 128 tiles and more
+# row blocks per backward program were much slower.
 TRANSPOSED_BLOCKS = (64, 64, 4)
 
 
@@ -44,6 +43,8 @@ class TileSettings:
     num_stages: int = 1
     # Launch order: column tiles fastest (consecutive programs stream consecutive memory).
     cols_fastest: bool = True
+    # Where the kernels run: whole arrays, or per batch shard of a mesh.
+    shards: RowShards = WHOLE
 
 
 def fit_tile(tuned, rows: int, width: int, given) -> tuple[int, int, int, int, int]:

@@ -24,7 +24,7 @@ from bert_jax.modeling.ops import add_bias
 
 def resolve_implementation(name: str) -> str:
     """``auto`` -> cudnn on GPU, xla elsewhere."""
-    from bert_jax.kernels.platform import target_platform
+    from bert_jax.modeling.placement import target_platform
 
     if name == "auto":
         return "cudnn" if target_platform() == "gpu" else "xla"
@@ -88,9 +88,9 @@ def fused_attention(query, key, value, kv_lengths, implementation: str, example_
 def resolve_dropout_implementation(name: str, query, key) -> str:
     """``auto`` -> the flash kernel on GPU (``flash_tpu`` on TPU) when its shapes are
     supported, else explicit. The platform is the one the step is traced for
-    (``kernels/platform.py``)."""
+    (``placement.target_platform``)."""
     from bert_jax.kernels import flash, flash_tpu
-    from bert_jax.kernels.platform import target_platform
+    from bert_jax.modeling.placement import target_platform
 
     if name != "auto":
         return name
@@ -123,11 +123,14 @@ def dropout_attention(query, key, value, kv_lengths, *, dropout_rng, dropout_rat
                                   example_ids=example_ids)[0]
     if impl == "flash_tpu":  # the TPU kernel: the same salts and masks as the GPU kernel
         from bert_jax.kernels import flash, flash_tpu
+        from bert_jax.modeling.placement import target_platform
+
+        interpret = target_platform() != "tpu"
 
         def local_tpu(q, k, v, lengths, s, _, ids):
             return flash_tpu.flash_attention(q, k, v, lengths, salt=s,
                                              dropout_rate=dropout_rate, mask_hash=mask_hash,
-                                             segment_ids=ids)
+                                             segment_ids=ids, interpret=interpret)
 
         salt = flash.salt_from_rng(dropout_rng, query.shape[0], query.shape[2])
         return _over_mesh(local_tpu, query, key, value, kv_lengths, salt,
@@ -175,7 +178,7 @@ def dropout_attention_packed(qkv, kv_lengths, *, dropout_rng, dropout_rate: floa
 def _flash_salt(dropout_rng, batch: int, heads: int):
     """The flash kernel's [batch, heads] salts (a warning off GPU, where it is interpreted)."""
     from bert_jax.kernels import flash
-    from bert_jax.kernels.platform import target_platform
+    from bert_jax.modeling.placement import target_platform
 
     if target_platform() != "gpu":
         warnings.warn("dropout_attention_impl='flash' off GPU runs the Pallas kernel in "

@@ -23,6 +23,7 @@ from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.kernels import fused_gelu
 from bert_jax.kernels.dropout import Dropout, salt_from_rng
+from bert_jax.modeling import placement
 from bert_jax.modeling.attention import (
     dropout_attention,
     dropout_attention_packed,
@@ -80,52 +81,51 @@ def ones(axes):
 
 
 def layer_norm(config: BertConfig, name: str) -> nn.Module:
-    """``nn.LayerNorm`` (``layer_norm_impl=flax``) or :class:`TwoStageLayerNorm`; the output
+    """``nn.LayerNorm`` (``kernels.layer_norm_impl=flax``) or :class:`TwoStageLayerNorm`; the output
     (the residual stream) in ``residual_dtype``."""
     dtype = "float32" if config.residual_dtype == "float32" else config.dtype
     kwargs = dict(epsilon=config.layer_norm_eps, dtype=dtype,
                   param_dtype=config.param_dtype, scale_init=ones(("embed",)),
                   bias_init=zeros(("embed",)), name=name)
-    if config.layer_norm_impl == "flax":
+    if config.kernels.layer_norm_impl == "flax":
         return nn.LayerNorm(**kwargs)
     return TwoStageLayerNorm(**kwargs)  # also where fused/auto has no sublayer to fuse
 
 
 def use_fp8_cast(config: BertConfig) -> bool:
     """Whether the FP8 matmuls quantize their inputs and output gradients with the cast kernel
-    (``kernels/fp8_cast.py``, ``BertConfig.fp8_cast_kernel``): where the layers run the fused
-    LayerNorm kernels (GPUs, or ``layer_norm_impl=fused``)."""
-    return config.fp8 and config.fp8_cast_kernel and use_fused_norm(config)
+    (``kernels/fp8_cast.py``, ``kernels.fp8_cast_kernel``): where the layers run the fused
+    LayerNorm kernels (GPUs, or ``kernels.layer_norm_impl=fused``)."""
+    return config.fp8 and config.kernels.fp8_cast_kernel and use_fused_norm(config)
 
 
 def use_fused_norm(config: BertConfig) -> bool:
     """Whether the layers end their sublayers in :class:`FusedResidualNorm`:
-    ``layer_norm_impl=fused``, or ``auto`` on GPU where the kernel applies (hash dropout with
-    the rowcol hash, a hidden size divisible by 16, activations not split on hidden)."""
-    if config.layer_norm_impl == "fused":
+    ``kernels.layer_norm_impl=fused``, or ``auto`` on GPU where the kernel applies (hash
+    dropout with the rowcol hash, a hidden size divisible by 16, activations not split on
+    hidden)."""
+    options = config.kernels
+    if options.layer_norm_impl == "fused":
         return True
     from bert_jax.kernels import fused_norm
-    from bert_jax.kernels.platform import target_platform
 
-    if config.layer_norm_impl != "auto" or target_platform() != "gpu":
+    if options.layer_norm_impl != "auto" or placement.target_platform() != "gpu":
         return False
-
-    if config.hidden_dropout_impl != "hash" or config.dropout_hash != "rowcol":
+    if options.hidden_dropout_impl != "hash" or options.dropout_hash != "rowcol":
         return False
-    return fused_norm.supported(config.hidden_size) and fused_norm.hidden_split_axes() is None
+    return fused_norm.supported(config.hidden_size) and placement.hidden_split_axes() is None
 
 
 class FusedResidualNorm(nn.Module):
     """``LayerNorm(residual + dropout(y + b))`` in one Pallas kernel each way
-    (``layer_norm_impl=fused``, :mod:`bert_jax.kernels.fused_norm`): the same ``scale`` and
-    ``bias`` parameters as the LayerNorm it replaces; ``b`` is the output projection's bias
-    (``Projection(skip_bias_add=True)``). With ``split_output`` (and
-    ``config.split_norm_grads``) the output comes back as a pair (for the matmul, for the
+    (``kernels.layer_norm_impl=fused``, :mod:`bert_jax.kernels.fused_norm`): the same
+    ``scale`` and ``bias`` parameters as the LayerNorm it replaces; ``b`` is the output
+    projection's bias (``Projection(skip_bias_add=True)``). With ``split_output`` (and
+    ``kernels.split_norm_grads``) the output comes back as a pair (for the matmul, for the
     residual) of one array, and the kernel's backward adds the two gradients as it reads them
     (``fused_norm.residual_dropout_layer_norm(split_output=True)``); without, XLA sums them
-    first, one more pass over [tokens, hidden] per sublayer (same values; the split: Base/128
-    +1.8% on an H100). ``config.norm_blocks`` and ``norm_sum_blocks`` override the kernel's
-    tiles."""
+    first, one more pass over [tokens, hidden] per sublayer (same values).
+    ``kernels.norm_blocks`` and ``norm_sum_blocks`` override the kernel's tiles."""
 
     config: BertConfig
     split_output: bool = False
@@ -134,33 +134,35 @@ class FusedResidualNorm(nn.Module):
     def __call__(self, residual, y, b, deterministic: bool):
         from bert_jax.kernels.fused_norm import residual_dropout_layer_norm
 
-        cfg = self.config
+        cfg, options = self.config, self.config.kernels
         features = (y.shape[-1],)
         scale = self.param("scale", ones(("embed",)), features, cfg.param_dtype)
         bias = self.param("bias", zeros(("embed",)), features, cfg.param_dtype)
         rate = 0.0 if deterministic else cfg.hidden_dropout_prob
         salt = salt_from_rng(self.make_rng("dropout")) if rate > 0.0 else None
         dtype = "float32" if cfg.residual_dtype == "float32" else cfg.dtype
-        rows, warps, recompute = cfg.norm_blocks or (None, None, None)
+        rows, warps, recompute = options.norm_blocks or (None, None, None)
         return residual_dropout_layer_norm(
             residual, y, b, scale, bias, salt=salt, rate=rate, epsilon=cfg.layer_norm_eps,
             out_dtype=dtype, block_rows=rows, num_warps=warps, recompute=recompute,
-            sum_blocks=cfg.norm_sum_blocks,
-            split_output=self.split_output and cfg.split_norm_grads)
+            sum_blocks=options.norm_sum_blocks,
+            split_output=self.split_output and options.split_norm_grads,
+            shards=placement.norm_shards())
 
 
 def hidden_dropout(config: BertConfig) -> Dropout:
-    """Hidden-state dropout as the config says (rate, ``hidden_dropout_impl``,
-    ``dropout_hash``)."""
-    return Dropout(config.hidden_dropout_prob, config.hidden_dropout_impl, config.dropout_hash)
+    """Hidden-state dropout as the config says (rate, ``kernels.hidden_dropout_impl``,
+    ``kernels.dropout_hash``)."""
+    return Dropout(config.hidden_dropout_prob, config.kernels.hidden_dropout_impl,
+                   config.kernels.dropout_hash)
 
 
 # Weight gradients of the projections as one dot_general whose output is the kernel's own
-# [in..., out...] layout (``BertConfig.direct_weight_grads``). JAX's transpose rule computes
+# [in..., out...] layout (``kernels.direct_weight_grads``). JAX's transpose rule computes
 # dot_general(dy, x) -> [out..., in...] and then transposes; on the GPU, XLA splits the q/k/v
 # and attention-output weight gradients over the tokens (split-K) and its reduction of the
-# split then writes the transposed result (0.84 ms of a Base/128 step on an H100, 3-5x its
-# bytes' time). Same values either way; the direct form: Base/128 +1.4% on an H100.
+# split then writes the transposed result, a slow strided pass. Same values either way
+# (docs/performance.md, "The defaults, and why").
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -251,14 +253,16 @@ class Projection(nn.Module):
         if self.skip_bias_add:
             return y, bias
         if self.activation is not None:
-            return add_bias_activate(y, bias, self.activation, fused=cfg.fused_gelu,
-                                     blocks=cfg.gelu_blocks, sum_blocks=cfg.gelu_sum_blocks)
+            options = cfg.kernels
+            return add_bias_activate(y, bias, self.activation, fused=options.fused_gelu,
+                                     blocks=options.gelu_blocks,
+                                     sum_blocks=options.gelu_sum_blocks)
         return add_bias(y, bias)
 
     def _matmul(self, x, kernel, meta=None):
         if meta is not None:
             return fp8_matmul(x, kernel, meta, self.in_dims, use_fp8_cast(self.config))
-        if self.config.direct_weight_grads:
+        if self.config.kernels.direct_weight_grads:
             return _project(x, kernel, self.in_dims)
         return jax.lax.dot_general(x, kernel, _contract_last(x.ndim, self.in_dims))
 
@@ -353,19 +357,20 @@ class BertSelfAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x, kv_lengths, example_ids=None):
-        cfg = self.config
+        cfg, options = self.config, self.config.kernels
         n, d = cfg.num_attention_heads, cfg.head_dim
         # [batch, seq, 3, heads, head_dim]
         axes = ("embed", None, "heads", "kv")
         dropout_active = not self.deterministic and cfg.attention_probs_dropout_prob > 0.0
         # Training attention takes the query/key/value biases unadded
-        # (``config.flash_bias_grads``): the flash kernel's backward sums their gradients in
-        # passing (XLA's column sums re-read dQ, dK and dV: 0.7 ms of a Base/128 step on an
-        # H100); the other paths add them (dropout_attention).
-        bias_to_attention = (cfg.flash_bias_grads and dropout_active and not self.output_attentions
-                             and cfg.qkv_projection in ("split", "packed"))
+        # (``kernels.flash_bias_grads``): the flash kernel's backward sums their gradients in
+        # passing instead of XLA's column sums re-reading dQ, dK and dV; the other paths add
+        # them (dropout_attention).
+        bias_to_attention = (options.flash_bias_grads and dropout_active
+                             and not self.output_attentions
+                             and options.qkv_projection in ("split", "packed"))
         qkv_bias = None
-        if (cfg.qkv_projection == "packed" and dropout_active and not self.output_attentions
+        if (options.qkv_projection == "packed" and dropout_active and not self.output_attentions
                 and self._flash_runs(x)):
             # One matmul into [batch, seq, 3, heads, head_dim], read in place by the flash
             # kernel, whose gradient comes back packed: one input-gradient and one
@@ -378,9 +383,9 @@ class BertSelfAttention(nn.Module):
             context = dropout_attention_packed(
                 constrain(packed, PACKED_AXES), kv_lengths, dropout_rng=self.make_rng("dropout"),
                 dropout_rate=cfg.attention_probs_dropout_prob, implementation="flash",
-                mask_hash=cfg.dropout_hash, qkv_bias=bias, example_ids=example_ids)
+                mask_hash=options.dropout_hash, qkv_bias=bias, example_ids=example_ids)
             return self._output(context, None)
-        if cfg.qkv_projection in ("split", "packed"):
+        if options.qkv_projection in ("split", "packed"):
             # Three matmuls on slices of the [embed, 3, heads, head_dim] kernel: query, key
             # and value come out contiguous (no strided copies for the attention kernels) and
             # their gradients feed the weight gradients without a concatenation.
@@ -404,11 +409,11 @@ class BertSelfAttention(nn.Module):
             context, probs = dropout_attention(
                 query, key, value, kv_lengths, dropout_rng=self.make_rng("dropout"),
                 dropout_rate=cfg.attention_probs_dropout_prob,
-                implementation=cfg.dropout_attention_impl, mask_hash=cfg.dropout_hash,
+                implementation=options.dropout_attention_impl, mask_hash=options.dropout_hash,
                 qkv_bias=qkv_bias, example_ids=example_ids), None
         else:
             context, probs = fused_attention(query, key, value, kv_lengths,
-                                             cfg.attention_impl, example_ids), None
+                                             options.attention_impl, example_ids), None
         return self._output(context, probs)
 
     def _flash_runs(self, x) -> bool:
@@ -416,7 +421,8 @@ class BertSelfAttention(nn.Module):
         cfg = self.config
         like = jax.ShapeDtypeStruct((*x.shape[:2], cfg.num_attention_heads, cfg.head_dim),
                                     cfg.dtype)
-        return resolve_dropout_implementation(cfg.dropout_attention_impl, like, like) == "flash"
+        implementation = cfg.kernels.dropout_attention_impl
+        return resolve_dropout_implementation(implementation, like, like) == "flash"
 
     def _output(self, context, probs):
         cfg = self.config
@@ -434,34 +440,101 @@ def _handles(x):
     return x if isinstance(x, tuple) else (x, x)
 
 
-def _fp8_gelu_mlp(cfg: BertConfig, mlp_in: Projection, x):
+class PlainSublayerEnd:
+    """How a sublayer ends, ``LayerNorm(residual + dropout(y))``, unfused: the hidden dropout
+    and Flax's or the two-stage LayerNorm (:func:`layer_norm`), XLA's fusions between them.
+    Made inside a layer's compact call, so its modules are the layer's."""
+
+    bias_apart = False  # the sublayers add their output projection's bias themselves
+
+    def __init__(self, config: BertConfig, deterministic: bool):
+        self.config, self.deterministic = config, deterministic
+        self.dropout = hidden_dropout(config)  # one module for both sublayers (its rng)
+
+    def __call__(self, residual, y, name: str, split_output: bool = False):
+        del split_output  # one array: XLA sums its two consumers' gradients
+        dropped = self.dropout(y, deterministic=self.deterministic)
+        return layer_norm(self.config, name)(residual + dropped)
+
+
+class FusedSublayerEnd:
+    """How a sublayer ends as one Pallas kernel each way (:class:`FusedResidualNorm`): the
+    output projection's bias, the dropout, the residual add and the LayerNorm. ``y`` is the
+    (matmul output, bias) pair; with ``split_output`` the result is the pair of handles the
+    next sublayer's matmul and residual take (``kernels.split_norm_grads``)."""
+
+    bias_apart = True  # the sublayers return (matmul output, bias) for the kernel to add
+
+    def __init__(self, config: BertConfig, deterministic: bool):
+        self.config, self.deterministic = config, deterministic
+
+    def __call__(self, residual, y, name: str, split_output: bool = False):
+        product, bias = y
+        return FusedResidualNorm(self.config, split_output=split_output, name=name)(
+            residual, product, bias, self.deterministic)
+
+
+def sublayer_end(config: BertConfig, deterministic: bool) -> PlainSublayerEnd | FusedSublayerEnd:
+    """The sublayer ending the config picks: fused where :func:`use_fused_norm`, else plain."""
+    cls = FusedSublayerEnd if use_fused_norm(config) else PlainSublayerEnd
+    return cls(config, deterministic)
+
+
+def feed_forward(cfg: BertConfig, x, bias_apart: bool = False):
+    """The MLP sublayer ``mlp_out(act(mlp_in(x)))``, [batch, seq, hidden]. ``bias_apart``: the
+    output projection's bias comes back unadded, as (product, bias), for a fused sublayer
+    ending; the MLP is then, where its GELU kernels apply under FP8,
+    :func:`fp8_gelu_feed_forward`."""
+    mlp_in = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
+                   activation=cfg.hidden_act, fp8=True)
+    if bias_apart:
+        fp8_out = fp8_gelu_feed_forward(cfg, mlp_in, x)
+        if fp8_out is not None:
+            product, bias = fp8_out
+            return constrain(product, ACTIVATION_AXES), bias
+    mlp_out = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out",
+                    skip_bias_add=bias_apart, fp8=True)
+    y = mlp_out(constrain(mlp_in(x), MLP_AXES))
+    if bias_apart:
+        product, bias = y
+        return constrain(product, ACTIVATION_AXES), bias
+    return constrain(y, ACTIVATION_AXES)
+
+
+def fp8_gelu_feed_forward(cfg: BertConfig, mlp_in: Projection, x):
     """The MLP as ``fp8.fp8_gelu_mlp`` (the GELU kernels writing float8): (its output without
     ``mlp_out``'s bias, that bias), when the apply carries the FP8 scales, the activation is
-    the GELU and its kernels apply (``BertConfig.fp8_gelu_quantize``); else None, before
+    the GELU and its kernels apply (``kernels.fp8_gelu_quantize``); else None, before
     ``mlp_out`` exists."""
-    if not (cfg.fp8 and cfg.fp8_gelu_quantize):
+    options = cfg.kernels
+    if not (cfg.fp8 and options.fp8_gelu_quantize):
         return None
     kernel_in, bias_in, meta_in = mlp_in(x, operands=True)
     h = jax.ShapeDtypeStruct((*x.shape[:-1], cfg.intermediate_size), cfg.dtype)
     b = jax.ShapeDtypeStruct(bias_in.shape, cfg.dtype)
-    if meta_in is None or not use_fused_gelu(h, b, cfg.hidden_act, cfg.fused_gelu):
+    if meta_in is None or not use_fused_gelu(h, b, cfg.hidden_act, options.fused_gelu):
         return None
     kernel_out, bias_out, meta_out = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out",
                                            skip_bias_add=True, fp8=True)(h, operands=True)
     x, kernel_in, bias_in, kernel_out, bias_out = nn.dtypes.promote_dtype(
         x, kernel_in, bias_in, kernel_out, bias_out, dtype=cfg.dtype)
-    if cfg.fp8_gelu_transpose:  # the transposing kernels' own tiles
-        tiles = fused_gelu.tile_settings(h, bias_in, transposed=True)
+    if options.fp8_gelu_transpose:  # the transposing kernels' own tiles
+        tiles = fused_gelu.tile_settings(h, bias_in, transposed=True,
+                                         shards=placement.gelu_shards())
     else:
-        rows, cols, warps = (None, None, None) if cfg.gelu_blocks is None else cfg.gelu_blocks
+        rows, cols, warps = options.gelu_blocks or (None, None, None)
         tiles = fused_gelu.tile_settings(h, bias_in, block_rows=rows, block_cols=cols,
-                                         num_warps=warps, sum_blocks=cfg.gelu_sum_blocks)
+                                         num_warps=warps, sum_blocks=options.gelu_sum_blocks,
+                                         shards=placement.gelu_shards())
     return (fp8_gelu_mlp(x, kernel_in, bias_in, kernel_out, meta_in, meta_out, tiles,
-                         cfg.fp8_gelu_transpose, use_fp8_cast(cfg)), bias_out)
+                         options.fp8_gelu_transpose, use_fp8_cast(cfg)), bias_out)
 
 
 class BertLayer(nn.Module):
-    """One post-LayerNorm Transformer block, as in the original BERT.
+    """One post-LayerNorm Transformer block, as in the original BERT:
+    ``x = LayerNorm(x + dropout(attention(x)))``, then ``LayerNorm(x + dropout(mlp(x)))``.
+    How each sublayer ends (:func:`sublayer_end`: plain, or one fused kernel) is chosen once
+    from the config.
 
     ``x`` is [batch, seq, hidden], or the (matmul input, residual) pair of one array that the
     previous layer returns with ``split_output`` (fused LayerNorm only, ``split_norm_grads``:
@@ -475,36 +548,14 @@ class BertLayer(nn.Module):
     @nn.compact
     def __call__(self, x, kv_lengths, example_ids=None):
         cfg = self.config
-        fused = use_fused_norm(cfg)  # bias + dropout + residual + LayerNorm in one kernel
-        drop = None if fused else hidden_dropout(cfg)
+        add_norm = sublayer_end(cfg, self.deterministic)
         x, residual = _handles(x)
-        attn, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
-                                        return_bias=fused, name="attention")(
+        attended, probs = BertSelfAttention(cfg, self.deterministic, self.output_attentions,
+                                            return_bias=add_norm.bias_apart, name="attention")(
             x, kv_lengths, example_ids)
-        if fused:
-            x, residual = _handles(FusedResidualNorm(cfg, split_output=True,
-                                                     name="attention_norm")(
-                residual, *attn, self.deterministic))
-        else:
-            x = residual = layer_norm(cfg, "attention_norm")(
-                residual + drop(attn, deterministic=self.deterministic))
-        mlp_in = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "mlp_in",
-                       activation=cfg.hidden_act, fp8=True)
-        if fused:
-            # (output, mlp_out's bias): the FP8 MLP whose GELU kernels write float8, else the
-            # two projections
-            quantized = _fp8_gelu_mlp(cfg, mlp_in, x)
-            h, b = quantized if quantized is not None else dense(
-                cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out", skip_bias_add=True,
-                fp8=True)(constrain(mlp_in(x), MLP_AXES))
-            x = FusedResidualNorm(cfg, split_output=self.split_output, name="output_norm")(
-                residual, constrain(h, ACTIVATION_AXES), b, self.deterministic)
-        else:
-            h = constrain(mlp_in(x), MLP_AXES)
-            h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out", fp8=True)(h)
-            h = constrain(h, ACTIVATION_AXES)
-            x = layer_norm(cfg, "output_norm")(
-                residual + drop(h, deterministic=self.deterministic))
+        x, residual = _handles(add_norm(residual, attended, "attention_norm", split_output=True))
+        x = add_norm(residual, feed_forward(cfg, x, add_norm.bias_apart), "output_norm",
+                     split_output=self.split_output)
         if isinstance(x, tuple):
             return tuple(constrain(t, ACTIVATION_AXES) for t in x), probs
         return constrain(x, ACTIVATION_AXES), probs

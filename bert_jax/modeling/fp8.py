@@ -20,8 +20,8 @@ a handful of operations on two arrays per step, whatever the number of matmuls.
 
 :func:`fp8_gelu_mlp` is the MLP (two such matmuls around the GELU) for the fused GELU
 kernels, which then write the activation and its gradient in float8 themselves
-(``BertConfig.fp8_gelu_quantize``), and transposed for the weight gradients
-(``BertConfig.fp8_gelu_transpose``).
+(``BertConfig.kernels.fp8_gelu_quantize``), and transposed for the weight gradients
+(``BertConfig.kernels.fp8_gelu_transpose``).
 
 An apply without the collection multiplies in the compute dtype (evaluation, fine-tuning,
 export of a model pretrained in FP8).
@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.kernels import fp8_cast, fused_gelu
+from bert_jax.modeling import placement
 
 FP8_COLLECTION = "_overwrite_with_gradient"
 FORWARD_DTYPE = jnp.float8_e4m3fn  # activations and weights
@@ -105,7 +106,7 @@ def _forward(x, kernel, meta, in_dims):
 def _cast(x, scale, dtype):
     """``x`` [..., width] quantized by the cast kernel: (q [tokens, width], q transposed
     [width, tokens], max |x|)."""
-    return fp8_cast.cast_transposed(_tokens(x), scale, dtype)
+    return fp8_cast.cast_transposed(_tokens(x), scale, dtype, shards=placement.row_shards())
 
 
 def _forward_2d(x, kernel, meta, in_dims):

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 
 from bert_jax.config import BertConfig
 from bert_jax.kernels import fused_xent
-from bert_jax.kernels.platform import target_platform
 from bert_jax.kernels.reference import NEG_INF, decode, logits_cross_entropy
+from bert_jax.modeling import placement
 from bert_jax.modeling.encoder import (
     BertModel,
     dense,
@@ -99,27 +99,28 @@ def decoder_logits(decoder: MLMDecoder, vocab_size: int):
 def _use_fused_mlm_loss(decoder: MLMDecoder | None, fused: str) -> bool:
     """Whether the MLM loss runs as ``fused_xent.decode_cross_entropy`` (the decoder matmul and
     the softmax cross-entropy as one custom VJP whose passes over the logits are Pallas
-    kernels): ``fused`` is ``BertConfig.fused_mlm_loss`` (auto: on GPUs where they apply, the
-    vocabulary axis not split over a mesh; off: XLA's fusions over the float32 logits; force:
-    wherever they apply, any backend)."""
+    kernels): ``fused`` is ``BertConfig.kernels.fused_mlm_loss`` (auto: on GPUs where they
+    apply, the vocabulary axis not split over a mesh; off: XLA's fusions over the float32
+    logits; force: wherever they apply, any backend)."""
     if decoder is None or fused == "off":
         return False
     applies = fused_xent.supported(decoder.table.shape[0])
     if fused == "force":
         return applies
-    return (applies and target_platform() == "gpu"
-            and fused_xent.vocab_split_axes() is None)
+    return (applies and placement.target_platform() == "gpu"
+            and placement.split_axes("vocab") is None)
 
 
 def mlm_cross_entropy(outputs: dict[str, Any], ids, config: BertConfig):
     """Per-prediction ``(nll, correct)`` float32 [..., P] of the MLM head's outputs
     (``BertForPreTraining``): the softmax cross-entropy of the label and whether the label's
     logit is the maximum (ties count as correct). Through the fused kernels
-    (``config.fused_mlm_loss``) from ``outputs["mlm_decoder"]`` where they apply, else XLA's
+    (``config.kernels.fused_mlm_loss``) from ``outputs["mlm_decoder"]`` where they apply, else XLA's
     passes over ``outputs["mlm_logits"]`` (the same values up to float32 summation order)."""
     decoder = outputs.get("mlm_decoder")
-    if _use_fused_mlm_loss(decoder, config.fused_mlm_loss):
-        return fused_xent.decode_cross_entropy(decoder.hidden, decoder.table, decoder.bias, ids)
+    if _use_fused_mlm_loss(decoder, config.kernels.fused_mlm_loss):
+        return fused_xent.decode_cross_entropy(decoder.hidden, decoder.table, decoder.bias, ids,
+                                               shards=placement.xent_shards())
     return logits_cross_entropy(outputs["mlm_logits"], ids)
 
 

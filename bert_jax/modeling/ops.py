@@ -6,9 +6,9 @@ docs/performance.md):
   column reduction runs on a handful of thread blocks);
 * :func:`add_bias` / :func:`add_bias_activate`: dense-layer epilogues whose backward keeps only
   the matmul output and recomputes the activation's derivative (the erf GELU optionally as a
-  Pallas kernel pair, ``BertConfig.fused_gelu``, ``bert_jax/kernels/fused_gelu.py``);
+  Pallas kernel pair, ``kernels.fused_gelu``, ``bert_jax/kernels/fused_gelu.py``);
 * :func:`layer_norm_two_stage` / :class:`TwoStageLayerNorm`: LayerNorm with a written-out
-  backward (``BertConfig.layer_norm_impl=two_stage``).
+  backward (``kernels.layer_norm_impl=two_stage``).
 
 Every backward recomputation sits behind ``lax.optimization_barrier``: without it XLA merges
 the recomputation with the forward pass (CSE) and stores the intermediates after all.
@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.kernels import fused_gelu
-from bert_jax.kernels.platform import target_platform
 from bert_jax.kernels.reference import gelu_erf
+from bert_jax.modeling import placement
 
 
 def activation(name: str):
@@ -38,8 +38,8 @@ def activation(name: str):
 
 # Column sums (bias gradients: a sum over every token) run in two stages: over the sequence
 # (every leading axis but the first) first, then over the batch. In one stage, XLA's GPU
-# column reduction runs on a handful of thread blocks (6-24 at 4k tokens on an H200) however
-# long the column. The first stage stays local to each batch shard under a mesh.
+# column reduction runs on a handful of thread blocks however long the column. The first
+# stage stays local to each batch shard under a mesh.
 
 
 def column_sum(x, out_ndim: int):
@@ -74,7 +74,7 @@ add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 def use_fused_gelu(y, bias, name: str, fused: str) -> bool:
     """Whether ``add_bias_activate`` runs ``fused_gelu.py``'s kernel pair: ``fused`` is
-    ``BertConfig.fused_gelu`` (auto: on GPUs where the kernels apply, the intermediate axis
+    ``BertConfig.kernels.fused_gelu`` (auto: on GPUs where the kernels apply, the intermediate axis
     not split over a mesh; off; force: wherever they apply, any backend)."""
     if name != "gelu" or fused == "off":
         return False
@@ -82,8 +82,8 @@ def use_fused_gelu(y, bias, name: str, fused: str) -> bool:
                and fused_gelu.supported(y.shape[-1]))
     if fused == "force":
         return applies
-    return (applies and target_platform() == "gpu"
-            and fused_gelu.mlp_split_axes() is None)
+    return (applies and placement.target_platform() == "gpu"
+            and placement.split_axes("mlp") is None)
 
 
 def add_bias_activate(y, bias, name: str, *, fused: str = "off", blocks: tuple | None = None,
@@ -92,13 +92,15 @@ def add_bias_activate(y, bias, name: str, *, fused: str = "off", blocks: tuple |
     in memory anyway) and recomputes the activation's derivative. Autodiff of the plain
     expression makes the forward fusion write the activation's partial derivatives as extra
     [tokens, intermediate] arrays (three outputs for the erf GELU instead of one). ``fused``
-    (``BertConfig.fused_gelu``: auto | off | force; default off, XLA's fusions) runs the erf GELU as
-    ``fused_gelu.bias_gelu``'s kernels instead, with tiles ``blocks`` and ``sum_blocks``
-    (``BertConfig.gelu_blocks``, ``gelu_sum_blocks``; None: the kernel's defaults)."""
+    (``BertConfig.kernels.fused_gelu``: auto | off | force; default off, XLA's fusions) runs
+    the erf GELU as ``fused_gelu.bias_gelu``'s kernels instead, with tiles ``blocks`` and
+    ``sum_blocks`` (``BertConfig.kernels.gelu_blocks``, ``gelu_sum_blocks``; None: the
+    kernel's defaults)."""
     if use_fused_gelu(y, bias, name, fused):
         rows, cols, warps = (None, None, None) if blocks is None else blocks
         return fused_gelu.bias_gelu(y, bias, block_rows=rows, block_cols=cols,
-                                    num_warps=warps, sum_blocks=sum_blocks)
+                                    num_warps=warps, sum_blocks=sum_blocks,
+                                    shards=placement.gelu_shards())
     return _add_bias_activate(y, bias, name)
 
 
@@ -136,8 +138,8 @@ def layer_norm_two_stage(x, scale, bias, epsilon: float, dtype):
     """``nn.LayerNorm``'s computation (float32 statistics, output in ``dtype``) whose scale and
     bias gradients are two-stage :func:`column_sum` s, computed apart from the input gradient.
     Autodiff of ``nn.LayerNorm`` lets XLA fuse the input gradient into the one-stage column
-    reduction of the parameter gradients: a [tokens, hidden] output written by 6 thread blocks
-    (112 us x 22 per Base/128 classify step at batch 32 on an H200, 22% of the step)."""
+    reduction of the parameter gradients: a [tokens, hidden] output written by a handful of
+    thread blocks, a large share of a fine-tuning step (docs/performance.md)."""
     return _layer_norm_fwd(x, scale, bias, epsilon, dtype)[0]
 
 

@@ -21,6 +21,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from bert_jax import parallel
+from bert_jax.config import with_kernel_options_nested
 from bert_jax.errors import BertJaxError
 from bert_jax.tasks.validate import validate_finetuning
 from bert_jax.training import config as config_lib
@@ -129,7 +130,7 @@ def base_config() -> ml_collections.ConfigDict:
     # all-MiniLM-L6-v2), which costs more than the padding it saves on a GLUE-sized task
     # (docs/performance.md, "Fine-tuning end to end"). 0: every bucket.
     c.length_bucket_min_sequences = 200_000
-    # The kernel choices the model config leaves to `auto` (attention_impl,
+    # The kernel choices the model config leaves to `auto` (model.kernels.attention_impl,
     # dropout_attention_impl, layer_norm_impl, fused_gelu) take bert-jax's Pallas kernels and
     # cuDNN's attention only in a run that trains at least this many sequences (rows x
     # epochs), else XLA's own ops: those pay for their tracing, lowering and loading (about
@@ -207,10 +208,13 @@ def config_from_dict(values: dict[str, Any], source: str = "stored run config"
                      ) -> ml_collections.ConfigDict:
     """A stored run config (``config.to_dict()`` through JSON) -> locked, typed ConfigDict.
 
-    Runs stored with the earlier flat schema load too: their keys are mapped to the new names.
+    Runs stored with the earlier flat schema load too: their keys are mapped to the new names
+    (the kernel options, once ``model.<field>``, to ``model.kernels.<field>``).
     """
     config = base_config()
     known = set(config_lib.all_keys(config))
+    if isinstance(values.get("model"), dict):  # kernel options stored at the model's top
+        values = {**values, "model": with_kernel_options_nested(values["model"])}
     flat = {}
     for key, value in _flatten_dict(values).items():
         head, dot, rest = key.partition(".")

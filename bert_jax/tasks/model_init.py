@@ -19,13 +19,15 @@ from bert_jax.training import config as config_lib
 def model_config_for_checkpoint(config, ckpt: BertConfig, source: str) -> BertConfig:
     """The checkpoint's config with the run's runtime fields (dropout, dtype, ...); any other
     model field set in the run must equal the checkpoint's."""
-    fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
+    fields = config_lib.model_fields(config.model)
+    kernels = fields.pop("kernels", {})
     for key, value in fields.items():
         if key not in RUNTIME_FIELDS and value != getattr(ckpt, key):
             raise BertJaxError(f"--config.model.{key}={value!r} does not match the checkpoint "
                                f"{source}, which has {key}={getattr(ckpt, key)!r} (the "
                                "encoder's shape comes from the checkpoint; unset the field)")
-    return ckpt.replace(**{k: v for k, v in fields.items() if k in RUNTIME_FIELDS})
+    return ckpt.replace(**{k: v for k, v in fields.items() if k in RUNTIME_FIELDS}
+                        ).with_kernels(**kernels)
 
 
 def check_tokenizer(tokenizer, ckpt_tokenizer, model_cfg: BertConfig, source: str,

@@ -19,23 +19,32 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from bert_jax.config import BertConfig, get_preset
+from bert_jax.config import BertConfig, KernelOptions, get_preset, moved_field_message
 from bert_jax.errors import BertJaxError
 from bert_jax.parallel import DEFAULT_RULES
 from bert_jax.training.validate import OBJECTIVES
 
 
 def _model_section() -> ml_collections.ConfigDict:
-    """``preset`` plus one typed placeholder per BertConfig field (None = the preset's)."""
-    model = ml_collections.ConfigDict()
+    """``preset`` plus one typed placeholder per BertConfig field (None = the preset's), the
+    kernel options as the sub-section ``kernels``."""
+    model = _placeholders(BertConfig, skip=("kernels",))
     model.preset = "base"
-    for field in dataclasses.fields(BertConfig):
+    model.kernels = _placeholders(KernelOptions)
+    return model
+
+
+def _placeholders(cls, skip: tuple[str, ...] = ()) -> ml_collections.ConfigDict:
+    section = ml_collections.ConfigDict()
+    for field in dataclasses.fields(cls):
+        if field.name in skip:
+            continue
         if field.default is not None:
             kind = type(field.default)
         else:  # int | None, or a tile override (tuple | None)
             kind = tuple if str(field.type).startswith("tuple") else int
-        model[field.name] = config_dict.placeholder(kind)
-    return model
+        section[field.name] = config_dict.placeholder(kind)
+    return section
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -180,15 +189,27 @@ def base_config() -> ml_collections.ConfigDict:
 def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None
                  ) -> BertConfig:
     """The BertConfig: preset, then the data's vocabulary size, then explicit fields."""
-    fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
+    fields = model_fields(config.model)
     if vocab_size is not None and "vocab_size" not in fields:
         fields["vocab_size"] = vocab_size
-    model_cfg = get_preset(config.model.preset, **fields)
+    kernels = fields.pop("kernels", {})
+    model_cfg = get_preset(config.model.preset, **fields).with_kernels(**kernels)
     if config.get("objective") == "distill":
         from bert_jax.training.family import student_config
 
         model_cfg = student_config(config, model_cfg, fields)
     return model_cfg
+
+
+def model_fields(model: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The fields a ``model`` section sets (not None), the kernel options as a dict under
+    ``kernels`` (absent when none is set)."""
+    fields = {k: v for k, v in model.items()
+              if k not in ("preset", "kernels") and v is not None}
+    kernels = {k: v for k, v in (model.get("kernels") or {}).items() if v is not None}
+    if kernels:
+        fields["kernels"] = kernels
+    return fields
 
 
 def pair_head(config: ml_collections.ConfigDict) -> bool:
@@ -305,6 +326,10 @@ def _lookup(config: ml_collections.ConfigDict, key: str):
     parts = key.split(".")
     for i, part in enumerate(parts):
         if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            moved = (isinstance(node, ml_collections.ConfigDict) and "kernels" in node
+                     and moved_field_message(part, f"--config.{'.'.join(parts[:i])}."))
+            if moved:
+                raise BertJaxError(moved)
             close = difflib.get_close_matches(key, all_keys(config), n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join('--config.' + c for c in close)}?" if close \
                 else ""

@@ -46,8 +46,8 @@ def loss_sums(outputs: dict[str, Any], batch: Batch, pair_head: bool, config: Be
     """Weighted MLM cross-entropy / accuracy sums and NSP (or SOP) sums, all float32; ``config``
     (the model's) picks the MLM loss's kernels."""
     weights = batch["masked_lm_weights"].astype(jnp.float32)  # [batch, P]
-    # [batch, P] each: the fused decoder + loss kernels on GPUs (config.fused_mlm_loss), else
-    # XLA's passes over the float32 logits
+    # [batch, P] each: the fused decoder + loss kernels on GPUs
+    # (config.kernels.fused_mlm_loss), else XLA's passes over the float32 logits
     nll, correct = heads.mlm_cross_entropy(outputs, batch["masked_lm_ids"], config)
     sums = {"mlm_loss_sum": jnp.sum(nll * weights), "mlm_correct": jnp.sum(correct * weights),
             "mlm_weight": jnp.sum(weights)}

@@ -27,7 +27,7 @@ from bert_jax.errors import BertJaxError
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "intermediate_size", "max_position_embeddings", "type_vocab_size",
                 "embedding_size", "share_layers", "vocab_pad_multiple", "param_dtype",
-                "qkv_projection", "scan_layers")
+                "kernels.qkv_projection", "scan_layers")
 # Experiment keys that fix the optimizer state or the heads.
 STATE_KEYS = (("objective",), ("optimizer", "name"))
 
@@ -85,11 +85,12 @@ def check_pretraining_workdir(workdir: str, model_cfg: BertConfig, experiment: d
         return  # nothing to resume: a new config may replace the old one
     saved, now = saved_cfg.to_dict(), model_cfg.to_dict()
     for field in SHAPE_FIELDS:
-        if saved.get(field) != now.get(field):
+        before, after = _get(saved, tuple(field.split("."))), _get(now, tuple(field.split(".")))
+        if before != after:
             raise BertJaxError(
-                f"{workdir}: its checkpoints were made with model.{field}={saved.get(field)!r}"
-                f", this config has {now.get(field)!r}; resume with the config the run was "
-                "started with, or use a new --workdir")
+                f"{workdir}: its checkpoints were made with model.{field}={before!r}, this "
+                f"config has {after!r}; resume with the config the run was started with, or "
+                "use a new --workdir")
     for keys in STATE_KEYS:
         before, after = _get(extra["experiment"], keys), _get(experiment, keys)
         if before is not None and before != after:

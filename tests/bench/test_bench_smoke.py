@@ -383,5 +383,5 @@ def test_kernel_levers_reach_the_model_config():
     args = bench_pretrain.parse_args(TINY + ["--fused-gelu", "off", "--norm-blocks", "8:4",
                                              "--split-norm-grads", "off"])
     config = model_config(bench_pretrain.experiment_config(args))
-    assert config.fused_gelu == "off" and config.norm_blocks == (8, 4, True)
-    assert config.split_norm_grads is False and config.fused_mlm_loss == "auto"
+    assert config.kernels.fused_gelu == "off" and config.kernels.norm_blocks == (8, 4, True)
+    assert config.kernels.split_norm_grads is False and config.kernels.fused_mlm_loss == "auto"

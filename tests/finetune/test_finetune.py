@@ -44,7 +44,7 @@ def test_learns_toy_task_then_evaluate_and_predict(data, tmp_path, capsys):
     assert extra["task"] == "sst2" and extra["num_labels"] == 2
     # The short run computed on XLA's ops (kernel_min_sequences) with scanned layers
     # (unroll_min_sequences); the model keeps `auto` and the checkpoint's unrolled layers.
-    assert cfg.dropout_attention_impl == "auto" and cfg.fused_gelu == "auto"
+    assert cfg.kernels.dropout_attention_impl == "auto" and cfg.kernels.fused_gelu == "auto"
     assert not cfg.scan_layers and encoder_layout(params["bert"]["encoder"]) == "unrolled"
     assert extra["best"]["epoch"] == metrics["best"]["epoch"]
     # Monitoring: a progress bar over all steps; dev metrics per epoch to TensorBoard + jsonl.
@@ -197,19 +197,20 @@ def test_compile_ahead_compiles_each_program_once(data, tmp_path):
 
 
 def test_short_runs_take_xla_ops_and_scanned_layers_unless_the_user_chose():
-    from bert_jax.config import BertConfig
+    from bert_jax.config import BertConfig, KernelOptions
     from bert_jax.tasks.config import base_config
     from bert_jax.tasks.trainer import run_model_config
 
-    model = BertConfig(fused_gelu="force")  # set by the user: kept
+    model = BertConfig(kernels=KernelOptions(fused_gelu="force"))  # set by the user: kept
     c = base_config()
     c.kernel_min_sequences = 3001
     c.unroll_min_sequences = 0
     mask = np.ones((1000, 8), np.int32)
     short = run_model_config(c, model, mask, passes=3)
-    assert (short.attention_impl, short.dropout_attention_impl, short.layer_norm_impl,
-            short.fused_gelu) == ("xla", "explicit", "two_stage", "force")
-    assert short == model.with_xla_kernels().replace(fused_gelu="force")
+    options = short.kernels
+    assert (options.attention_impl, options.dropout_attention_impl, options.layer_norm_impl,
+            options.fused_gelu) == ("xla", "explicit", "two_stage", "force")
+    assert short == model.with_xla_kernels().with_kernels(fused_gelu="force")
     c.kernel_min_sequences = 3000  # 1000 rows x 3 passes: long enough
     assert run_model_config(c, model, mask, passes=3) == model
     c.kernel_min_sequences = 0

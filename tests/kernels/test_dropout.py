@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from bert_jax import parallel
-from bert_jax.config import get_preset
+from bert_jax.config import KernelOptions, get_preset
 from bert_jax.errors import BertJaxError
 from bert_jax.kernels.dropout import (
     Dropout,
@@ -107,7 +107,7 @@ def test_the_two_hashes_differ_and_bad_hash_is_refused():
     with pytest.raises(ValueError, match="dropout hash"):
         hash_dropout(jnp.ones((4, 4)), salt, 0.1, "xor")
     with pytest.raises(BertJaxError, match="dropout_hash"):
-        get_preset("tiny", dropout_hash="xor")
+        get_preset("tiny", kernels=KernelOptions(dropout_hash="xor"))
 
 
 @pytest.mark.parametrize("mask_hash", ["rowcol", "flat"])
@@ -160,7 +160,7 @@ def test_module_deterministic_zero_rate_and_bad_implementation():
     with pytest.raises(ValueError, match="not one of"):
         Dropout(0.5, "curand").apply({}, x, deterministic=False, rngs=rngs)
     with pytest.raises(BertJaxError, match="hidden_dropout_impl"):
-        get_preset("tiny", hidden_dropout_impl="curand")
+        get_preset("tiny", kernels=KernelOptions(hidden_dropout_impl="curand"))
 
 
 @pytest.mark.parametrize("impl", ["hash", "prng"])
@@ -168,7 +168,7 @@ def test_module_deterministic_zero_rate_and_bad_implementation():
 def test_model_training_path(impl):
     """Dropout is active and seeded: the same key gives the same output, another key another;
     gradients are finite; scan + remat recompute the same masks (equal gradients)."""
-    cfg = get_preset("tiny", vocab_size=300, hidden_dropout_impl=impl,
+    cfg = get_preset("tiny", vocab_size=300, kernels=KernelOptions(hidden_dropout_impl=impl),
                      attention_probs_dropout_prob=0.0)
     ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
     mask = jnp.ones((2, 32), jnp.int32)

@@ -15,7 +15,7 @@ from tolerance import close
 from triton_lowering import cuda_lowering_text
 
 from bert_jax import parallel
-from bert_jax.config import get_preset
+from bert_jax.config import KERNEL_FIELDS, KernelOptions, get_preset
 from bert_jax.kernels import flash
 from bert_jax.modeling import BertModel
 from bert_jax.modeling.attention import (
@@ -307,7 +307,8 @@ def _tiny_training_loss(cfg, mask=None):
     probe = jax.random.normal(jax.random.key(3), (2, 32, cfg.hidden_size))
 
     def loss(p, **overrides):
-        out = BertModel(cfg.replace(**overrides)).apply(
+        kernels = {k: overrides.pop(k) for k in list(overrides) if k in KERNEL_FIELDS}
+        out = BertModel(cfg.replace(**overrides).with_kernels(**kernels)).apply(
             p, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(2)})
         return jnp.mean(out["sequence_output"] * probe)
 
@@ -319,7 +320,8 @@ def flash_model_runs():
     """(config, params, {(qkv_projection, flash_bias_grads): (loss, gradients)}): the tiny
     model (one layer) trained through the flash kernel, each way of projecting and of summing
     the bias gradients."""
-    cfg = get_preset("tiny", vocab_size=300, num_hidden_layers=1, dropout_attention_impl="flash")
+    cfg = get_preset("tiny", vocab_size=300, num_hidden_layers=1,
+                     kernels=KernelOptions(dropout_attention_impl="flash"))
     params, loss = _tiny_training_loss(cfg)
     runs = {(projection, bias_grads): jax.jit(jax.value_and_grad(functools.partial(
         loss, qkv_projection=projection, flash_bias_grads=bias_grads)))(params)
@@ -333,7 +335,7 @@ def test_model_packed_projection_equals_split(bias_grads, flash_model_runs):
     gradient packed) trains to the same loss and gradients as split; evaluation, which has no
     dropout and so no flash kernel, computes as split."""
     cfg, params, runs = flash_model_runs
-    cfg = cfg.replace(flash_bias_grads=bias_grads)
+    cfg = cfg.with_kernels(flash_bias_grads=bias_grads)
     packed, split = runs["packed", bias_grads], runs["split", bias_grads]
     np.testing.assert_allclose(packed[0], split[0], **close(rtol=1e-6))
     bias_grad = packed[1]["params"]["encoder"]["layer_0"]["attention"]["qkv"]["bias"]
@@ -341,7 +343,7 @@ def test_model_packed_projection_equals_split(bias_grads, flash_model_runs):
     for a, b in zip(jax.tree.leaves(packed[1]), jax.tree.leaves(split[1]), strict=True):
         assert_same_sums(a, b, _SUMMANDS)
     ids = jax.random.randint(jax.random.key(0), (2, 32), 5, 300)
-    evaluated = [jax.jit(BertModel(cfg.replace(qkv_projection=p)).apply)(
+    evaluated = [jax.jit(BertModel(cfg.with_kernels(qkv_projection=p)).apply)(
         params, ids, jnp.ones_like(ids)) for p in ("packed", "split")]
     np.testing.assert_array_equal(evaluated[0]["sequence_output"],
                                   evaluated[1]["sequence_output"])
@@ -371,8 +373,8 @@ def test_model_trains_through_flash():
     probe = jax.random.normal(jax.random.key(3), (2, 32, cfg.hidden_size))
 
     def loss(p, impl, rate):
-        model = BertModel(cfg.replace(dropout_attention_impl=impl,
-                                      attention_probs_dropout_prob=rate))
+        model = BertModel(cfg.replace(attention_probs_dropout_prob=rate).with_kernels(
+            dropout_attention_impl=impl))
         out = model.apply(p, ids, mask, deterministic=False,
                           rngs={"dropout": jax.random.key(2)})
         return jnp.mean(out["sequence_output"] * probe)
@@ -395,7 +397,8 @@ def test_flash_under_scan_and_remat():
     """The kernel's custom VJP composes with the scanned layer stack (finite gradients) and
     rematerialization: remat recomputes the forward (same salts from the same keys), so
     gradients are equal."""
-    cfg = get_preset("tiny", vocab_size=300, scan_layers=True, dropout_attention_impl="flash")
+    cfg = get_preset("tiny", vocab_size=300, scan_layers=True,
+                     kernels=KernelOptions(dropout_attention_impl="flash"))
     params, loss = _tiny_training_loss(cfg, mask=jnp.ones((2, 32), jnp.int32))
     grads = jax.jit(jax.grad(functools.partial(loss, remat_policy="dots")))(params)
     reference = jax.jit(jax.grad(functools.partial(loss, remat_policy="none")))(params)

@@ -11,8 +11,8 @@ import pytest
 from packing import assert_packed_equals_alone, segment_ids
 
 from bert_jax.kernels import flash, flash_tpu
-from bert_jax.kernels.platform import target_platform, targeting
 from bert_jax.modeling.attention import resolve_dropout_implementation
+from bert_jax.parallel import target_platform, targeting
 
 
 def _inputs(seed, batch=2, seq=64, heads=2, dim=32, dtype=jnp.float32):
@@ -231,7 +231,7 @@ def test_model_training_step_same_on_both_kernels():
     probe = jax.random.normal(jax.random.key(3), (2, 32, cfg.hidden_size))
 
     def loss(p, impl):
-        out = BertModel(cfg.replace(dropout_attention_impl=impl)).apply(
+        out = BertModel(cfg.with_kernels(dropout_attention_impl=impl)).apply(
             p, ids, mask, deterministic=False, rngs={"dropout": jax.random.key(2)})
         return jnp.mean(out["sequence_output"] * probe)
 

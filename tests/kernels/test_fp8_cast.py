@@ -4,6 +4,8 @@ for the GPU, and bad input named. Pallas interpret mode on the CPU."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 from triton_lowering import cuda_lowering_text
 
 from bert_jax.kernels import fp8_cast
+from bert_jax.kernels.sharding import RowShards
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 
@@ -52,8 +55,8 @@ def test_per_shard_under_a_mesh_matches_one_device():
     x = _x((256, 64))
     want = jax.jit(lambda x: fp8_cast.cast_transposed(x, 0.02, E4M3))(x)
     mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
-    fn = parallel.traced_in_mesh(lambda x: fp8_cast.cast_transposed(x, 0.02, E4M3), mesh,
-                                 parallel.DEFAULT_RULES)
+    shards = RowShards(mesh, ("data", "fsdp"))
+    fn = functools.partial(fp8_cast.cast_transposed, scale=0.02, dtype=E4M3, shards=shards)
     got = jax.jit(fn)(x)
     text = jax.jit(fn).lower(x).as_text()
     assert text.count("manual_computation") + text.count("shard_map") >= 1

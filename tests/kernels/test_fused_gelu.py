@@ -5,6 +5,8 @@ float64 ``math.erf``, per-shard runs under a mesh, the Triton lowering for the G
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import jax
@@ -14,6 +16,7 @@ import pytest
 from triton_lowering import cuda_lowering_text
 
 from bert_jax.kernels import fused_gelu
+from bert_jax.kernels.sharding import WHOLE, RowShards
 from bert_jax.modeling import ops
 
 
@@ -142,14 +145,14 @@ def test_per_shard_under_a_mesh_matches_one_device():
 
     y, b, _ = _inputs((4, 16, 128))
 
-    def loss(y, b):
-        out = fused_gelu.bias_gelu(y, b, block_rows=4, sum_blocks=2)
+    def loss(y, b, shards=WHOLE):
+        out = fused_gelu.bias_gelu(y, b, block_rows=4, sum_blocks=2, shards=shards)
         return jnp.sum(out * jnp.cos(out))
 
     want = jax.value_and_grad(loss, (0, 1))(y, b)
     mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
-    fn = parallel.traced_in_mesh(jax.value_and_grad(loss, (0, 1)), mesh,
-                                 parallel.DEFAULT_RULES)
+    shards = RowShards(mesh, ("data", "fsdp"))
+    fn = jax.value_and_grad(functools.partial(loss, shards=shards), (0, 1))
     got = jax.jit(fn)(y, b)
     text = jax.jit(fn).lower(y, b).as_text()
     assert text.count("manual_computation") + text.count("shard_map") >= 2  # fwd + bwd
@@ -158,15 +161,19 @@ def test_per_shard_under_a_mesh_matches_one_device():
 
 
 def test_split_mlp_axis_is_refused():
-    """Tensor parallelism splits the intermediate axis (rule mlp -> tensor): a clear error
-    naming the logical axis, not a wrong per-shard result."""
+    """Tensor parallelism splits the intermediate axis (rule mlp -> tensor): the model's
+    placement of the kernels gives a clear error naming the logical axis, not a wrong
+    per-shard result."""
     if jax.device_count() < 2:
         pytest.skip("needs 2 devices")
     from bert_jax import parallel
+    from bert_jax.modeling import placement
 
     y, b, _ = _inputs((2, 8, 64))
     mesh = parallel.create_mesh({"data": 1, "fsdp": 1, "tensor": 2}, None, jax.devices()[:2])
-    fn = parallel.traced_in_mesh(fused_gelu.bias_gelu, mesh, parallel.DEFAULT_RULES)
+    fn = parallel.traced_in_mesh(
+        lambda y, b: fused_gelu.bias_gelu(y, b, shards=placement.gelu_shards()), mesh,
+        parallel.DEFAULT_RULES)
     with pytest.raises(ValueError, match="logical axis 'mlp'.*tensor"):
         jax.jit(fn)(y, b)
 
@@ -236,9 +243,9 @@ def test_model_with_fused_gelu_matches_xla():
     loss and gradients with fused_gelu="force" (the kernels, with the config's tiles) equal
     those with "off"."""
     from bert_jax import modeling
-    from bert_jax.config import get_preset
+    from bert_jax.config import KernelOptions, get_preset
 
-    cfg = get_preset("tiny", vocab_size=128, fused_gelu="off")
+    cfg = get_preset("tiny", vocab_size=128, kernels=KernelOptions(fused_gelu="off"))
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
     mask = jnp.ones_like(ids)
     positions = jnp.tile(jnp.arange(1, 4)[None], (2, 1))
@@ -252,12 +259,12 @@ def test_model_with_fused_gelu_matches_xla():
         return loss
 
     want = jax.jit(jax.value_and_grad(loss_of(cfg)))(params)
-    fused = cfg.replace(fused_gelu="force", gelu_blocks=(8, 64, 1), gelu_sum_blocks=2)
+    fused = cfg.with_kernels(fused_gelu="force", gelu_blocks=(8, 64, 1), gelu_sum_blocks=2)
     jaxpr = str(jax.make_jaxpr(loss_of(fused))(params))
     assert jaxpr.count(" name=bert_bias_gelu_forward") == 3
     tile = "block_shape=(Blocked(block_size=8), Blocked(block_size=64))"  # gelu_blocks
     assert tile in jaxpr
-    assert tile not in str(jax.make_jaxpr(loss_of(fused.replace(gelu_blocks=None)))(params))
+    assert tile not in str(jax.make_jaxpr(loss_of(fused.with_kernels(gelu_blocks=None)))(params))
     got = jax.jit(jax.value_and_grad(loss_of(fused)))(params)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         _close(g, w, 1e-5, "model")
@@ -349,9 +356,9 @@ def test_float8_outputs_per_shard_under_a_mesh_match_one_device():
     from bert_jax import parallel
 
     y, b, g = _inputs((4, 16, 128))
-    s = _fp8_settings(y[:2], b, block_rows=4, sum_blocks=2)  # the tiles of one shard
+    one = _fp8_settings(y[:2], b, block_rows=4, sum_blocks=2)  # the tiles of one shard
 
-    def both(y, b, g):
+    def both(y, b, g, s=one):
         return (fused_gelu.forward_fp8(y, b, 0.01, E4M3, s),
                 fused_gelu.backward_fp8(g, y, b, 1e-5, E5M2, s),
                 fused_gelu.forward_fp8(y, b, 0.01, E4M3, s, transposed=True),
@@ -359,7 +366,8 @@ def test_float8_outputs_per_shard_under_a_mesh_match_one_device():
 
     want = jax.jit(both)(y, b, g)
     mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
-    fn = parallel.traced_in_mesh(both, mesh, parallel.DEFAULT_RULES)
+    fn = functools.partial(both, s=dataclasses.replace(
+        one, shards=RowShards(mesh, ("data", "fsdp"))))
     got = jax.jit(fn)(y, b, g)
     text = jax.jit(fn).lower(y, b, g).as_text()
     assert text.count("manual_computation") + text.count("shard_map") >= 4  # fwd + bwd, x2

@@ -1,7 +1,7 @@
 """The fused bias + hidden dropout + residual add + LayerNorm kernel
 (``bert_jax/kernels/fused_norm.py``, Pallas interpret mode on the CPU): values and gradients
 against jax.numpy, the same mask as ``hash_dropout``, per-shard runs under a mesh, a train step
-with ``layer_norm_impl=fused``, and the Triton lowering for the GPU."""
+with ``kernels.layer_norm_impl=fused``, and the Triton lowering for the GPU."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import pytest
 from float_sums import assert_same_sums
 from triton_lowering import cuda_lowering_text
 
-from bert_jax.config import BertConfig, get_preset
+from bert_jax.config import BertConfig, KernelOptions, get_preset
 from bert_jax.errors import BertJaxError
 from bert_jax.kernels import fused_norm
 from bert_jax.kernels.dropout import hash_dropout, salt_from_rng
+from bert_jax.kernels.sharding import WHOLE, RowShards
 
 
 def _inputs(shape=(2, 16, 96), dtype=jnp.float32, seed=0):
@@ -146,7 +147,7 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="salt"):
         fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, rate=0.1)
     with pytest.raises(BertJaxError, match="layer_norm_impl"):
-        BertConfig(layer_norm_impl="fused", hidden_dropout_impl="prng")
+        KernelOptions(layer_norm_impl="fused", hidden_dropout_impl="prng")
 
 
 @pytest.mark.parametrize("sum_blocks,split", [(1, False), (2, True)])
@@ -160,16 +161,17 @@ def test_per_shard_under_a_mesh_matches_one_device(sum_blocks, split):
 
     r, y, b, gamma, beta, salt = _inputs(shape=(4, 16, 64))
 
-    def loss(r, y, b, gamma, beta):
+    def loss(r, y, b, gamma, beta, shards=WHOLE):
         out = fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta, salt=salt, rate=0.1,
-                                                     sum_blocks=sum_blocks, split_output=split)
+                                                     sum_blocks=sum_blocks, split_output=split,
+                                                     shards=shards)
         a, c = out if split else (out, out)
         return jnp.sum(a * jnp.cos(c))
 
     want = jax.value_and_grad(loss, range(5))(r, y, b, gamma, beta)
     mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
-    fn = parallel.traced_in_mesh(jax.value_and_grad(loss, range(5)), mesh,
-                                 parallel.DEFAULT_RULES)
+    shards = RowShards(mesh, ("data", "fsdp"))
+    fn = jax.value_and_grad(functools.partial(loss, shards=shards), range(5))
     got = jax.jit(fn)(r, y, b, gamma, beta)
     text = jax.jit(fn).lower(r, y, b, gamma, beta).as_text()
     assert text.count("manual_computation") + text.count("shard_map") >= 2  # fwd + bwd
@@ -184,14 +186,14 @@ def test_split_norm_grads_in_the_encoder():
     parameter gradient are unchanged, also when the layers are rematerialized."""
     from bert_jax import modeling
 
-    cfg = get_preset("tiny", vocab_size=128, layer_norm_impl="fused")
+    cfg = get_preset("tiny", vocab_size=128, kernels=KernelOptions(layer_norm_impl="fused"))
     ids = jax.random.randint(jax.random.key(0), (2, 16), 5, 128)
     mask = jnp.ones_like(ids).at[1, 12:].set(0)
     params = jax.jit(modeling.BertForPreTraining(cfg).init)(jax.random.key(1), ids, mask)
 
     def loss_of(split, remat="none"):
-        model = modeling.BertForPreTraining(cfg.replace(split_norm_grads=split,
-                                                        remat_policy=remat))
+        model = modeling.BertForPreTraining(cfg.replace(remat_policy=remat).with_kernels(
+            split_norm_grads=split))
 
         def loss(p):
             out = model.apply(p, ids, mask, deterministic=False,
@@ -233,7 +235,8 @@ def test_train_step_with_fused_layer_norm_learns():
 
     from bert_jax import modeling
 
-    cfg = get_preset("tiny", vocab_size=128, num_hidden_layers=1, layer_norm_impl="fused")
+    cfg = get_preset("tiny", vocab_size=128, num_hidden_layers=1,
+                     kernels=KernelOptions(layer_norm_impl="fused"))
     model = modeling.BertForPreTraining(cfg)
     ids = jax.random.randint(jax.random.key(0), (4, 16), 5, 128)
     mask = jnp.ones_like(ids)
@@ -288,7 +291,7 @@ def test_config_tiles_reach_the_kernel():
 
     from bert_jax.modeling import BertModel
 
-    cfg = get_preset("tiny", vocab_size=128, layer_norm_impl="fused")
+    cfg = get_preset("tiny", vocab_size=128, kernels=KernelOptions(layer_norm_impl="fused"))
     ids = jnp.ones((2, 16), jnp.int32)
     params = jax.jit(BertModel(cfg).init)(jax.random.key(0), ids)
 
@@ -298,21 +301,21 @@ def test_config_tiles_reach_the_kernel():
         return set(re.findall(r"grid=\(\d+,\)", text))
 
     assert grids(cfg) == {"grid=(8,)"}
-    assert grids(cfg.replace(norm_blocks=(8, 1, False), norm_sum_blocks=2)) == {"grid=(4,)"}
+    assert grids(cfg.with_kernels(norm_blocks=(8, 1, False), norm_sum_blocks=2)) == {"grid=(4,)"}
 
 
 def test_auto_resolution(monkeypatch):
     """layer_norm_impl=auto: the fused kernel on GPU where it applies, two_stage elsewhere."""
     from bert_jax.modeling import encoder
 
-    auto = BertConfig(layer_norm_impl="auto")
-    assert encoder.use_fused_norm(BertConfig(layer_norm_impl="fused"))
+    auto = BertConfig(kernels=KernelOptions(layer_norm_impl="auto"))
+    assert encoder.use_fused_norm(BertConfig(kernels=KernelOptions(layer_norm_impl="fused")))
     assert not encoder.use_fused_norm(auto)  # CPU
     assert not encoder.use_fused_norm(BertConfig())  # two_stage
     monkeypatch.setattr(encoder.jax, "default_backend", lambda: "gpu")
     assert encoder.use_fused_norm(auto)
-    assert not encoder.use_fused_norm(auto.replace(hidden_dropout_impl="prng"))
-    assert not encoder.use_fused_norm(auto.replace(dropout_hash="flat"))
+    assert not encoder.use_fused_norm(auto.with_kernels(hidden_dropout_impl="prng"))
+    assert not encoder.use_fused_norm(auto.with_kernels(dropout_hash="flat"))
     assert not encoder.use_fused_norm(auto.replace(hidden_size=40, num_attention_heads=4))
 
 
@@ -325,9 +328,9 @@ def test_uneven_batch_under_a_mesh_falls_back_to_one_call():
 
     r, y, b, gamma, beta, _ = _inputs(shape=(3, 16, 64))
     mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
-    fn = parallel.traced_in_mesh(
-        lambda r, y: fused_norm.residual_dropout_layer_norm(r, y, b, gamma, beta), mesh,
-        parallel.DEFAULT_RULES)
+    shards = RowShards(mesh, ("data", "fsdp"))
+    fn = functools.partial(fused_norm.residual_dropout_layer_norm, b=b, gamma=gamma, beta=beta,
+                           shards=shards)
     np.testing.assert_allclose(jax.jit(fn)(r, y), fused_norm.reference(r, y, b, gamma, beta),
                                rtol=1e-5, atol=1e-5)
 

@@ -5,14 +5,17 @@ bit for bit, per-shard runs under a mesh, the Triton lowering for the GPU, and t
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from triton_lowering import cuda_lowering_text
 
-from bert_jax.config import BertConfig
+from bert_jax.config import BertConfig, KernelOptions
 from bert_jax.kernels import fused_xent
+from bert_jax.kernels.sharding import WHOLE, RowShards
 from bert_jax.modeling import heads
 
 
@@ -134,15 +137,15 @@ def test_per_shard_under_a_mesh_matches_one_device():
 
     h, table, bias, ids, weights = _inputs((4, 6), vocab=128, real=120)
 
-    def loss(h, table, bias):
+    def loss(h, table, bias, shards=WHOLE):
         nll, correct = fused_xent.decode_cross_entropy(h, table, bias, ids, block_rows=4,
-                                                       sum_blocks=2)
+                                                       sum_blocks=2, shards=shards)
         return jnp.sum(nll * weights) + jnp.sum(correct)
 
     want = jax.value_and_grad(loss, (0, 1, 2))(h, table, bias)
     mesh = parallel.create_mesh({"data": 2, "fsdp": 1, "tensor": 1}, None, jax.devices()[:2])
-    fn = parallel.traced_in_mesh(jax.value_and_grad(loss, (0, 1, 2)), mesh,
-                                 parallel.DEFAULT_RULES)
+    shards = RowShards(mesh, ("data", "fsdp"))
+    fn = jax.value_and_grad(functools.partial(loss, shards=shards), (0, 1, 2))
     got = jax.jit(fn)(h, table, bias)
     text = jax.jit(fn).lower(h, table, bias).as_text()
     assert text.count("manual_computation") + text.count("shard_map") >= 2  # fwd + bwd
@@ -156,10 +159,13 @@ def test_split_vocab_axis_is_refused_and_auto_falls_back(monkeypatch):
     if jax.device_count() < 2:
         pytest.skip("needs 2 devices")
     from bert_jax import parallel
+    from bert_jax.modeling import placement
 
     h, table, bias, ids, _ = _inputs((2, 4), vocab=128, real=128)
     mesh = parallel.create_mesh({"data": 1, "fsdp": 1, "tensor": 2}, None, jax.devices()[:2])
-    fn = parallel.traced_in_mesh(fused_xent.decode_cross_entropy, mesh, parallel.DEFAULT_RULES)
+    fn = parallel.traced_in_mesh(
+        lambda *args: fused_xent.decode_cross_entropy(*args, shards=placement.xent_shards()),
+        mesh, parallel.DEFAULT_RULES)
     with pytest.raises(ValueError, match="logical axis 'vocab'.*tensor"):
         jax.jit(fn)(h, table, bias, ids)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # auto's GPU check
@@ -168,7 +174,8 @@ def test_split_vocab_axis_is_refused_and_auto_falls_back(monkeypatch):
         decoder = heads.MLMDecoder(h, table, bias)
         return heads.mlm_cross_entropy({"mlm_decoder": decoder,
                                         "mlm_logits": jnp.einsum("...e,ve->...v", h, table)
-                                        + bias}, ids, BertConfig(fused_mlm_loss="auto"))
+                                        + bias}, ids,
+                                       BertConfig(kernels=KernelOptions(fused_mlm_loss="auto")))
 
     text = str(jax.make_jaxpr(parallel.traced_in_mesh(routed, mesh, parallel.DEFAULT_RULES))(
         h, table, bias, ids))
@@ -230,7 +237,7 @@ def test_pretraining_loss_through_the_kernels_matches_xla():
     params = jax.jit(model.init)(k[2], ids, batch["input_mask"])["params"]
 
     def loss_of(fused):
-        config = cfg.replace(fused_mlm_loss=fused)
+        config = cfg.with_kernels(fused_mlm_loss=fused)
 
         def loss(p):
             sums = steps.loss_sums(steps._apply(model, p, batch), batch, True, config)

@@ -12,7 +12,7 @@ import pytest
 from training.helpers import random_variables
 
 from bert_jax import modeling
-from bert_jax.config import BertConfig, get_preset
+from bert_jax.config import BertConfig, KernelOptions, get_preset
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling import fp8
 from bert_jax.modeling.fp8 import FP8_COLLECTION, SCALES, fp8_matmul
@@ -187,11 +187,12 @@ def test_gelu_kernels_write_the_mlp_activation_in_fp8():
     gradient in float8, the parameters and scales are the same variables, and outputs,
     gradients and recorded maxima follow the path where XLA quantizes the kernels' bf16
     outputs (float8 roundings of float32 instead of bfloat16 values may differ by a step)."""
-    kernels = dict(fp8=True, fp8_amax_history=4, layer_norm_impl="fused", fused_gelu="force",
-                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                   fp8_cast_kernel=False)  # XLA's casts elsewhere: the cast kernel's own test
+    kernels = dict(fp8=True, fp8_amax_history=4, hidden_dropout_prob=0.0,
+                   attention_probs_dropout_prob=0.0,
+                   kernels=KernelOptions(layer_norm_impl="fused", fused_gelu="force",
+                                         fp8_cast_kernel=False))  # the cast kernel: own test
     model, cfg, ids, mask = _model_and_batch(**kernels)
-    xla = modeling.BertForPreTraining(cfg.replace(fp8_gelu_quantize=False))
+    xla = modeling.BertForPreTraining(cfg.with_kernels(fp8_gelu_quantize=False))
     variables = random_variables(model, ids, mask, std=0.02)
     assert (jax.tree.structure(variables)
             == jax.tree.structure(random_variables(xla, ids, mask, std=0.02)))
@@ -212,12 +213,13 @@ def test_transposed_float8_copies_give_the_same_step():
     gradient transposed for the weight-gradient GEMMs) computes the same outputs, gradients
     and maxima as XLA transposing the kernels' float8 outputs: the same float8 values in
     another layout."""
-    kernels = dict(fp8=True, fp8_amax_history=4, layer_norm_impl="fused", fused_gelu="force",
-                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                   fp8_cast_kernel=False)
+    kernels = dict(fp8=True, fp8_amax_history=4, hidden_dropout_prob=0.0,
+                   attention_probs_dropout_prob=0.0,
+                   kernels=KernelOptions(layer_norm_impl="fused", fused_gelu="force",
+                                         fp8_cast_kernel=False))
     model, cfg, ids, mask = _model_and_batch(**kernels)
-    assert cfg.fp8_gelu_transpose is True
-    plain = modeling.BertForPreTraining(cfg.replace(fp8_gelu_transpose=False))
+    assert cfg.kernels.fp8_gelu_transpose is True
+    plain = modeling.BertForPreTraining(cfg.with_kernels(fp8_gelu_transpose=False))
     variables = random_variables(model, ids, mask, std=0.02)
 
     args = (variables["params"], variables[FP8_COLLECTION])
@@ -238,11 +240,12 @@ def test_cast_kernel_quantizes_every_fp8_matmul():
     the MLP: six casts a layer, no XLA transposes for the weight gradients): the same maxima,
     and outputs and gradients as XLA's casts (which scale in bfloat16, the kernel in float32:
     a value may land one float8 step apart)."""
-    kernels = dict(fp8=True, fp8_amax_history=4, layer_norm_impl="fused", fused_gelu="force",
-                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    kernels = dict(fp8=True, fp8_amax_history=4, hidden_dropout_prob=0.0,
+                   attention_probs_dropout_prob=0.0,
+                   kernels=KernelOptions(layer_norm_impl="fused", fused_gelu="force"))
     model, cfg, ids, mask = _model_and_batch(**kernels)
-    assert cfg.fp8_cast_kernel is True
-    xla = modeling.BertForPreTraining(cfg.replace(fp8_cast_kernel=False))
+    assert cfg.kernels.fp8_cast_kernel is True
+    xla = modeling.BertForPreTraining(cfg.with_kernels(fp8_cast_kernel=False))
     variables = random_variables(model, ids, mask, std=0.02)
 
     args = (variables["params"], variables[FP8_COLLECTION])
@@ -283,14 +286,15 @@ def test_fp8_off_has_no_scaling_state_and_no_float8():
 
 def test_config_fields():
     assert (BertConfig().fp8, BertConfig().fp8_amax_history) == (False, 1024)
-    assert BertConfig().fp8_gelu_quantize is True and BertConfig().fp8_gelu_transpose is True
-    with pytest.raises(BertJaxError, match="BertConfig.fp8_gelu_quantize"):
-        BertConfig(fp8_gelu_quantize="no")
-    with pytest.raises(BertJaxError, match="BertConfig.fp8_gelu_transpose"):
-        BertConfig(fp8_gelu_transpose=1)
-    assert BertConfig().fp8_cast_kernel is True
-    with pytest.raises(BertJaxError, match="BertConfig.fp8_cast_kernel"):
-        BertConfig(fp8_cast_kernel="yes")
+    options = BertConfig().kernels
+    assert options.fp8_gelu_quantize is True and options.fp8_gelu_transpose is True
+    with pytest.raises(BertJaxError, match="BertConfig.kernels.fp8_gelu_quantize"):
+        KernelOptions(fp8_gelu_quantize="no")
+    with pytest.raises(BertJaxError, match="BertConfig.kernels.fp8_gelu_transpose"):
+        KernelOptions(fp8_gelu_transpose=1)
+    assert options.fp8_cast_kernel is True
+    with pytest.raises(BertJaxError, match="BertConfig.kernels.fp8_cast_kernel"):
+        KernelOptions(fp8_cast_kernel="yes")
     with pytest.raises(BertJaxError, match="fp8_amax_history"):
         BertConfig(fp8=True, fp8_amax_history=0)
     with pytest.raises(BertJaxError, match="BertConfig.fp8: .*share_layers"):

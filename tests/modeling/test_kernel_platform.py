@@ -1,12 +1,12 @@
-"""Kernel choices follow the platform a step is traced for (``kernels/platform.py``), not the
+"""Kernel choices follow the platform a step is traced for (``parallel.target_platform``), not the
 machine it is traced on: a step compiled on one machine for another picks that one's kernels."""
 
 import jax.numpy as jnp
 
 from bert_jax.config import get_preset
-from bert_jax.kernels.platform import targeting
 from bert_jax.modeling.encoder import use_fused_norm
 from bert_jax.modeling.ops import use_fused_gelu
+from bert_jax.parallel import targeting
 
 
 def test_auto_kernels_follow_the_target_platform():

@@ -373,8 +373,8 @@ def test_two_stage_layer_norm_matches_flax(dtype):
     x = (3.0 * jax.random.normal(jax.random.key(0), (4, 128, cfg.hidden_size)) + 1.0
          ).astype(dtype)
     probe = jax.random.normal(jax.random.key(1), x.shape)
-    flax_ln = layer_norm(cfg.replace(layer_norm_impl="flax"), "norm")
-    ours = layer_norm(cfg.replace(layer_norm_impl="two_stage"), "norm")
+    flax_ln = layer_norm(cfg.with_kernels(layer_norm_impl="flax"), "norm")
+    ours = layer_norm(cfg.with_kernels(layer_norm_impl="two_stage"), "norm")
     params = flax_ln.init(jax.random.key(2), x)
     params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape),
                           params)
@@ -411,7 +411,7 @@ def test_runtime_variants_agree(field, value, reference):
     params = jax.jit(modeling.BertModel(cfg).init)(jax.random.key(1), ids, mask)
 
     def loss(p, choice):
-        out = modeling.BertModel(cfg.replace(**{field: choice})).apply(p, ids, mask)
+        out = modeling.BertModel(cfg.with_kernels(**{field: choice})).apply(p, ids, mask)
         return jnp.mean(out["sequence_output"] ** 2)
 
     loss_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
@@ -474,7 +474,7 @@ def test_direct_weight_gradients(dtype):
     params = jax.jit(modeling.BertForPreTraining(cfg).init)(jax.random.key(1), ids, mask)
 
     def loss_of(direct):
-        model = modeling.BertForPreTraining(cfg.replace(direct_weight_grads=direct))
+        model = modeling.BertForPreTraining(cfg.with_kernels(direct_weight_grads=direct))
 
         def loss(p):
             out = model.apply(p, ids, mask, deterministic=False,
