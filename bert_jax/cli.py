@@ -106,8 +106,23 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``bert-jax`` entry point; returns the exit status (from a command line it ends
+    the process itself, see :mod:`bert_jax.shutdown`)."""
+    rc = _run(argv)
+    if argv is None:
+        from bert_jax import shutdown
+
+        shutdown.exit_now(rc)
+    return rc
+
+
+def _run(argv: list[str] | None) -> int:
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    if from_command_line:
+        from bert_jax import allocator
+
+        allocator.configure()  # before any thread allocates: see bert_jax/allocator.py
     for key, value in QUIET_ENVIRONMENT.items():
         os.environ.setdefault(key, value)
     from bert_jax.tpu.topologies import quiet_libtpu_without_tpus
@@ -127,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown and not getattr(command, "accepts_overrides", False):
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         args.overrides = unknown
+        args.from_command_line = from_command_line  # the process ends when the command does
         rc = command.run(args)
         return int(rc or 0)
     except BertJaxError as e:

@@ -32,6 +32,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _xla_cache, ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
+# Every test process runs XLA on the CPU: the malloc settings the CLI makes there
+# (bert_jax/allocator.py) apply to the pytest processes too, set before jax starts threads.
+from bert_jax import allocator  # noqa: E402
+
+allocator.configure()
+
 
 def pytest_collection_modifyitems(config, items):
     """Longest first: the TPU compile group, the multi-process tests and the tests marked slow

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import fileio, parallel, startup, storage
+from bert_jax import fileio, parallel, shutdown, startup, storage
 from bert_jax.checkpoint import store
 from bert_jax.checkpoint.manager import CheckpointManager, NonFiniteState
 from bert_jax.config import BertConfig
@@ -160,11 +160,16 @@ def _data_state_for_this_process(saved: dict[str, Any], config, local_batch: int
 
 # ---- the loop -------------------------------------------------------------------------------
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       overwrite: bool = False) -> dict[str, Any]:
+                       overwrite: bool = False, exit_follows: bool = False) -> dict[str, Any]:
     """Trains (or resumes) the configured experiment in ``workdir``; returns the final
     metrics (last logged train metrics, ``eval_*`` metrics, ``step``, and ``stopped``:
     completed | preempted). The workdir is locked for the run and checked (kind of run,
-    model shape against its checkpoints) before anything is written into it."""
+    model shape against its checkpoints) before anything is written into it.
+
+    ``exit_follows``: the process ends right after (the CLI), so the training data pipeline
+    is left to the exit instead of destroyed here: a tf.data iterator that ran for minutes
+    waits, when destroyed, for its autotuning thread, which sleeps up to a minute between
+    rounds (5-58 s at the demo's end), holding the interpreter all the while."""
     parallel.maybe_initialize_distributed()
     startup.backends_ready()
     workdir = storage.abspath(workdir)
@@ -184,11 +189,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         _log(f"gradient accumulation: {config.microbatches} microbatches")
     local_batch = _check_sizes(config, model_cfg, mesh)
     with locked_workdir(workdir, overwrite=overwrite, log=_log) as lock:
-        return _train(config, workdir, model_cfg, mesh, local_batch, tokenizer, lock)
+        return _train(config, workdir, model_cfg, mesh, local_batch, tokenizer, lock,
+                      exit_follows)
+
+
+# Steps dispatched ahead of the last finished one. jax dispatches asynchronously; unbounded,
+# the host queued dozens of steps on a CPU backend, the progress bar ran ahead of the work,
+# and each log step then waited for the queue in silence. Two steps in flight keep an
+# accelerator fed while the host prepares the next.
+STEPS_AHEAD = 2
 
 
 def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, tokenizer,
-           lock: fileio.WorkdirLock) -> dict[str, Any]:
+           lock: fileio.WorkdirLock, exit_follows: bool = False) -> dict[str, Any]:
     training = build_training(config, model_cfg, mesh)
     abstract_state, state_shardings = training.abstract_state, training.state_shardings
     seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
@@ -294,6 +307,8 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
                     return result
                 state, metrics = train_step(state, batch, dropout_rng)
                 pending.append(metrics)
+                if len(pending) > STEPS_AHEAD:  # the bar counts steps done, not queued
+                    jax.block_until_ready(pending[-STEPS_AHEAD - 1])
                 step += 1
                 data_state = next_data_state
                 if profile and step == profile[-1]:
@@ -387,18 +402,13 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
             progress.close()
         checkpoints.close()
         writer.close()
-        # The training pipeline goes now, said on screen: a tf.data iterator that ran for
-        # minutes waits, when destroyed, for its autotuning thread, which sleeps up to a
-        # minute between rounds (measured: 5-52 s at the demo's end). Left to the function's
-        # return, that wait was a silent pause after the bar had reached 100%.
-        started = time.perf_counter()
-        if step == total_steps and config.data.source == "tfrecord":
+        prefetch.release_source()
+        if exit_follows:
+            shutdown.keep_until_exit(source)
+        elif step == total_steps and config.data.source == "tfrecord":
             _log("stopping the data pipeline (tf.data's autotuning thread can take up to a "
                  "minute to notice; the run is saved)")
-        prefetch.release_source()
         source = None  # noqa: F841 - the last reference: the pipeline is destroyed here
-        if time.perf_counter() - started > 2:
-            _log(f"data pipeline stopped in {time.perf_counter() - started:.0f} s")
 
 
 def _evaluate_or_warn(evaluate, step: int, say=None) -> dict[str, float]:

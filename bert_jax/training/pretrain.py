@@ -36,7 +36,8 @@ class command:  # noqa: N801 - the CLI registry names this attribute
         config = load_config(args.config, args.overrides)
         if config.parallel.collective_overlap:
             xla_flags.add(xla_flags.COLLECTIVE_OVERLAP)
-        result = train_and_evaluate(config, args.workdir, overwrite=args.overwrite)
+        result = train_and_evaluate(config, args.workdir, overwrite=args.overwrite,
+                                    exit_follows=getattr(args, "from_command_line", False))
         if args.json:
             print_result({"workdir": args.workdir, **result}, sort_keys=True)
         else:
