@@ -77,9 +77,9 @@ def main(argv=None) -> dict:
 
     from bert_jax import parallel
     from bert_jax.modeling.heads import BertForSequenceClassification
+    from bert_jax.runs.optimizers import make_optimizer
+    from bert_jax.runs.state import TrainState
     from bert_jax.tasks.trainer import make_train_step
-    from bert_jax.training.optimizers import make_optimizer
-    from bert_jax.training.state import TrainState
 
     cfg = model_config(args)
     devices = jax.devices()[:args.devices] if args.devices else jax.devices()

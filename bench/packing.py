@@ -215,7 +215,7 @@ def model_config(args, vocab_size: int):
 def _optimizer():
     import ml_collections
 
-    from bert_jax.training.optimizers import make_optimizer
+    from bert_jax.runs.optimizers import make_optimizer
 
     return make_optimizer(ml_collections.ConfigDict({
         "name": "adamw", "learning_rate": 1e-4, "warmup_steps": 100, "decay": "linear",
@@ -230,7 +230,7 @@ def time_step(make_step, model, seq_len: int, batches, args, mesh, rules):
     import jax.numpy as jnp
 
     from bert_jax import parallel
-    from bert_jax.training.state import TrainState
+    from bert_jax.runs.state import TrainState
 
     tx, schedule = _optimizer()
 

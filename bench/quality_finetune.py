@@ -101,9 +101,9 @@ EXPERIMENTS = {"cola": "glue.py:cola", "sst2": "glue.py:sst2", "mrpc": "glue.py:
 def cli_overrides(config, spec: str) -> list[str]:
     """``--config.<key>=<value>`` for every scalar field where ``config`` differs from the
     experiment ``spec``, so that the CLI run uses exactly ``config``."""
+    from bert_jax.runs.config import all_keys
     from bert_jax.tasks.config import load_config
     from bert_jax.tasks.data_root import DATA_ENV
-    from bert_jax.training.config import all_keys
 
     saved = os.environ.pop(DATA_ENV, None)  # the run's files are all given explicitly
     try:

@@ -9,6 +9,7 @@ import pytest
 
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
+from bert_jax.runs.config import apply_overrides
 from bert_jax.training import config as train_config
 
 KERNEL_FIELDS = dict(fused_gelu="force", fused_mlm_loss="off", split_norm_grads=False,
@@ -56,7 +57,7 @@ def test_bad_values_are_refused(field, value, message):
 
 def test_command_line_overrides():
     config = train_config.base_config()
-    train_config.apply_overrides(config, [
+    apply_overrides(config, [
         "--config.model.preset=tiny", "--config.model.fused_gelu=off",
         "--config.model.norm_blocks=(2, 1, True)", "--config.model.gelu_sum_blocks=4",
         "--config.model.split_norm_grads=false"])

@@ -159,7 +159,7 @@ def pretrain_checkpoint_of_another_shape(tmp, _):
     import numpy as np
 
     from bert_jax.checkpoint.manager import CheckpointManager
-    from bert_jax.training.state import TrainState
+    from bert_jax.runs.state import TrainState
 
     workdir = tmp / "run"
     config = config_lib.load_config(f"{EXPERIMENT}:tiny", SMALL)

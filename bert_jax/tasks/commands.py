@@ -7,13 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from bert_jax.tasks.data_root import DATA_ENV
-from bert_jax.training.arguments import (
+from bert_jax.runs.arguments import (
     add_run_arguments,
     finetune_summary,
     print_line,
     print_result,
 )
+from bert_jax.tasks.data_root import DATA_ENV
 
 # The experiment files and their variants (in experiments/ of a clone; --config takes the
 # path). tests/test_cli_help.py checks this list against the files.

@@ -1,7 +1,8 @@
 """The fine-tuning run config: its fields and defaults, loading an experiment file with
 ``--config.key=value`` overrides, and reading the config a finished run stored.
 
-Names shared with pretraining (``bert_jax.training.config``) mean the same there and here:
+Names shared with pretraining (``bert_jax.training.config``; the ``model`` and ``optimizer``
+sections come from ``bert_jax.runs.config``) mean the same there and here:
 ``global_batch_size``, ``seed``, ``init_checkpoint``, ``log_every``, the ``model`` section, the
 ``optimizer`` section (``optimizer.learning_rate``, ``b1``, ``b2``, ``eps``, ``weight_decay``,
 ``clip_norm``, ``warmup_steps``, ``decay``...) and ``parallel.mesh`` /
@@ -22,8 +23,8 @@ from ml_collections import config_dict
 
 from bert_jax import parallel
 from bert_jax.errors import BertJaxError
+from bert_jax.runs import config as config_lib
 from bert_jax.tasks.validate import validate_finetuning
-from bert_jax.training import config as config_lib
 
 # Keys of the earlier flat fine-tuning schema -> their names now (those of pretraining).
 RENAMED_KEYS = {
@@ -77,7 +78,7 @@ def base_config() -> ml_collections.ConfigDict:
     # Hugging Face directory); "" = random init from model.preset with `tokenizer`.
     c.init_checkpoint = ""
     c.tokenizer = config_dict.placeholder(str)  # default: the checkpoint's tokenizer
-    c.model = config_lib.base_config().model  # preset + BertConfig fields (None = keep)
+    c.model = config_lib.model_section()  # preset + BertConfig fields (None = keep)
     c.model.hidden_dropout_prob = 0.1
     c.model.attention_probs_dropout_prob = 0.1
     c.freeze_encoder = False  # feature-based: train only the head
@@ -100,7 +101,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     # The pretraining optimizer section: AdamW (no weight decay on LayerNorm parameters or
     # biases), linear warmup then linear decay to 0 over the run, global-norm clipping.
-    c.optimizer = config_lib.base_config().optimizer
+    c.optimizer = config_lib.optimizer_section()
     c.optimizer.learning_rate = 2e-5
     c.optimizer.warmup_steps = -1  # -1: warmup_proportion of the run's steps
     c.optimizer.warmup_proportion = 0.1

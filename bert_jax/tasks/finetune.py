@@ -29,15 +29,15 @@ from bert_jax import parallel, startup, storage
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.params import to_layout
+from bert_jax.runs.metrics import MetricsWriter
+from bert_jax.runs.progress import exclude_pause
+from bert_jax.runs.workdir import check_run_kind, locked_workdir
 from bert_jax.tasks.base import write_json
 from bert_jax.tasks.evaluate import score
 from bert_jax.tasks.inputs import featurize, train_and_dev
 from bert_jax.tasks.model_init import initial_model, merge_encoder
 from bert_jax.tasks.registry import get_task
 from bert_jax.tasks.trainer import FinetunerCache, build_finetuner, num_rows, run_model_config
-from bert_jax.training.metrics import MetricsWriter
-from bert_jax.training.progress import exclude_pause
-from bert_jax.training.workdir import check_run_kind, locked_workdir
 
 METRICS_FILE = "metrics.json"
 

@@ -38,11 +38,11 @@ from bert_jax.modeling.heads import (
     BertForTokenClassification,
     packing_inputs,
 )
+from bert_jax.runs.optimizers import make_optimizer
+from bert_jax.runs.state import TrainState
 from bert_jax.tasks import bucketing
 from bert_jax.tasks import packing as task_packing
 from bert_jax.tasks.base import IGNORE_INDEX, INPUT_KEYS, Task
-from bert_jax.training.optimizers import make_optimizer
-from bert_jax.training.state import TrainState
 
 Batch = dict[str, jax.Array]
 # [batch] float32: 1 for real rows, 0 for padding rows; packed rows: [batch, examples per row]

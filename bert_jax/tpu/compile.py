@@ -273,9 +273,9 @@ def _compile_step(config, tpu: Slice, devices: list, unroll_microbatches: bool =
     import jax.numpy as jnp
 
     from bert_jax import parallel
+    from bert_jax.runs.metrics import flops_per_sequence
     from bert_jax.training import config as config_lib
     from bert_jax.training.inputs import examples_per_row
-    from bert_jax.training.metrics import flops_per_sequence
     from bert_jax.training.setup import abstract_batch, build_training
 
     model_cfg = config_lib.model_config(config)
@@ -553,11 +553,11 @@ def compile_finetuning(config, tpu: Slice, devices: list | None = None,
     import jax.numpy as jnp
 
     from bert_jax import parallel
+    from bert_jax.runs.metrics import flops_per_sequence
     from bert_jax.tasks.registry import get_task
     from bert_jax.tasks.trainer import Finetuner, build_model, make_tx
     from bert_jax.tpu.topologies import abstract_devices
     from bert_jax.training import config as config_lib
-    from bert_jax.training.metrics import flops_per_sequence
 
     devices = abstract_devices(tpu) if devices is None else devices
     task = get_task(config.task)

@@ -1,47 +1,26 @@
-"""Experiment configs: the base pretraining ConfigDict, loading ``file.py:variant``, and
-``--config.key=value`` overrides (typed, locked: a typo names the closest valid keys).
-
-Experiment files (``experiments/pretrain.py``) start from :func:`base_config` and change
-fields; :func:`load_config` imports the file, calls ``get_config(variant)``, locks it and
-applies overrides.
+"""The pretraining config: the base ConfigDict every ``experiments/pretrain.py`` variant
+starts from, the objects derived from it, and loading a pretraining experiment (the shared
+loader and overrides of ``bert_jax.runs.config``, then the pretraining range checks).
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import difflib
-import importlib.util
-import os
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import ml_collections
 from ml_collections import config_dict
 
-from bert_jax.config import BertConfig, get_preset
+from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.parallel import DEFAULT_RULES
-from bert_jax.training.validate import OBJECTIVES
-
-
-def _model_section() -> ml_collections.ConfigDict:
-    """``preset`` plus one typed placeholder per BertConfig field (None = the preset's)."""
-    model = ml_collections.ConfigDict()
-    model.preset = "base"
-    for field in dataclasses.fields(BertConfig):
-        if field.default is not None:
-            kind = type(field.default)
-        else:  # int | None, or a tile override (tuple | None)
-            kind = tuple if str(field.type).startswith("tuple") else int
-        model[field.name] = config_dict.placeholder(kind)
-    return model
+from bert_jax.runs import config as runs_config
+from bert_jax.training.validate import OBJECTIVES, validate_pretraining
 
 
 def base_config() -> ml_collections.ConfigDict:
     """BERT-Base phase 1 as in the paper; experiment variants change what differs."""
     c = ml_collections.ConfigDict()
-    c.model = _model_section()
+    c.model = runs_config.model_section()
     # nsp: MLM + next-sentence prediction; sop: MLM + sentence order (ALBERT); mlm: MLM only;
     # sbo: MLM + SpanBERT's span boundary objective; electra: generator MLM + replaced-token
     # detection; distill: DistilBERT's student/teacher losses (see training/objectives.py).
@@ -120,19 +99,7 @@ def base_config() -> ml_collections.ConfigDict:
     # model dir. Optimizer state and step start fresh.
     c.init_checkpoint = config_dict.placeholder(str)
 
-    c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.name = "adamw"  # adamw | lamb
-    c.optimizer.learning_rate = 1e-4
-    c.optimizer.warmup_steps = 10_000
-    c.optimizer.decay = "linear"  # linear | polynomial | cosine | constant
-    c.optimizer.decay_steps = -1  # -1: num_train_steps
-    c.optimizer.end_learning_rate = 0.0
-    c.optimizer.power = 1.0  # polynomial decay exponent
-    c.optimizer.b1 = 0.9
-    c.optimizer.b2 = 0.999
-    c.optimizer.eps = 1e-6
-    c.optimizer.weight_decay = 0.01  # never on LayerNorm parameters or biases
-    c.optimizer.clip_norm = 1.0  # global-norm clipping; 0 disables
+    c.optimizer = runs_config.optimizer_section()
 
     c.parallel = ml_collections.ConfigDict()
     # Per-slice (ICI) mesh; -1 takes the remaining devices. FSDP: fsdp=-1; TP: tensor=N.
@@ -180,14 +147,11 @@ def base_config() -> ml_collections.ConfigDict:
 def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None
                  ) -> BertConfig:
     """The BertConfig: preset, then the data's vocabulary size, then explicit fields."""
-    fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
-    if vocab_size is not None and "vocab_size" not in fields:
-        fields["vocab_size"] = vocab_size
-    model_cfg = get_preset(config.model.preset, **fields)
+    model_cfg = runs_config.model_config(config, vocab_size)
     if config.get("objective") == "distill":
         from bert_jax.training.family import student_config
 
-        model_cfg = student_config(config, model_cfg, fields)
+        model_cfg = student_config(config, model_cfg, runs_config.model_fields(config))
     return model_cfg
 
 
@@ -202,154 +166,7 @@ def decay_steps(config: ml_collections.ConfigDict) -> int:
         else config.optimizer.decay_steps
 
 
-# ---- loading and overrides ----------------------------------------------------------------
-def load_config(spec: str, overrides: Sequence[str] = (),
-                validate: Callable[[ml_collections.ConfigDict], None] | None = None
-                ) -> ml_collections.ConfigDict:
-    """``path/to/file.py[:variant]`` -> locked ConfigDict with ``--config.k=v`` overrides,
-    checked by ``validate`` (default: a pretraining config's ranges, when the config is
-    one; see ``bert_jax.training.validate``)."""
-    path, _, variant = spec.partition(":")
-    resolved = _find_file(path)
-    module_spec = importlib.util.spec_from_file_location("_bert_jax_experiment", resolved)
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except SyntaxError as e:
-        raise BertJaxError(f"{resolved}:{e.lineno}: {e.msg}") from None
-    if not hasattr(module, "get_config"):
-        raise BertJaxError(f"{resolved}: defines no get_config(variant)")
-    try:
-        config = module.get_config(variant) if variant else module.get_config()
-    except (ValueError, KeyError) as e:  # an unknown variant: the message lists the valid
-        message = e.args[0] if e.args else type(e).__name__
-        raise BertJaxError(f"{resolved}:{variant}: {message}") from None
-    if not isinstance(config, ml_collections.ConfigDict):
-        raise BertJaxError(f"{resolved}: get_config must return an ml_collections.ConfigDict")
-    config.lock()
-    apply_overrides(config, overrides)
-    if validate is None and "objective" in config and "optimizer" in config:
-        from bert_jax.training.validate import validate_pretraining as validate
-    if validate is not None:
-        validate(config)
-    return config
-
-
-def _find_file(path: str) -> str:
-    """An experiment file: ``path`` as given (relative to the working folder), else under
-    the checkout the package runs from, else among the configs installed with the package
-    (``bert_jax/experiments/``, see setup.py). ``pretrain`` stands for
-    ``experiments/pretrain.py``."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if not path.endswith(".py") and os.sep not in path and "/" not in path:
-        path = f"experiments/{path}.py"
-    candidates = [path, os.path.join(os.path.dirname(package), path)]
-    if path.startswith("experiments/"):
-        candidates.append(os.path.join(package, path))
-    for candidate in candidates:
-        if os.path.isfile(candidate):  # local: an experiment config is Python source
-            return candidate
-    raise BertJaxError(f"{path}: experiment config file not found (give a path to a .py file, "
-                       "or one of the shipped names: pretrain, glue, squad, ner, swag, custom, "
-                       "e2e, feature_ner)")
-
-
-def parse_override_args(args: Sequence[str]) -> list[tuple[str, str]]:
-    """['--config.a.b=1', '--config.c', '2'] -> [('a.b', '1'), ('c', '2')]."""
-    pairs, i = [], 0
-    args = list(args)
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--config."):
-            raise BertJaxError(f"unexpected argument {arg!r} (overrides look like "
-                               "--config.optimizer.learning_rate=1e-4)")
-        key, eq, value = arg[len("--config."):].partition("=")
-        if not eq:
-            if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                raise BertJaxError(f"{arg}: missing value")
-            value = args[i + 1]
-            i += 1
-        pairs.append((key, value))
-        i += 1
-    return pairs
-
-
-def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
-    """Sets each ``--config.key=value``, converting the string to the field's type."""
-    seen: set[str] = set()
-    for key, raw in parse_override_args(overrides):
-        if key in seen:
-            raise BertJaxError(f"--config.{key} is given twice")
-        seen.add(key)
-        parent, leaf = _lookup(config, key)
-        if isinstance(parent[leaf], ml_collections.ConfigDict):
-            raise BertJaxError(f"--config.{key} is a section; set one of its keys: "
-                               f"{sorted(parent[leaf].keys())}")
-        value = _convert(key, raw, parent.get_type(leaf), parent[leaf])
-        try:
-            parent[leaf] = value
-        except (TypeError, ValueError) as e:
-            raise BertJaxError(f"--config.{key}={raw}: {e}") from None
-
-
-def all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
-    out = []
-    for k, v in config.items():
-        name = f"{prefix}{k}"
-        out += all_keys(v, name + ".") if isinstance(v, ml_collections.ConfigDict) else [name]
-    return out
-
-
-def _lookup(config: ml_collections.ConfigDict, key: str):
-    node = config
-    parts = key.split(".")
-    for i, part in enumerate(parts):
-        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-            close = difflib.get_close_matches(key, all_keys(config), n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join('--config.' + c for c in close)}?" if close \
-                else ""
-            raise BertJaxError(f"--config.{key}: unknown config key"
-                               f" {'.'.join(parts[:i + 1])!r}{hint}")
-        if i == len(parts) - 1:
-            return node, part
-        node = node[part]
-    raise AssertionError("unreachable")
-
-
-_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-
-
-def _convert(key: str, raw: str, kind: type, current: Any) -> Any:
-    def bad(expected: str):
-        return BertJaxError(f"--config.{key}={raw!r}: expected {expected}")
-
-    if raw in ("None", "none", "null") and (current is None or kind in (type(None),)):
-        return None
-    if kind is bool:
-        if raw.lower() not in _BOOLS:
-            raise bad("true or false")
-        return _BOOLS[raw.lower()]
-    if kind is int:
-        try:
-            return int(raw)
-        except ValueError:
-            raise bad("an integer") from None
-    if kind is float:
-        try:
-            return float(raw)
-        except ValueError:
-            raise bad("a number") from None
-    if kind is str:
-        return raw
-    if kind in (tuple, list):
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            raise bad("a Python tuple/list literal such as (10, 20)") from None
-        if not isinstance(value, tuple | list):
-            raise bad("a tuple or list")
-        return kind(value)
-    try:
-        return ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return raw
+def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+    """A pretraining experiment ``path/to/file.py[:variant]`` -> locked ConfigDict with
+    ``--config.k=v`` overrides, range-checked (``bert_jax.training.validate``)."""
+    return runs_config.load_config(spec, overrides, validate=validate_pretraining)

@@ -24,6 +24,10 @@ from bert_jax.checkpoint.manager import CheckpointManager, NonFiniteState
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.params import flatten_params, to_layout
+from bert_jax.runs.metrics import MetricsWriter, flops_per_sequence, peak_tflops
+from bert_jax.runs.progress import exclude_pause
+from bert_jax.runs.state import TrainState
+from bert_jax.runs.workdir import check_pretraining_workdir, locked_workdir
 from bert_jax.training import config as config_lib
 from bert_jax.training.inputs import (
     DataWaitInterrupted,
@@ -34,17 +38,13 @@ from bert_jax.training.inputs import (
     make_batches,
     resolve_source,
 )
-from bert_jax.training.metrics import MetricsWriter, flops_per_sequence, peak_tflops
-from bert_jax.training.progress import exclude_pause
 from bert_jax.training.setup import (
     build_training,
     device_memory_limit,
     fit_microbatches,
 )
 from bert_jax.training.signals import Preemption
-from bert_jax.training.state import TrainState
 from bert_jax.training.steps import summarize
-from bert_jax.training.workdir import check_pretraining_workdir, locked_workdir
 
 
 class TrainingDiverged(BertJaxError):

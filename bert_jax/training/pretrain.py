@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from bert_jax.training.arguments import (
+from bert_jax.runs.arguments import (
     add_run_arguments,
     pretrain_summary,
     print_line,

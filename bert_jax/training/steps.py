@@ -22,7 +22,7 @@ import optax
 from bert_jax.config import BertConfig
 from bert_jax.modeling import fp8, heads
 from bert_jax.modeling.fp8 import FP8_COLLECTION
-from bert_jax.training.state import TrainState, split_fp8_state, with_fp8_state
+from bert_jax.runs.state import TrainState, split_fp8_state, with_fp8_state
 
 Batch = dict[str, jax.Array]
 NSP_WEIGHTS_KEY = "next_sentence_weights"  # packed rows: [batch, k], 1 per filled slot

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from bert_jax import fileio, storage
-from bert_jax.training.tensorboard import EventWriter
+from bert_jax.runs.tensorboard import EventWriter
 
 # Dense bf16 peak TFLOP/s per device (vendor data sheets), keyed by jax device_kind prefix.
 PEAK_TFLOPS = {
@@ -80,7 +80,7 @@ def truncate_metrics(path: str, after_step: int) -> int:
 
 class MetricsWriter:
     """Appends one JSON object per line to ``metrics.jsonl`` and mirrors scalars to
-    TensorBoard event files (``training/tensorboard.py``). Only process 0 writes.
+    TensorBoard event files (``runs/tensorboard.py``). Only process 0 writes.
     ``after_step`` (a resumed run's restored step) first drops later records, so every step
     appears once.
 

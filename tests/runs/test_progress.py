@@ -4,7 +4,7 @@ import io
 
 from tqdm import tqdm
 
-from bert_jax.training.progress import exclude_pause
+from bert_jax.runs.progress import exclude_pause
 
 
 class Clock:

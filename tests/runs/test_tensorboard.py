@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from bert_jax import protowire
-from bert_jax.training.metrics import MetricsWriter
-from bert_jax.training.tensorboard import EventWriter
+from bert_jax.runs.metrics import MetricsWriter
+from bert_jax.runs.tensorboard import EventWriter
 
 tf = pytest.importorskip("tensorflow")
 
