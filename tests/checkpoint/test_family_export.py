@@ -345,8 +345,8 @@ def test_cli_export_of_workdirs_picks_the_task_class(tiny_classifier_params, tmp
 def test_task_and_labels_of_workdir_configs():
     """What export reads from a workdir's config.json: the task's kind and label names (a
     custom task's from its run config), or the converted source's class and labels."""
-    from bert_jax.checkpoint.commands import checkpoint_task
     from bert_jax.tasks.config import base_config
+    from bert_jax.tasks.export import checkpoint_task
 
     def extra(task, **run_overrides):
         run = base_config()

@@ -4,7 +4,7 @@ nothing heavy (``--help`` runs without JAX); ``run`` imports the module that doe
 from __future__ import annotations
 
 
-class attention_command:  # noqa: N801 - the CLI registry names this attribute
+class AnalyzeAttention:
     @staticmethod
     def add_arguments(p):
         p.add_argument("checkpoint", help="bert-jax model dir / workdir or Hugging Face dir")
@@ -31,7 +31,7 @@ class attention_command:  # noqa: N801 - the CLI registry names this attribute
         return run_command(args)
 
 
-class probe_command:  # noqa: N801
+class Probe:
     @staticmethod
     def add_arguments(p):
         p.add_argument("checkpoint", help="bert-jax model dir / workdir or Hugging Face dir")

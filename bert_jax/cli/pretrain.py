@@ -1,5 +1,6 @@
 """``bert-jax pretrain --config experiments/pretrain.py:<variant> --workdir DIR
-[--config.key=value ...]``: parse, load the locked config, run ``train_and_evaluate``."""
+[--config.key=value ...]``: parse, load the locked config, run ``train_and_evaluate``; and
+``bert-jax plot-metrics WORKDIR``: a run's curves to a PNG."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from bert_jax.runs.arguments import (
     print_line,
     print_result,
 )
+from bert_jax.training import plot
 
 
-class command:  # noqa: N801 - the CLI registry names this attribute
+class Pretrain:
     accepts_overrides = True
 
     @staticmethod
@@ -41,4 +43,24 @@ class command:  # noqa: N801 - the CLI registry names this attribute
             print_result({"workdir": args.workdir, **result}, sort_keys=True)
         else:
             print_line(pretrain_summary(args.workdir, result))
+        return 0
+
+
+class PlotMetrics:
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("workdir", help="pretraining workdir (holds metrics.jsonl)")
+        parser.add_argument("--output", default=None,
+                            help=f"PNG to write (default: WORKDIR/{plot.PLOT_FILE})")
+        parser.add_argument("--baseline-loss", type=float, default=None,
+                            help="draw a reference line at this masked-LM loss")
+        parser.add_argument("--baseline-accuracy", type=float, default=None,
+                            help="draw a reference line at this masked-LM accuracy")
+
+    @staticmethod
+    def run(args) -> int:
+        baselines = {k: v for k, v in (("mlm_loss", args.baseline_loss),
+                                       ("mlm_accuracy", args.baseline_accuracy))
+                     if v is not None}
+        print(f"wrote {plot.plot_metrics(args.workdir, args.output, baselines=baselines)}")
         return 0

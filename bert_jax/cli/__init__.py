@@ -1,8 +1,9 @@
 """The ``bert-jax`` command: parses the subcommand and dispatches; no logic lives here.
 
-Each subcommand lives in the module that owns its work and exposes
-``add_arguments(parser)`` and ``run(args) -> int | None``; modules are imported lazily so
-``bert-jax --help`` stays fast and commands that need no tensorflow never import it.
+Each subcommand is an object in one of this package's modules (one module per command group)
+with ``add_arguments(parser)`` and ``run(args) -> int | None``; ``run`` calls the package that
+does the work. Modules are imported lazily so ``bert-jax --help`` stays fast and commands that
+need no tensorflow never import it.
 """
 
 from __future__ import annotations
@@ -50,32 +51,32 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 # name -> (module, help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "convert": ("bert_jax.checkpoint.commands:convert",
+    "convert": ("bert_jax.cli.checkpoint:Convert",
                 "import a Hugging Face or Google TF BERT checkpoint into a bert-jax checkpoint"),
-    "export": ("bert_jax.checkpoint.commands:export",
+    "export": ("bert_jax.cli.checkpoint:Export",
                "export a bert-jax checkpoint to a Hugging Face directory"),
-    "train-tokenizer": ("bert_jax.tokenization.commands:train_tokenizer",
+    "train-tokenizer": ("bert_jax.cli.tokenization:train_tokenizer",
                         "train a SentencePiece (unigram or BPE) tokenizer on raw text"),
-    "create-pretraining-data": ("bert_jax.data.create_pretraining:command",
+    "create-pretraining-data": ("bert_jax.cli.data:CreatePretrainingData",
                                 "raw text -> sharded TFRecord pretraining examples"),
-    "materialize-batches": ("bert_jax.data.materialize:command",
+    "materialize-batches": ("bert_jax.cli.data:MaterializeBatches",
                             "run the masking pipeline for N steps and save the batches as numpy"),
-    "pretrain": ("bert_jax.training.pretrain:command", "pretrain BERT (MLM + NSP/SOP)"),
-    "compile": ("bert_jax.tpu.commands:compile_command",
+    "pretrain": ("bert_jax.cli.pretrain:Pretrain", "pretrain BERT (MLM + NSP/SOP)"),
+    "compile": ("bert_jax.cli.tpu:Compile",
                 "compile the train step for a TPU slice here: memory per chip, fit, speed"),
-    "finetune": ("bert_jax.tasks.commands:finetune_command",
+    "finetune": ("bert_jax.cli.finetune:Finetune",
                  "fine-tune on GLUE, SQuAD, CoNLL-2003 NER or SWAG"),
-    "evaluate": ("bert_jax.tasks.commands:evaluate_command", "evaluate a fine-tuned workdir"),
-    "predict": ("bert_jax.tasks.commands:predict_command",
+    "evaluate": ("bert_jax.cli.finetune:Evaluate", "evaluate a fine-tuned workdir"),
+    "predict": ("bert_jax.cli.finetune:Predict",
                 "write predictions / submission files from a fine-tuned workdir"),
-    "fill-mask": ("bert_jax.inference:fill_mask_command", "top-k fillers for each [MASK]"),
-    "embed": ("bert_jax.inference:embed_command",
+    "fill-mask": ("bert_jax.cli.inference:FillMask", "top-k fillers for each [MASK]"),
+    "embed": ("bert_jax.cli.inference:Embed",
               "per-token or pooled vectors from any layer to .npy"),
-    "analyze-attention": ("bert_jax.analysis.commands:attention_command",
+    "analyze-attention": ("bert_jax.cli.analysis:AnalyzeAttention",
                           "per-layer, per-head attention statistics and figures"),
-    "probe": ("bert_jax.analysis.commands:probe_command",
+    "probe": ("bert_jax.cli.analysis:Probe",
               "linear / MLP probes per layer of a frozen checkpoint (which layer knows what)"),
-    "plot-metrics": ("bert_jax.training.plot:command",
+    "plot-metrics": ("bert_jax.cli.pretrain:PlotMetrics",
                      "draw a run's loss and accuracy curves (metrics.jsonl) to a PNG"),
 }
 
@@ -141,6 +142,3 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

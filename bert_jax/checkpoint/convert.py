@@ -1,15 +1,15 @@
-"""``bert-jax convert`` (Hugging Face / Google TF -> bert-jax model directory) and
-``bert-jax export`` (any bert-jax checkpoint -> Hugging Face directory)."""
+"""Conversion (Hugging Face / Google TF -> bert-jax model directory) and export (any
+bert-jax checkpoint -> Hugging Face directory), as ``bert-jax convert`` and ``bert-jax export``
+run them."""
 
 from __future__ import annotations
 
-import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 from bert_jax import fileio, storage
 from bert_jax.checkpoint import hf
-from bert_jax.checkpoint.families import ARCHITECTURE_FAMILY
 from bert_jax.checkpoint.google_tf import GOOGLE_CONFIG_FILE
 from bert_jax.errors import BertJaxError
 
@@ -103,24 +103,10 @@ def _kind_of_hf_class(architecture: str, problem_type: str | None) -> str | None
             hf.CHOICE_CLASS: "multiple_choice"}.get(suffix)
 
 
-def checkpoint_task(extra: dict[str, Any], source: str
-                    ) -> tuple[str | None, tuple[str, ...]]:
-    """(task kind, label names) of a bert-jax checkpoint from its config.json: a fine-tuning
-    workdir's task, or the Hugging Face class a converted checkpoint came from; (None, ())
-    where it records neither. A head on combined hidden states (feature_layers other than
-    ``last``, or a BiLSTM) is refused: no Hugging Face class computes it."""
-    if "task" in extra and isinstance(extra.get("finetune"), dict):
-        from bert_jax.tasks.config import config_from_dict
-        from bert_jax.tasks.registry import get_task
-
-        run = config_from_dict(extra["finetune"], source=source)
-        layers, head = run.get("feature_layers", "last"), run.get("feature_head", "linear")
-        if (layers, head) != ("last", "linear"):
-            raise BertJaxError(f"{source}: fine-tuned with feature_layers={layers!r}, "
-                               f"feature_head={head!r}; no Hugging Face class computes that "
-                               "head (only feature_layers=last with a linear head exports)")
-        task = get_task(extra["task"], run)
-        return task.kind, tuple(task.labels)
+def converted_task(extra: dict[str, Any], source: str
+                   ) -> tuple[str | None, tuple[str, ...]]:
+    """(task kind, label names) of a checkpoint converted from a Hugging Face task class,
+    from its config.json's record of it; (None, ()) where it records none."""
     converted = extra.get("converted_from")
     if isinstance(converted, dict):
         kind = _kind_of_hf_class(converted.get("architecture") or "",
@@ -135,14 +121,18 @@ EXPORT_FILES = (hf.HF_CONFIG_FILE, hf.SAFETENSORS_FILE, "vocab.txt", "tokenizer_
                 "tokenizer.json")
 
 
-def export_checkpoint(checkpoint: str, output: str, architecture: str | None = None
+def export_checkpoint(checkpoint: str, output: str, architecture: str | None = None, *,
+                      task_of: Callable[[dict[str, Any], str],
+                                        tuple[str | None, tuple[str, ...]]] = converted_task
                       ) -> hf.ConversionReport:
     """Exports any checkpoint fine-tuning accepts (bert-jax model dir, workdir, step dir, or a
     Hugging Face directory) to a Hugging Face directory with its tokenizer.
 
     A fine-tuned checkpoint exports as its family's class for the task (sequence or token
     classification, question answering, multiple choice), with the task's label names in
-    config.json (:func:`checkpoint_task`); ``architecture`` names another class.
+    config.json: ``task_of(extra, checkpoint)`` reads them from its config.json
+    (``bert_jax.tasks.export.checkpoint_task`` knows fine-tuning workdirs; the default only
+    converted checkpoints); ``architecture`` names another class.
 
     The export is written under a staging name and swapped in complete: an earlier export
     in ``output`` stays whole until then."""
@@ -169,7 +159,7 @@ def export_checkpoint(checkpoint: str, output: str, architecture: str | None = N
         labels = tuple(info.get("labels") or ())
     else:
         params, config, tokenizer, extra = load_model(checkpoint)
-        kind, labels = checkpoint_task(extra, checkpoint)
+        kind, labels = task_of(extra, checkpoint)
     with fileio.replace_directory(output, marker=hf.HF_CONFIG_FILE) as staging:
         report = export_hf_any(params, config, staging, tokenizer, architecture=architecture,
                                kind=kind, labels=labels)
@@ -178,45 +168,3 @@ def export_checkpoint(checkpoint: str, output: str, architecture: str | None = N
     if not report.files:
         report.files = sorted(storage.listdir(output))
     return report
-
-
-class convert:  # noqa: N801 (CLI command object)
-    @staticmethod
-    def add_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("source", help="Hugging Face model directory, or Google checkpoint "
-                                      "directory / prefix (DIR/bert_model.ckpt)")
-        p.add_argument("--from", dest="source_format", choices=["hf", "google", "auto"],
-                       default="auto", help="source format (default: detect from the files)")
-        p.add_argument("--output", required=True, help="bert-jax model directory to write")
-        p.add_argument("--scan-layers", action="store_true",
-                       help="store the layers stacked for nn.scan (default: unrolled)")
-
-    @staticmethod
-    def run(args: argparse.Namespace) -> int:
-        report = convert_checkpoint(args.source, args.output, args.source_format,
-                                    args.scan_layers)
-        print(report)
-        print(f"wrote bert-jax model directory {storage.abspath(args.output)}")
-        return 0
-
-
-class export:  # noqa: N801 (CLI command object)
-    @staticmethod
-    def add_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("checkpoint", help="bert-jax model directory, pretraining or "
-                                          "fine-tuning workdir, step directory, or Hugging "
-                                          "Face directory")
-        p.add_argument("--output", required=True,
-                       help="directory to write: config.json, model.safetensors and the "
-                            "tokenizer (AutoTokenizer loads it)")
-        p.add_argument("--format", choices=["hf"], default="hf", help="output format")
-        p.add_argument("--architecture", choices=sorted(ARCHITECTURE_FAMILY),
-                       help="Hugging Face class to export as (default: the fine-tuned "
-                            "task's class, else the one the heads present fill)")
-
-    @staticmethod
-    def run(args: argparse.Namespace) -> int:
-        report = export_checkpoint(args.checkpoint, args.output, args.architecture)
-        print(report)
-        print(f"wrote Hugging Face directory {storage.abspath(args.output)}")
-        return 0

@@ -14,7 +14,7 @@ import argparse
 import sys
 
 
-class compile_command:  # noqa: N801 - the CLI registry names this attribute
+class Compile:
     accepts_overrides = True
 
     @staticmethod

@@ -30,7 +30,7 @@ Data: GLUE, SQuAD and CoNLL-2003 can come from tensorflow-datasets (--config.tfd
 plus --config.tfds_download=true to fetch them where there is internet)."""
 
 
-class finetune_command:  # noqa: N801 - the CLI registry names this attribute
+class Finetune:
     accepts_overrides = True
 
     @staticmethod
@@ -72,7 +72,7 @@ def _workdir_arguments(parser: argparse.ArgumentParser) -> None:
                      "--config.data_dir=DIR or --config.test_file=FILE")
 
 
-class evaluate_command:  # noqa: N801
+class Evaluate:
     accepts_overrides = True
 
     @staticmethod
@@ -102,7 +102,7 @@ class evaluate_command:  # noqa: N801
         return 0
 
 
-class predict_command:  # noqa: N801
+class Predict:
     accepts_overrides = True
 
     @staticmethod
