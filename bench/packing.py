@@ -9,7 +9,7 @@ no tensorflow): with ``--tokenizer`` (a vocab.txt or a tokenizer folder), else a
 vocabulary of ``--vocab-size`` learned from the corpus. Unpacked rows hold one example each,
 right-padded to the sequence length; packed rows hold up to ``--max-examples-per-row``
 examples (``bert_jax.data.packing``, best-fit decreasing). The steps are the engine's
-(``training.steps.make_train_step``, ``tasks.trainer.make_train_step``), timed on
+(``training.steps.make_train_step``, ``finetuning.trainer.make_train_step``), timed on
 ``--batches`` distinct batches cycled, and a record per (step, sequence length, packed) goes
 to OUT/packing.jsonl: ``effective_tokens_per_s`` = real tokens of the timed batches per
 second, ``padding_fraction`` over the whole example set.
@@ -279,8 +279,8 @@ def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     args.out = results_file(args.out, "packing")
     from bert_jax import parallel
+    from bert_jax.finetuning import trainer
     from bert_jax.modeling.heads import BertForPreTraining, BertForSequenceClassification
-    from bert_jax.tasks import trainer
     from bert_jax.training import steps
 
     t0 = time.perf_counter()

@@ -304,8 +304,8 @@ def finetune(args, name: str, init: str, task: str, seed: int, work: str, glue: 
     workdir = os.path.join(work, "finetune", f"{name}_{task}_seed{seed}")
     metrics_path = os.path.join(workdir, "metrics.json")
     if not os.path.exists(metrics_path):
-        from bert_jax.tasks.config import load_config
-        from bert_jax.tasks.finetune import finetune as run_finetune
+        from bert_jax.finetuning.config import load_config
+        from bert_jax.finetuning.finetune import finetune as run_finetune
 
         config = load_config(f"{GLUE_EXPERIMENT}:{task}", [
             f"--config.data_dir={os.path.join(glue, TASK_DIRS[task])}",
@@ -492,7 +492,7 @@ def main(argv=None) -> int:
         rate = probe_steps_per_second(args, data, work)
         steps = max(10, int(args.budget_minutes * 60 / len(variants) * rate))
         _log(f"probe: BERT at {rate:.2f} steps/s -> {steps} steps per variant")
-    from bert_jax.tasks.trainer import FinetunerCache
+    from bert_jax.finetuning.trainer import FinetunerCache
 
     programs = FinetunerCache()
     tasks = args.tasks.split(",")

@@ -1,5 +1,5 @@
 """Typed range checks over a nested config, shared by the pretraining checks
-(``training/validate.py``) and the fine-tuning checks (``tasks/validate.py``): each failure is
+(``training/validate.py``) and the fine-tuning checks (``finetuning/validate.py``): each failure is
 one ``BertJaxError`` naming the dotted key, its value and the allowed range
 (``global_batch_size=0: expected an integer >= 1``)."""
 

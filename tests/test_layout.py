@@ -27,7 +27,8 @@ ROAD: list[set[str]] = [
     {"modeling", "data"},                        # encoder and heads; tf.data pipeline
     {"checkpoint"},
     {"runs", "inference"},                       # what every run shares; embed, fill-mask
-    {"training", "tasks"},                       # pretraining; tasks and fine-tuning
+    {"training", "tasks"},                       # pretraining; task definitions
+    {"finetuning"},                              # trainer, buckets, evaluate
     {"analysis", "tpu"},
     {"cli"},                                     # the bert-jax command
     {"__main__"},

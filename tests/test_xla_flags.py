@@ -58,7 +58,7 @@ def test_finetune_turns_triton_gemm_off_before_the_run(monkeypatch, tmp_path):
         seen["flags"] = os.environ.get("XLA_FLAGS", "")
         return {"best": {"metric": "dev/accuracy", "epoch": 1, "value": 0.5}}
 
-    monkeypatch.setattr("bert_jax.tasks.finetune.finetune", fake_finetune)
+    monkeypatch.setattr("bert_jax.finetuning.finetune.finetune", fake_finetune)
     args = type("Args", (), {"config": "experiments/glue.py:mrpc", "workdir": str(tmp_path),
                              "overwrite": False, "json": False,
                              "overrides": ["--config.compilation_cache=false"]})

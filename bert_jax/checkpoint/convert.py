@@ -131,7 +131,7 @@ def export_checkpoint(checkpoint: str, output: str, architecture: str | None = N
     A fine-tuned checkpoint exports as its family's class for the task (sequence or token
     classification, question answering, multiple choice), with the task's label names in
     config.json: ``task_of(extra, checkpoint)`` reads them from its config.json
-    (``bert_jax.tasks.export.checkpoint_task`` knows fine-tuning workdirs; the default only
+    (``bert_jax.finetuning.export.checkpoint_task`` knows fine-tuning workdirs; the default only
     converted checkpoints); ``architecture`` names another class.
 
     The export is written under a staging name and swapped in complete: an earlier export

@@ -46,7 +46,7 @@ class Export:
 
     @staticmethod
     def run(args: argparse.Namespace) -> int:
-        from bert_jax.tasks.export import checkpoint_task
+        from bert_jax.finetuning.export import checkpoint_task
 
         report = export_checkpoint(args.checkpoint, args.output, args.architecture,
                                    task_of=checkpoint_task)

@@ -50,8 +50,8 @@ class Finetune:
     @staticmethod
     def run(args) -> int:
         from bert_jax import compilation_cache, xla_flags
-        from bert_jax.tasks.config import load_config
-        from bert_jax.tasks.finetune import finetune
+        from bert_jax.finetuning.config import load_config
+        from bert_jax.finetuning.finetune import finetune
 
         config = load_config(args.config, args.overrides)
         if not config.get("triton_gemm", False):
@@ -88,8 +88,8 @@ class Evaluate:
 
         from bert_jax import compilation_cache
         from bert_jax.fileio import check_output_path
+        from bert_jax.finetuning.evaluate import evaluate
         from bert_jax.tasks.base import write_json
-        from bert_jax.tasks.evaluate import evaluate
 
         if args.output:
             check_output_path(args.output, directory=False)
@@ -117,7 +117,7 @@ class Predict:
     def run(args) -> int:
         from bert_jax import compilation_cache
         from bert_jax.fileio import check_output_path
-        from bert_jax.tasks.evaluate import predict
+        from bert_jax.finetuning.evaluate import predict
 
         check_output_path(args.output, directory=True)
         compilation_cache.enable()

@@ -76,7 +76,7 @@ class Compile:
         print(f"compiling {spec} for {tpu.describe()} ...", flush=True)
         try:
             if args.task:
-                from bert_jax.tasks.config import load_config as load_task_config
+                from bert_jax.finetuning.config import load_config as load_task_config
 
                 estimate = compile_finetuning(load_task_config(spec, args.overrides), tpu,
                                               layer_costs=args.layer_costs)

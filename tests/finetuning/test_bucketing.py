@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from bert_jax.errors import BertJaxError
-from bert_jax.tasks import bucketing
-from bert_jax.tasks.config import load_config
-from bert_jax.tasks.evaluate import score
-from bert_jax.tasks.inputs import featurize, train_and_dev
-from bert_jax.tasks.model_init import initial_model, merge_encoder
+from bert_jax.finetuning import bucketing
+from bert_jax.finetuning.config import load_config
+from bert_jax.finetuning.evaluate import score
+from bert_jax.finetuning.inputs import featurize, train_and_dev
+from bert_jax.finetuning.model_init import initial_model, merge_encoder
+from bert_jax.finetuning.trainer import build_finetuner, model_outputs
 from bert_jax.tasks.registry import get_task
-from bert_jax.tasks.trainer import build_finetuner, model_outputs
 
 
 def test_bucket_lengths():

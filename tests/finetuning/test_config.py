@@ -10,15 +10,15 @@ import pytest
 
 from bert_jax.cli import main
 from bert_jax.errors import BertJaxError
-from bert_jax.tasks import get_task
-from bert_jax.tasks.config import (
+from bert_jax.finetuning.config import (
     RENAMED_KEYS,
     base_config,
     config_from_dict,
     load_config,
 )
+from bert_jax.finetuning.inputs import train_and_dev
+from bert_jax.tasks import get_task
 from bert_jax.tasks.data_root import DATA_ENV
-from bert_jax.tasks.inputs import train_and_dev
 from bert_jax.training import config as pretrain_config
 
 # The earlier flat schema as a run stored it (config.json "finetune"), abridged to the keys
@@ -74,7 +74,7 @@ def test_old_key_error_on_the_command_line(tmp_path, capsys):
                                        ("c.mesh.data = 2", "mesh")])
 def test_old_key_in_experiment_file(tmp_path, line, old):
     path = tmp_path / "exp.py"
-    path.write_text("from bert_jax.tasks.config import base_config\n\n\n"
+    path.write_text("from bert_jax.finetuning.config import base_config\n\n\n"
                     f"def get_config():\n    c = base_config()\n    {line}\n    return c\n")
     with pytest.raises(BertJaxError, match=f"^{path}: config key '{old}' was renamed to "
                                            f"'{RENAMED_KEYS[old]}'$"):

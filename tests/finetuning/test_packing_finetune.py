@@ -14,9 +14,9 @@ import pytest
 
 from bert_jax.cli import main
 from bert_jax.data import packing
+from bert_jax.finetuning import trainer
 from bert_jax.modeling.heads import BertForSequenceClassification
-from bert_jax.tasks import trainer
-from tests.finetune import helpers as H
+from tests.finetuning import helpers as H
 
 pytestmark = pytest.mark.slow
 

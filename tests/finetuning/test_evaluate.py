@@ -10,12 +10,12 @@ import jax
 
 from bert_jax.checkpoint import store
 from bert_jax.cli import main
+from bert_jax.finetuning.config import config_from_dict
+from bert_jax.finetuning.evaluate import load_finetuned
+from bert_jax.finetuning.trainer import build_finetuner
 from bert_jax.tasks import get_task
-from bert_jax.tasks.config import config_from_dict
-from bert_jax.tasks.evaluate import load_finetuned
-from bert_jax.tasks.trainer import build_finetuner
 from bert_jax.tokenization import load_tokenizer
-from tests.finetune import helpers as H
+from tests.finetuning import helpers as H
 
 
 def old_schema_run(data) -> dict:

@@ -12,12 +12,12 @@ import pytest
 from bert_jax.checkpoint import store
 from bert_jax.cli import main
 from bert_jax.errors import BertJaxError
+from bert_jax.finetuning.config import load_config
+from bert_jax.finetuning.model_init import initial_model, merge_encoder
+from bert_jax.finetuning.trainer import build_finetuner
 from bert_jax.modeling.params import flatten_params
 from bert_jax.tasks import get_task
-from bert_jax.tasks.config import load_config
-from bert_jax.tasks.model_init import initial_model, merge_encoder
-from bert_jax.tasks.trainer import build_finetuner
-from tests.finetune import helpers as H
+from tests.finetuning import helpers as H
 
 FAST = ["--config.max_seq_length=32", "--config.log_every=0", "--config.eval_batch_size=32"]
 

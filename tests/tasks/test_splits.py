@@ -6,7 +6,7 @@ import pytest
 from bert_jax.errors import BertJaxError
 from bert_jax.tasks import get_task
 from bert_jax.tasks.splits import holdout_rows, split_examples, squad_articles
-from tests.finetune import helpers as H
+from tests.finetuning import helpers as H
 
 
 def test_holdout_rows_deterministic_disjoint_complete():

@@ -1,4 +1,4 @@
-"""Task-specific distillation (bert_jax.tasks.distill): the loss by hand, and a student
+"""Task-specific distillation (bert_jax.finetuning.distill): the loss by hand, and a student
 fine-tuned on a teacher workdir's logits."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bert_jax.errors import BertJaxError
-from bert_jax.tasks.config import load_config
-from bert_jax.tasks.finetune import finetune
-from bert_jax.tasks.trainer import distill_loss
+from bert_jax.finetuning.config import load_config
+from bert_jax.finetuning.finetune import finetune
+from bert_jax.finetuning.trainer import distill_loss
 
 FAST = ["--config.max_seq_length=32", "--config.log_every=0", "--config.eval_batch_size=32"]
 # No dropout: a cheaper compile of each step; the teacher's logits and the distillation loss

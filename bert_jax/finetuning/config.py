@@ -23,8 +23,8 @@ from ml_collections import config_dict
 
 from bert_jax import parallel
 from bert_jax.errors import BertJaxError
+from bert_jax.finetuning.validate import validate_finetuning
 from bert_jax.runs import config as config_lib
-from bert_jax.tasks.validate import validate_finetuning
 
 # Keys of the earlier flat fine-tuning schema -> their names now (those of pretraining).
 RENAMED_KEYS = {
@@ -88,7 +88,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.feature_head = "linear"  # linear | bilstm
     c.lstm_hidden_size = 768  # units per direction of the BiLSTM tagger
     c.lstm_layers = 2
-    # Task-specific distillation (tasks/distill.py): a fine-tuned teacher workdir of the same
+    # Task-specific distillation (finetuning/distill.py): a fine-tuned teacher workdir of the same
     # task; its logits on the train set are soft labels mixed in with weight distill_alpha.
     c.distill_from = ""
     c.distill_temperature = 2.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ml_collections
 
 from bert_jax.errors import BertJaxError
-from bert_jax.tasks.config import base_config
+from bert_jax.finetuning.config import base_config
 from bert_jax.tasks.data_root import data_dir
 
 

@@ -12,10 +12,10 @@ import pytest
 
 from bert_jax.checkpoint import store
 from bert_jax.cli import main
+from bert_jax.finetuning.config import load_config
+from bert_jax.finetuning.finetune import finetune
 from bert_jax.modeling.params import encoder_layout, flatten_params
-from bert_jax.tasks.config import load_config
-from bert_jax.tasks.finetune import finetune
-from tests.finetune import helpers as H
+from tests.finetuning import helpers as H
 
 FAST = ["--config.max_seq_length=32", "--config.log_every=0", "--config.eval_batch_size=32"]
 # Without dropout: its random masks are a large part of each tiny step's compile, and what
@@ -131,7 +131,7 @@ def test_regression_from_random_init_and_finetuner_cache(data, tmp_path):
     """STS-B (MSE on one output) from random weights; dev held out from train by row. Runs
     that differ only in seed (or data folder) reuse one Finetuner and give the same results
     as runs that build their own; another schedule length gets its own."""
-    from bert_jax.tasks.trainer import FinetunerCache
+    from bert_jax.finetuning.trainer import FinetunerCache
 
     def stsb(*extra, epochs=1):
         return config("experiments/glue.py:stsb", "--config.init_checkpoint=",
@@ -170,7 +170,7 @@ def test_compile_ahead_compiles_each_program_once(data, tmp_path):
     background threads; each jitted step then holds exactly one program per length: the
     background compilation was the one the run used (so its results are those of compiling
     at the first call), none was compiled twice."""
-    from bert_jax.tasks.trainer import FinetunerCache
+    from bert_jax.finetuning.trainer import FinetunerCache
 
     def stsb(*extra):
         return load_config("experiments/glue.py:stsb", [
@@ -198,8 +198,8 @@ def test_compile_ahead_compiles_each_program_once(data, tmp_path):
 
 def test_short_runs_take_xla_ops_and_scanned_layers_unless_the_user_chose():
     from bert_jax.config import BertConfig
-    from bert_jax.tasks.config import base_config
-    from bert_jax.tasks.trainer import run_model_config
+    from bert_jax.finetuning.config import base_config
+    from bert_jax.finetuning.trainer import run_model_config
 
     model = BertConfig(fused_gelu="force")  # set by the user: kept
     c = base_config()

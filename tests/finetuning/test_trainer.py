@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.tasks.config import base_config
-from bert_jax.tasks.trainer import make_tx
+from bert_jax.finetuning.config import base_config
+from bert_jax.finetuning.trainer import make_tx
 
 
 @pytest.mark.parametrize("overrides, warmup", [({}, 10), ({"warmup_proportion": 0.25}, 25),

@@ -21,8 +21,8 @@ import numpy as np
 
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
+from bert_jax.finetuning.trainer import TEACHER_KEY, build_finetuner, model_outputs
 from bert_jax.tasks.base import Task
-from bert_jax.tasks.trainer import TEACHER_KEY, build_finetuner, model_outputs
 
 KINDS = ("classification", "regression")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from bert_jax.checkpoint.convert import converted_task
 from bert_jax.errors import BertJaxError
-from bert_jax.tasks.config import config_from_dict
+from bert_jax.finetuning.config import config_from_dict
 from bert_jax.tasks.registry import get_task
 
 

@@ -10,10 +10,10 @@ from typing import Any
 from bert_jax.checkpoint.detect import load_checkpoint
 from bert_jax.config import RUNTIME_FIELDS, BertConfig
 from bert_jax.errors import BertJaxError
+from bert_jax.finetuning.trainer import HEAD_NAMES
 from bert_jax.modeling.params import flatten_params, merge_pretrained, to_layout
 from bert_jax.runs import config as config_lib
 from bert_jax.tasks.base import Task
-from bert_jax.tasks.trainer import HEAD_NAMES
 
 
 def model_config_for_checkpoint(config, ckpt: BertConfig, source: str) -> BertConfig:

@@ -3,11 +3,11 @@ steps over a data-parallel mesh, batching with padding, and the epoch loop.
 
 Nothing here reads task files or checkpoints (``inputs.py`` and ``model_init.py`` do);
 ``Finetuner`` takes numpy feature dicts and parameter trees; :func:`build_finetuner` makes one
-from a run config (``tasks/config.py``). Every batch has one of a few fixed shapes: its length is
+from a run config (``finetuning/config.py``). Every batch has one of a few fixed shapes: its length is
 one of the run's length buckets (``bucketing.py``), and the last batch of an epoch and of an
 evaluation is padded with copies of a row whose ``example_weight`` is 0, so they carry no loss
 and their predictions are dropped — no example is skipped. Packed training rows
-(``tasks/packing.py``) carry several examples each: their ``example_weight`` is
+(``finetuning/packing.py``) carry several examples each: their ``example_weight`` is
 [batch, max_examples_per_row] (the filled slots of real rows) and the losses are per example.
 """
 
@@ -31,6 +31,8 @@ from jax.sharding import Mesh
 from bert_jax import parallel
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
+from bert_jax.finetuning import bucketing
+from bert_jax.finetuning import packing as task_packing
 from bert_jax.modeling.heads import (
     BertForMultipleChoice,
     BertForQuestionAnswering,
@@ -40,8 +42,6 @@ from bert_jax.modeling.heads import (
 )
 from bert_jax.runs.optimizers import make_optimizer
 from bert_jax.runs.state import TrainState
-from bert_jax.tasks import bucketing
-from bert_jax.tasks import packing as task_packing
 from bert_jax.tasks.base import IGNORE_INDEX, INPUT_KEYS, Task
 
 Batch = dict[str, jax.Array]
@@ -158,7 +158,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, kind: st
                     ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
     """``train_step(state, batch, rng) -> (state, {"loss_sum", "count", "grad_norm"})``;
     dropout key ``fold_in(rng, step)`` so a run depends only on its seed. ``distill`` =
-    (temperature, alpha): the loss of ``tasks/distill.py`` against ``teacher_logits``."""
+    (temperature, alpha): the loss of ``finetuning/distill.py`` against ``teacher_logits``."""
 
     def loss_fn(params, batch, rng):
         outputs = _apply(model, params, batch, rng)

@@ -28,16 +28,16 @@ import numpy as np
 from bert_jax import parallel, startup, storage
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
+from bert_jax.finetuning.evaluate import score
+from bert_jax.finetuning.inputs import featurize, train_and_dev
+from bert_jax.finetuning.model_init import initial_model, merge_encoder
+from bert_jax.finetuning.trainer import FinetunerCache, build_finetuner, num_rows, run_model_config
 from bert_jax.modeling.params import to_layout
 from bert_jax.runs.metrics import MetricsWriter
 from bert_jax.runs.progress import exclude_pause
 from bert_jax.runs.workdir import check_run_kind, locked_workdir
 from bert_jax.tasks.base import write_json
-from bert_jax.tasks.evaluate import score
-from bert_jax.tasks.inputs import featurize, train_and_dev
-from bert_jax.tasks.model_init import initial_model, merge_encoder
 from bert_jax.tasks.registry import get_task
-from bert_jax.tasks.trainer import FinetunerCache, build_finetuner, num_rows, run_model_config
 
 METRICS_FILE = "metrics.json"
 
@@ -72,7 +72,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, *, overwrite: bool
         raise BertJaxError(f"task {task.name} has no training data (predict it with a model "
                            "of its parent task, e.g. AX with MNLI)")
     if config.packing:  # before any data is read
-        from bert_jax.tasks.packing import check_supported
+        from bert_jax.finetuning.packing import check_supported
 
         check_supported(task, config)
     workdir = storage.abspath(workdir)
@@ -95,7 +95,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task,
             _log(f"{name}: skipped {len(exs.skipped)} malformed rows (first: {exs.skipped[0]})")
     train_feats = featurize(task, train, tokenizer, config)
     if config.get("distill_from"):
-        from bert_jax.tasks import distill
+        from bert_jax.finetuning import distill
 
         distill.check(config, task)
         train_feats = distill.add_teacher_logits(config, task, train_feats)
@@ -171,10 +171,10 @@ def _saved_layout(run_cfg, model_cfg):
 
 
 def _pack(task, config, train_feats):
-    """Packed training rows (``tasks/packing.py``), with the padding saved logged."""
+    """Packed training rows (``finetuning/packing.py``), with the padding saved logged."""
     from bert_jax.data.packing import padding_fraction
-    from bert_jax.tasks import packing
-    from bert_jax.tasks.trainer import TEACHER_KEY
+    from bert_jax.finetuning import packing
+    from bert_jax.finetuning.trainer import TEACHER_KEY
 
     lengths = train_feats["input_mask"].sum(axis=1)
     packed = packing.pack_train_features(train_feats, task.label_keys, config, (TEACHER_KEY,))

@@ -16,12 +16,12 @@ import jax
 from bert_jax import storage
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
+from bert_jax.finetuning.config import apply_overrides, config_from_dict
+from bert_jax.finetuning.inputs import eval_split_examples, featurize, has_dev_files
+from bert_jax.finetuning.trainer import Finetuner, build_finetuner, model_outputs
 from bert_jax.modeling.params import to_layout
 from bert_jax.tasks.base import Task
-from bert_jax.tasks.config import apply_overrides, config_from_dict
-from bert_jax.tasks.inputs import eval_split_examples, featurize, has_dev_files
 from bert_jax.tasks.registry import get_task
-from bert_jax.tasks.trainer import Finetuner, build_finetuner, model_outputs
 
 
 def score(finetuner: Finetuner, params, task: Task, examples, features, config

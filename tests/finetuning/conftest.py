@@ -3,7 +3,7 @@ once."""
 
 import pytest
 
-from tests.finetune import helpers as H
+from tests.finetuning import helpers as H
 
 
 @pytest.fixture(scope="session")
