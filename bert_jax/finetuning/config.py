@@ -126,24 +126,22 @@ def base_config() -> ml_collections.ConfigDict:
     c.length_bucket_min = 32
     # A bucket shorter than max_seq_length is kept only when the run trains at least this many
     # sequences in it (rows that fit it x epochs); smaller ones join the next longer bucket.
-    # Each bucket is one more train and predict program to compile (about 20 s on an H100 for
-    # all-MiniLM-L6-v2), which costs more than the padding it saves on a GLUE-sized task
-    # (docs/performance.md, "Fine-tuning end to end"). 0: every bucket.
+    # Each bucket is one more train and predict program to compile, which costs more than the
+    # padding it saves on a GLUE-sized task (docs/finetuning.md, "Speed"). 0: every bucket.
     c.length_bucket_min_sequences = 200_000
     # The kernel choices the model config leaves to `auto` (attention_impl,
     # dropout_attention_impl, layer_norm_impl, fused_gelu) take bert-jax's Pallas kernels and
     # cuDNN's attention only in a run that trains at least this many sequences (rows x
-    # epochs), else XLA's own ops: those pay for their tracing, lowering and loading (about
-    # 5 s a run for all-MiniLM-L6-v2 on an H100) only over a long run. 0: always the kernels.
+    # epochs), else XLA's own ops: the kernels' tracing, lowering and loading is a fixed cost
+    # a run, paid back only over a long run (docs/performance.md). 0: always the kernels.
     c.kernel_min_sequences = 200_000
     # A run that trains fewer sequences than this (rows x epochs) scans the encoder layers
-    # (one layer's code, compiled once) unless model.scan_layers is set: the first run of
-    # all-MiniLM-L6-v2 on MRPC compiles its train step in ~6 s instead of ~16 s (H200). Over
-    # a long run unrolled layers' faster steps pay more. The saved model keeps the
-    # checkpoint's layout. 0: never.
+    # (one layer's code, compiled once: a short run's compile dominates) unless
+    # model.scan_layers is set; over a long run unrolled layers' faster steps pay more
+    # (docs/performance.md). The saved model keeps the checkpoint's layout. 0: never.
     c.unroll_min_sequences = 200_000
     # GPUs: cuBLAS for every matmul instead of XLA's Triton GEMM fusions, whose autotuning
-    # adds ~4 s to a first compilation of all-MiniLM-L6-v2 (H200) for no faster step.
+    # lengthens a first compilation for no faster step (docs/performance.md).
     # `bert-jax finetune` sets it in XLA_FLAGS before the backend starts, unless XLA_FLAGS
     # already names --xla_gpu_enable_triton_gemm.
     c.triton_gemm = False

@@ -114,13 +114,14 @@ def base_config() -> ml_collections.ConfigDict:
     # Who sums the gradients over the batch shards: partitioner (XLA, per contribution: the
     # tied word embeddings' two contributions are all-reduced apart), explicit (one psum of
     # the whole gradient tree after the backward pass, so they are reduced once; needs
-    # replicated parameters), auto (explicit where it applies). Explicit ran 1.4% faster on
-    # 4 H200s (Large/128); FSDP with collective_overlap is faster still: the default stays.
+    # replicated parameters), auto (explicit where it applies). FSDP with collective_overlap
+    # is faster than either (docs/performance.md, "Data parallel and FSDP on one host"): the
+    # default stays.
     c.parallel.grad_reduce = "partitioner"
     # GPUs: `bert-jax pretrain` adds XLA's collective-overlap flags (bert_jax/xla_flags.py:
     # latency-hiding scheduler, pipelined all-gathers / reduce-scatters / all-reduces, 128 MiB
-    # buckets) to XLA_FLAGS before the backend starts; flags XLA_FLAGS already names are kept.
-    # FSDP Large/128 on 4 H200s with it: 95.6% of linear (docs/performance.md).
+    # buckets) to XLA_FLAGS before the backend starts; flags XLA_FLAGS already names are kept
+    # (its scaling: docs/performance.md).
     c.parallel.collective_overlap = False
 
     c.checkpoint = ml_collections.ConfigDict()
