@@ -3,11 +3,11 @@ steps over a data-parallel mesh, batching with padding, and the epoch loop.
 
 Nothing here reads task files or checkpoints (``inputs.py`` and ``model_init.py`` do);
 ``Finetuner`` takes numpy feature dicts and parameter trees; :func:`build_finetuner` makes one
-from a run config (``finetuning/config.py``). Every batch has one of a few fixed shapes: its length is
+from a run config (``config.py``). Every batch has one of a few fixed shapes: its length is
 one of the run's length buckets (``bucketing.py``), and the last batch of an epoch and of an
 evaluation is padded with copies of a row whose ``example_weight`` is 0, so they carry no loss
 and their predictions are dropped — no example is skipped. Packed training rows
-(``finetuning/packing.py``) carry several examples each: their ``example_weight`` is
+(``packing.py``) carry several examples each: their ``example_weight`` is
 [batch, max_examples_per_row] (the filled slots of real rows) and the losses are per example.
 """
 
