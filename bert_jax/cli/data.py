@@ -9,6 +9,7 @@ from bert_jax import storage
 from bert_jax.data import documents as document_shards
 from bert_jax.data import instances, text
 from bert_jax.data.create_pretraining import CreationConfig, create_pretraining_data, summary
+from bert_jax.data.mask_settings import MaskSettings
 from bert_jax.data.materialize import MASKING_MODES, materialize_batches
 from bert_jax.errors import BertJaxError
 
@@ -130,17 +131,19 @@ class MaterializeBatches:
                             help="as a training run's data.masking: token, whole_word, span "
                                  "(SpanBERT) or knowledge (ERNIE: data created with "
                                  "--knowledge-units); default token")
-        parser.add_argument("--mask-rate", type=float, default=0.15,
+        parser.add_argument("--mask-rate", type=float, default=MaskSettings.mask_rate,
                             help="share of tokens masked (data.masked_lm_prob)")
-        parser.add_argument("--mask-token-fraction", type=float, default=0.8,
+        parser.add_argument("--mask-token-fraction", type=float,
+                            default=MaskSettings.mask_token_fraction,
                             help="share of the masked tokens shown as [MASK] "
                                  "(data.mask_token_fraction)")
-        parser.add_argument("--random-token-fraction", type=float, default=0.1,
+        parser.add_argument("--random-token-fraction", type=float,
+                            default=MaskSettings.random_token_fraction,
                             help="share of the masked tokens replaced by a random token "
                                  "(data.random_token_fraction); the rest stay unchanged")
-        parser.add_argument("--span-p", type=float, default=0.2,
+        parser.add_argument("--span-p", type=float, default=MaskSettings.span_p,
                             help="--masking span: geometric parameter of span lengths in words")
-        parser.add_argument("--max-span", type=int, default=10,
+        parser.add_argument("--max-span", type=int, default=MaskSettings.max_span,
                             help="--masking span: longest span in words")
         parser.add_argument("--basic-masking-fraction", type=float, default=0.25,
                             help="--masking knowledge: share of sequences masked token by "

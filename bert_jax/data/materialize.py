@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax import fileio, storage
+from bert_jax.data.mask_settings import MaskSettings
 from bert_jax.data.masking import MASKING_MODES
 from bert_jax.errors import BertJaxError
 
@@ -55,9 +56,12 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
                         span_masking: bool = False, seq_len: int | None = None,
                         tokenizer=None, shuffle_buffer: int = 10_000, split: str = "train",
                         pairing: str | None = None, short_seq_prob: float = 0.1,
-                        masking: str | None = None, mask_rate: float = 0.15,
-                        span_p: float = 0.2, max_span: int = 10, basic_fraction: float = 0.0,
-                        mask_token_fraction: float = 0.8, random_token_fraction: float = 0.1,
+                        masking: str | None = None, mask_rate: float = MaskSettings.mask_rate,
+                        span_p: float = MaskSettings.span_p,
+                        max_span: int = MaskSettings.max_span,
+                        basic_fraction: float = MaskSettings.basic_fraction,
+                        mask_token_fraction: float = MaskSettings.mask_token_fraction,
+                        random_token_fraction: float = MaskSettings.random_token_fraction,
                         progress: bool = True) -> dict[str, Any]:
     """Runs the pipeline for ``steps`` global batches of ``split`` (train, or eval: the
     held-out shards) and writes them; returns the manifest. Document shards are paired with
@@ -96,12 +100,13 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
     options = {"masking": masking, "span_p": span_p, "max_span": max_span,
                "basic_fraction": basic_fraction} if masking is not None else {
         "whole_word": whole_word, "span_masking": span_masking}
+    mask = MaskSettings(mask_rate=mask_rate, mask_token_fraction=mask_token_fraction,
+                        random_token_fraction=random_token_fraction, **options)
     iterator = PretrainingIterator.from_data_dir(
         data_dir, per_host_batch_size=batch_size, max_predictions_per_seq=max_predictions,
-        seq_len=seq_len, tokenizer=tokenizer, seed=seed, mask_rate=mask_rate,
-        mask_token_fraction=mask_token_fraction, random_token_fraction=random_token_fraction,
+        seq_len=seq_len, tokenizer=tokenizer, seed=seed, mask=mask,
         shuffle_buffer=shuffle_buffer, split=split, pairing=pairing,
-        short_seq_prob=short_seq_prob, **options)
+        short_seq_prob=short_seq_prob)
     seq = seq_len or meta.max_seq_length
     storage.makedirs(output_dir)
     first = next(iterator)

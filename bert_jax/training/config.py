@@ -11,6 +11,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from bert_jax.config import BertConfig
+from bert_jax.data.mask_settings import MaskSettings
 from bert_jax.errors import BertJaxError
 from bert_jax.parallel import DEFAULT_RULES
 from bert_jax.runs import config as runs_config
@@ -55,11 +56,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.tokenizer = config_dict.placeholder(str)
     c.data.max_seq_length = 128
     c.data.max_predictions_per_seq = 20
-    c.data.masked_lm_prob = 0.15  # every batch is masked afresh (dynamic masking)
+    # The share of tokens masked, BERT's 15%: every batch is masked afresh (dynamic masking).
+    c.data.masked_lm_prob = MaskSettings.mask_rate
     # Of the masked tokens, the share shown as [MASK] and the share replaced by a random
     # token; the rest stay unchanged (BERT's 80/10/10).
-    c.data.mask_token_fraction = 0.8
-    c.data.random_token_fraction = 0.1
+    c.data.mask_token_fraction = MaskSettings.mask_token_fraction
+    c.data.random_token_fraction = MaskSettings.random_token_fraction
     c.data.whole_word_masking = False  # same as masking="whole_word"
     # static: the pairs stored in the shards (create-pretraining-data --format pairs);
     # nsp | sop | full_sentences | doc_sentences: document shards (--format documents) paired
@@ -75,8 +77,8 @@ def base_config() -> ml_collections.ConfigDict:
     # annotated by `create-pretraining-data --knowledge-units` masked as units, with
     # basic_masking_fraction of the sequences masked token by token). tfrecord data only.
     c.data.masking = "token"
-    c.data.span_p = 0.2
-    c.data.max_span = 10
+    c.data.span_p = MaskSettings.span_p
+    c.data.max_span = MaskSettings.max_span
     # ERNIE mixes basic-level (token) masking with phrase/entity masking; the paper trains
     # the levels in stages, here a fixed share of sequences per batch.
     c.data.basic_masking_fraction = 0.25
