@@ -41,10 +41,6 @@ def train_flops_per_sequence(layers: int, hidden: int, seq_len: int, vocab: int 
             + 6 * p * (hidden ** 2 + hidden * vocab))
 
 
-def inference_flops_per_sequence(layers: int, hidden: int, seq_len: int) -> float:
-    return (2 * seq_len * 12 * layers * hidden ** 2 + 4 * layers * seq_len ** 2 * hidden)
-
-
 def median_time(fn, repeats: int) -> tuple[float, list[float]]:
     """Calls ``fn()`` (which must block until the device is done) ``repeats`` times."""
     times = []

@@ -42,12 +42,17 @@ def bench_creation(corpus: str, tokenizer, out: str, seq_len: int, workers: int,
             "examples": meta["splits"]["train"]["examples"], "tokens": meta["input"]["tokens"]}
 
 
-def bench_pipeline(data_dir: str, batch: int, predictions: int, steps: int, warmup: int,
-                   **kwargs) -> dict:
+def bench_pipeline(data_dir: str, batch: int, predictions: int, steps: int, warmup: int, *,
+                   whole_word: bool = False, span_masking: bool = False, **kwargs) -> dict:
+    from bert_jax.data.mask_settings import MaskSettings
     from bert_jax.data.pipeline import PretrainingIterator
 
+    mask = MaskSettings(whole_word=whole_word, span_masking=span_masking)
     it = PretrainingIterator.from_data_dir(data_dir, per_host_batch_size=batch,
-                                           max_predictions_per_seq=predictions, **kwargs)
+                                           max_predictions_per_seq=predictions, mask=mask,
+                                           **kwargs)
+    kwargs.update({k: v for k, v in (("whole_word", whole_word),
+                                     ("span_masking", span_masking)) if v})
     for _ in range(warmup):
         next(it)
     start, cpu_start = time.perf_counter(), time.process_time()

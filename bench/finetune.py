@@ -2,7 +2,7 @@
 2 labels) with AdamW (``make_optimizer``: no decay on LayerNorm/bias, global-norm clipping),
 bf16 compute, fp32 parameters, jitted with shardings and the state donated.
 
-The step is the fine-tuning engine's (``bert_jax.tasks.trainer.make_train_step``, kind
+The step is the fine-tuning engine's (``bert_jax.finetuning.trainer.make_train_step``, kind
 ``classification``). FLOPs per sequence are the pretraining formula without the MLM head
 (p = 0), as for the peer (``python -m bench peers transformers --task classify``). Records go
 to OUT/step.jsonl.
@@ -77,10 +77,10 @@ def main(argv=None) -> dict:
     import numpy as np
 
     from bert_jax import parallel
+    from bert_jax.finetuning.trainer import make_train_step
     from bert_jax.modeling.heads import BertForSequenceClassification
-    from bert_jax.tasks.trainer import make_train_step
-    from bert_jax.training.optimizers import make_optimizer
-    from bert_jax.training.state import TrainState
+    from bert_jax.runs.optimizers import make_optimizer
+    from bert_jax.runs.state import TrainState
 
     cfg = model_config(args)
     devices = jax.devices()[:args.devices] if args.devices else jax.devices()

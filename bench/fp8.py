@@ -224,9 +224,9 @@ def parity_run(args, directory: str, vocab: int, model: str, fp8: bool, seed: in
 
     from bench.pretrain import select_mesh
     from bert_jax.data.materialize import MaterializedBatches
+    from bert_jax.runs.state import split_fp8_state
     from bert_jax.training import config as config_lib
     from bert_jax.training.setup import build_training
-    from bert_jax.training.state import split_fp8_state
     from bert_jax.training.steps import default_sums_fn, summarize
 
     reader = MaterializedBatches(directory)

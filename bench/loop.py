@@ -117,7 +117,7 @@ def loop_overrides(args, data_dir: str, peak: float) -> list[str]:
 
 def steady_state(workdir: str) -> dict:
     """Median and spread of ``seq_per_sec`` over the logged train intervals after the first."""
-    from bert_jax.training.metrics import read_metrics
+    from bert_jax.runs.metrics import read_metrics
 
     train = [r for r in read_metrics(workdir) if "seq_per_sec" in r]
     used = train[1:]

@@ -9,7 +9,7 @@ no tensorflow): with ``--tokenizer`` (a vocab.txt or a tokenizer folder), else a
 vocabulary of ``--vocab-size`` learned from the corpus. Unpacked rows hold one example each,
 right-padded to the sequence length; packed rows hold up to ``--max-examples-per-row``
 examples (``bert_jax.data.packing``, best-fit decreasing). The steps are the engine's
-(``training.steps.make_train_step``, ``tasks.trainer.make_train_step``), timed on
+(``training.steps.make_train_step``, ``finetuning.trainer.make_train_step``), timed on
 ``--batches`` distinct batches cycled, and a record per (step, sequence length, packed) goes
 to OUT/packing.jsonl: ``effective_tokens_per_s`` = real tokens of the timed batches per
 second, ``padding_fraction`` over the whole example set.
@@ -216,7 +216,7 @@ def model_config(args, vocab_size: int):
 def _optimizer():
     import ml_collections
 
-    from bert_jax.training.optimizers import make_optimizer
+    from bert_jax.runs.optimizers import make_optimizer
 
     return make_optimizer(ml_collections.ConfigDict({
         "name": "adamw", "learning_rate": 1e-4, "warmup_steps": 100, "decay": "linear",
@@ -231,7 +231,7 @@ def time_step(make_step, model, seq_len: int, batches, args, mesh, rules):
     import jax.numpy as jnp
 
     from bert_jax import parallel
-    from bert_jax.training.state import TrainState
+    from bert_jax.runs.state import TrainState
 
     tx, schedule = _optimizer()
 
@@ -280,8 +280,8 @@ def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     args.out = results_file(args.out, "packing")
     from bert_jax import parallel
+    from bert_jax.finetuning import trainer
     from bert_jax.modeling.heads import BertForPreTraining, BertForSequenceClassification
-    from bert_jax.tasks import trainer
     from bert_jax.training import steps
 
     t0 = time.perf_counter()

@@ -27,10 +27,10 @@ import time
 import numpy as np
 
 from bert_jax.checkpoint.hf import read_hf_tokenizer
-from bert_jax.tasks.config import config_from_dict
-from bert_jax.tasks.inputs import featurize, train_and_dev
+from bert_jax.finetuning.config import config_from_dict
+from bert_jax.finetuning.inputs import featurize, train_and_dev
+from bert_jax.finetuning.trainer import model_outputs
 from bert_jax.tasks.registry import get_task
-from bert_jax.tasks.trainer import model_outputs
 
 NO_DECAY = ("bias", "LayerNorm.weight")
 

@@ -64,7 +64,7 @@ def minilm_directory() -> str:
 
 def run_config(name: str, args, checkpoint: str, seed: int):
     """The bert-jax fine-tuning config of one task and seed (the peer reads the same one)."""
-    from bert_jax.tasks.config import base_config
+    from bert_jax.finetuning.config import base_config
 
     task, train_file, lr, epochs, seq, cap, _ = TASKS[name]
     c = base_config()
@@ -101,9 +101,9 @@ EXPERIMENTS = {"cola": "glue.py:cola", "sst2": "glue.py:sst2", "mrpc": "glue.py:
 def cli_overrides(config, spec: str) -> list[str]:
     """``--config.<key>=<value>`` for every scalar field where ``config`` differs from the
     experiment ``spec``, so that the CLI run uses exactly ``config``."""
-    from bert_jax.tasks.config import load_config
+    from bert_jax.finetuning.config import load_config
+    from bert_jax.runs.config import all_keys
     from bert_jax.tasks.data_root import DATA_ENV
-    from bert_jax.training.config import all_keys
 
     saved = os.environ.pop(DATA_ENV, None)  # the run's files are all given explicitly
     try:
@@ -191,13 +191,13 @@ def run_peer(config, workdir: str, checkpoint: str, args) -> dict:
 
 def bert_jax_initial_head(config, workdir: str) -> str:
     """The head bert-jax's fine-tuning run starts from (the init path of
-    ``bert_jax.tasks.finetune.finetune``), saved as ``<module>/kernel|bias`` in an .npz."""
+    ``bert_jax.finetuning.finetune.finetune``), saved as ``<module>/kernel|bias`` in an .npz."""
     import jax
 
-    from bert_jax.tasks.finetune import run_rngs
-    from bert_jax.tasks.model_init import initial_model
+    from bert_jax.finetuning.finetune import run_rngs
+    from bert_jax.finetuning.model_init import initial_model
+    from bert_jax.finetuning.trainer import build_finetuner
     from bert_jax.tasks.registry import get_task
-    from bert_jax.tasks.trainer import build_finetuner
 
     task = get_task(config.task)
     model_cfg, _, _, _ = initial_model(task, config)

@@ -135,7 +135,7 @@ def run_one(job: dict, args) -> dict:
             side = "transformers"
             if args.peer_head_init:  # the peer starts from this run's initial head
                 from bench.quality_finetune import bert_jax_initial_head
-                from bert_jax.tasks.config import config_from_dict
+                from bert_jax.finetuning.config import config_from_dict
 
                 os.makedirs(workdir + ".head", exist_ok=True)
                 peer += ["--head-init", bert_jax_initial_head(config_from_dict(run_config),

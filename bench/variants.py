@@ -316,9 +316,9 @@ def finetune_worker(args) -> int:
     same shape compiled once)."""
     import jax
 
-    from bert_jax.tasks.config import load_config
-    from bert_jax.tasks.finetune import finetune
-    from bert_jax.tasks.trainer import FinetunerCache
+    from bert_jax.finetuning.config import load_config
+    from bert_jax.finetuning.finetune import finetune
+    from bert_jax.finetuning.trainer import FinetunerCache
 
     jax.config.update("jax_compilation_cache_dir", os.path.join(args.work, "jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

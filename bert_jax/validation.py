@@ -1,5 +1,5 @@
 """Typed range checks over a nested config, shared by the pretraining checks
-(``training/validate.py``) and the fine-tuning checks (``tasks/validate.py``): each failure is
+(``training/validate.py``) and the fine-tuning checks (``finetuning/validate.py``): each failure is
 one ``BertJaxError`` naming the dotted key, its value and the allowed range
 (``global_batch_size=0: expected an integer >= 1``)."""
 
@@ -79,7 +79,7 @@ def check_mesh(check: Checker, section: str, config) -> None:
 
 def check_optimizer(check: Checker, *, warmup_steps_allow: Iterable[int] = (),
                     warmup_proportion: bool = False) -> None:
-    """The ``optimizer`` section (``training/optimizers.py``'s fields); ``warmup_steps_allow``:
+    """The ``optimizer`` section (``runs/optimizers.py``'s fields); ``warmup_steps_allow``:
     sentinel values besides counts (fine-tuning's -1: from ``warmup_proportion``)."""
     check.choice("optimizer.name", ("adamw", "lamb"))
     check.number("optimizer.learning_rate", 0.0, low_open=True)

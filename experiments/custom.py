@@ -12,7 +12,7 @@ one tag per word). Files are CSV, TSV or JSON lines with a header / keys naming 
 
 from __future__ import annotations
 
-from bert_jax.tasks.recipes import make_quick, split_variant, task_config
+from bert_jax.finetuning.recipes import make_quick, split_variant, task_config
 
 VARIANTS = {"classification": "custom_classification",
             "pair_classification": "custom_classification",

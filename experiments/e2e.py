@@ -22,7 +22,7 @@ from __future__ import annotations
 import ml_collections
 
 from bert_jax.errors import BertJaxError
-from bert_jax.tasks.recipes import split_variant, task_config
+from bert_jax.finetuning.recipes import split_variant, task_config
 from bert_jax.training.config import base_config
 
 VOCAB_SIZE = 8192

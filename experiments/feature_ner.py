@@ -11,7 +11,7 @@ experiments/ner.py). Append ``_quick`` for a CPU smoke run. The whole table:
 from __future__ import annotations
 
 from bert_jax.analysis.feature_table import ROWS, row_config
-from bert_jax.tasks.recipes import split_variant
+from bert_jax.finetuning.recipes import split_variant
 
 
 def get_config(variant: str = "last"):

@@ -11,7 +11,7 @@ is found under it); without a dev file there, dev is held out from train
 
 from __future__ import annotations
 
-from bert_jax.tasks.recipes import make_quick, split_variant, task_config
+from bert_jax.finetuning.recipes import make_quick, split_variant, task_config
 
 TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 

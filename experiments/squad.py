@@ -12,7 +12,7 @@ higher learning rate (docs/finetuning.md, "SQuAD: what the recipe reaches").
 
 from __future__ import annotations
 
-from bert_jax.tasks.recipes import make_quick, split_variant, task_config
+from bert_jax.finetuning.recipes import make_quick, split_variant, task_config
 
 VERSIONS = {"v1": "squad_v1", "v2": "squad_v2"}
 

@@ -9,7 +9,7 @@ smoke run.
 
 from __future__ import annotations
 
-from bert_jax.tasks.recipes import make_quick, split_variant, task_config
+from bert_jax.finetuning.recipes import make_quick, split_variant, task_config
 
 
 def get_config(variant: str = "swag"):

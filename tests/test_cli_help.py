@@ -94,8 +94,8 @@ def test_first_run_example_names_paths_that_exist_in_a_clone():
 def test_finetune_help_lists_every_experiment_and_variant():
     """`finetune --help` names each experiment file and all its variants, and each one
     loads."""
-    from bert_jax.tasks.commands import EXPERIMENTS_HELP
-    from bert_jax.tasks.config import load_config
+    from bert_jax.cli.finetune import EXPERIMENTS_HELP
+    from bert_jax.finetuning.config import load_config
 
     listed = {}
     for line in EXPERIMENTS_HELP.splitlines():

@@ -12,6 +12,7 @@ import pytest
 
 from bert_jax.config import KERNEL_FIELDS, BertConfig, KernelOptions
 from bert_jax.errors import BertJaxError
+from bert_jax.runs.config import apply_overrides
 from bert_jax.training import config as train_config
 
 OPTIONS = dict(fused_gelu="force", fused_mlm_loss="off", split_norm_grads=False,
@@ -74,7 +75,7 @@ def test_bad_values_are_refused(field, value, message):
 
 def test_command_line_overrides():
     config = train_config.base_config()
-    train_config.apply_overrides(config, [
+    apply_overrides(config, [
         "--config.model.preset=tiny", "--config.model.kernels.fused_gelu=off",
         "--config.model.kernels.norm_blocks=(2, 1, True)",
         "--config.model.kernels.gelu_sum_blocks=4",
@@ -93,7 +94,7 @@ def test_moved_fields_name_their_new_place(field):
     config = train_config.base_config()
     with pytest.raises(BertJaxError, match=rf"--config\.model\.{field} moved to "
                                            rf"--config\.model\.kernels\.{field}"):
-        train_config.apply_overrides(config, [f"--config.model.{field}=off"])
+        apply_overrides(config, [f"--config.model.{field}=off"])
     with pytest.raises(BertJaxError, match=rf"BertConfig\.kernels\.{field}"):
         BertConfig().replace(**{field: None})
 

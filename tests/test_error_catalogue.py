@@ -14,7 +14,7 @@ from bert_jax.checkpoint import store
 from bert_jax.cli import main
 from bert_jax.training import config as config_lib
 from tests.data.helpers import write_shards
-from tests.finetune.helpers import write_checkpoint
+from tests.finetuning.helpers import write_checkpoint
 from tests.training.helpers import EXPERIMENT, SMALL
 
 PRETRAIN = ["pretrain", "--config", f"{EXPERIMENT}:tiny", *SMALL]
@@ -159,7 +159,7 @@ def pretrain_checkpoint_of_another_shape(tmp, _):
     import numpy as np
 
     from bert_jax.checkpoint.manager import CheckpointManager
-    from bert_jax.training.state import TrainState
+    from bert_jax.runs.state import TrainState
 
     workdir = tmp / "run"
     config = config_lib.load_config(f"{EXPERIMENT}:tiny", SMALL)
@@ -295,7 +295,7 @@ train_tokenizer_latin1_wordpiece = _latin1_tokenizer_case("wordpiece")
 
 
 def _sst2(tmp):
-    from tests.finetune.helpers import write_sst2
+    from tests.finetuning.helpers import write_sst2
 
     return write_sst2(str(tmp / "SST-2"), n_train=8, n_dev=4)
 
@@ -341,7 +341,7 @@ def finetune_into_its_init_checkpoint(tmp, model_dir):
 
 
 def finetune_score_out_of_range(tmp, model_dir):
-    from tests.finetune.helpers import write_stsb
+    from tests.finetuning.helpers import write_stsb
 
     sts = write_stsb(str(tmp / "STS-B"), n=6)
     with open(os.path.join(sts, "train.tsv"), "a", encoding="utf-8") as f:

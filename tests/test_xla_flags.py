@@ -10,8 +10,8 @@ import os
 import pytest
 
 from bert_jax import xla_flags
-from bert_jax.tasks import commands as finetune_commands
-from bert_jax.training import pretrain
+from bert_jax.cli import finetune as finetune_commands
+from bert_jax.cli import pretrain
 
 
 def test_added_once_and_never_over_the_users(monkeypatch):
@@ -45,7 +45,7 @@ def test_pretrain_adds_collective_overlap_before_the_run(overlap, monkeypatch, t
     args = type("Args", (), {"config": "experiments/pretrain.py:tiny", "workdir": str(tmp_path),
                              "overwrite": False, "json": False,
                              "overrides": [f"--config.parallel.collective_overlap={overlap}"]})
-    assert pretrain.command.run(args) == 0
+    assert pretrain.Pretrain.run(args) == 0
     assert (seen["flags"].split() == list(xla_flags.COLLECTIVE_OVERLAP)) is overlap
     assert bool(seen["flags"]) is overlap
 
@@ -58,9 +58,9 @@ def test_finetune_turns_triton_gemm_off_before_the_run(monkeypatch, tmp_path):
         seen["flags"] = os.environ.get("XLA_FLAGS", "")
         return {"best": {"metric": "dev/accuracy", "epoch": 1, "value": 0.5}}
 
-    monkeypatch.setattr("bert_jax.tasks.finetune.finetune", fake_finetune)
+    monkeypatch.setattr("bert_jax.finetuning.finetune.finetune", fake_finetune)
     args = type("Args", (), {"config": "experiments/glue.py:mrpc", "workdir": str(tmp_path),
                              "overwrite": False, "json": False,
                              "overrides": ["--config.compilation_cache=false"]})
-    assert finetune_commands.finetune_command.run(args) == 0
+    assert finetune_commands.Finetune.run(args) == 0
     assert seen["flags"] == "--xla_gpu_enable_triton_gemm=false"

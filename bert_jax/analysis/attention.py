@@ -268,7 +268,7 @@ def plot_sentence(runner: AttentionRunner, text: tuple[str, str | None], layer: 
 
 
 def run_command(args) -> int:
-    """`bert-jax analyze-attention` (arguments: `bert_jax.analysis.commands`) -> files."""
+    """`bert-jax analyze-attention` (arguments: `bert_jax.cli.analysis`) -> files."""
     texts = read_texts(args.input, args.text_column, args.text_pair_column,
                        args.max_examples)
     if not 0 <= args.sentence_index < len(texts):

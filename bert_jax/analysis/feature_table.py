@@ -41,7 +41,7 @@ PAPER_BASE_F1 = {"finetune": 96.4, "embeddings": 91.0, "second_to_last": 95.6, "
 def row_config(row: str, quick: bool = False) -> ml_collections.ConfigDict:
     """The fine-tuning config of one row: CoNLL-2003 NER (``experiments/ner.py``); feature
     rows freeze the encoder and train a 2 x 768 BiLSTM tagger with Adam at 1e-3."""
-    from bert_jax.tasks.recipes import make_quick, task_config
+    from bert_jax.finetuning.recipes import make_quick, task_config
 
     if row not in ROWS:
         raise BertJaxError(f"unknown feature-table row {row!r}; rows: {', '.join(ROWS)}")
@@ -74,8 +74,8 @@ def markdown(rows: list[dict]) -> str:
 def run_table(checkpoint: str, data: str, out: str, rows: list[str], overrides: list[str],
               quick: bool = False, log=print) -> tuple[list[dict], bool]:
     """Runs each row (reusing finished ones); returns (table rows, all succeeded)."""
-    from bert_jax.tasks.config import apply_overrides
-    from bert_jax.tasks.finetune import METRICS_FILE, finetune
+    from bert_jax.finetuning.config import apply_overrides
+    from bert_jax.finetuning.finetune import METRICS_FILE, finetune
 
     results, ok = [], True
     for row in rows:

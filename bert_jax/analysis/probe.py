@@ -402,7 +402,7 @@ def run_probe(args) -> dict:
 
 
 def run_command(args) -> int:
-    """`bert-jax probe` (arguments: `bert_jax.analysis.commands`) -> files."""
+    """`bert-jax probe` (arguments: `bert_jax.cli.analysis`) -> files."""
     if not args.no_plots:
         pyplot()
     if not 0 < args.holdout < 1:

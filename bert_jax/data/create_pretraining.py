@@ -444,7 +444,7 @@ def documents_metadata(config: CreationConfig, metadata: dict[str, Any]) -> dict
     }
 
 
-def _summary(metadata: dict[str, Any]) -> str:
+def summary(metadata: dict[str, Any]) -> str:
     s = metadata["input"]
     lines = [
         f"wrote {metadata['splits']['train']['examples']} train "
@@ -463,93 +463,3 @@ def _summary(metadata: dict[str, Any]) -> str:
     if problems:
         lines.append("repaired/skipped: " + ", ".join(f"{k}={v}" for k, v in problems.items()))
     return "\n".join(lines)
-
-
-class command:  # noqa: N801 - the CLI registry names this attribute
-    """CLI entry: ``bert-jax create-pretraining-data``."""
-
-    @staticmethod
-    def add_arguments(parser) -> None:
-        parser.add_argument("--input", nargs="+", required=True, metavar="PATH",
-                            help="text files or directories (read recursively)")
-        parser.add_argument("--tokenizer", required=True,
-                            help="tokenizer directory, vocab.txt or SentencePiece .model")
-        parser.add_argument("--output-dir", required=True,
-                            help="directory for the TFRecord shards and metadata.json")
-        parser.add_argument("--max-seq-length", type=int, default=128,
-                            help="tokens per example, [CLS] and [SEP]s included (the model's "
-                                 "data.max_seq_length must match)")
-        parser.add_argument("--short-seq-prob", type=float, default=0.1,
-                            help="share of examples cut short on purpose (BERT's 10%%), so "
-                                 "the model also sees short inputs")
-        parser.add_argument("--mode", choices=instances.MODES, default="nsp",
-                            help="nsp: sentence pairs + is-next label (BERT); sop: sentence "
-                                 "order (ALBERT); full_sentences: MLM only (RoBERTa)")
-        parser.add_argument("--dupe-factor", type=int, default=1,
-                            help="passes over the corpus (masking is dynamic, so extra passes "
-                                 "only re-sample the pairs)")
-        parser.add_argument("--num-shards", type=int, default=8,
-                            help="training TFRecord files to write (at least the number of "
-                                 "hosts that will read them)")
-        parser.add_argument("--seed", type=int, default=12345,
-                            help="seed of pairing, truncation and shard order")
-        parser.add_argument("--num-workers", type=int, default=os.cpu_count() or 1,
-                            help="processes tokenizing in parallel (default: this machine's CPU "
-                                 "count, %(default)s here)")
-        parser.add_argument("--input-format", choices=text.INPUT_FORMATS, default="auto",
-                            help="lines: one sentence per line, blank line between documents; "
-                                 "paragraphs: prose; auto: decided per file")
-        parser.add_argument("--holdout-fraction", type=float, default=0.0,
-                            help="fraction of documents written to eval-*.tfrecord instead "
-                                 "(held-out data for pretraining's evaluation; 0.05 is "
-                                 "typical, 0 leaves none)")
-        parser.add_argument("--format", choices=document_shards.FORMATS, default="pairs",
-                            dest="output_format",
-                            help="pairs: finished NSP/SOP/packed examples; documents: tokenized "
-                                 "documents with sentence boundaries, paired afresh every epoch "
-                                 "by the pipeline (--max-seq-length, --mode, --short-seq-prob "
-                                 "and --dupe-factor then do not apply)")
-        parser.add_argument("--max-record-tokens", type=int,
-                            default=document_shards.DEFAULT_MAX_RECORD_TOKENS,
-                            help="documents: longer documents are stored in chunks of whole "
-                                 "sentences of at most this many tokens (0: never chunk)")
-        parser.add_argument("--knowledge-units", action="store_true",
-                            help="annotate phrases and entities (unit_ids) for "
-                                 "data.masking=knowledge: capitalised spans and frequent "
-                                 "n-grams, plus --knowledge-lexicon entries")
-        parser.add_argument("--knowledge-lexicon", metavar="FILE",
-                            help="entities/phrases, one per line (implies --knowledge-units)")
-        parser.add_argument("--pack", action="store_true",
-                            help="write packed rows: several examples per record (their "
-                                 "natural lengths, best-fit), attention kept within each "
-                                 "example, so short examples stop paying for padding "
-                                 "(docs/data.md, \"Sequence packing\")")
-        parser.add_argument("--max-examples-per-row", type=int, default=8,
-                            help="--pack: examples a row may hold (default 8)")
-        parser.add_argument("--no-progress", action="store_true",
-                            help="no progress bar (for logs)")
-
-    @staticmethod
-    def run(args) -> int:
-        from bert_jax.tokenization.factory import load_tokenizer
-
-        if not storage.exists(args.tokenizer):
-            raise BertJaxError(f"--tokenizer {args.tokenizer}: no such file or directory")
-        tokenizer = load_tokenizer(args.tokenizer)
-        lexicon: tuple[str, ...] = ()
-        if args.knowledge_lexicon:
-            from bert_jax.data.knowledge_masking import load_lexicon
-
-            lexicon = tuple(load_lexicon(args.knowledge_lexicon))
-        config = CreationConfig(
-            knowledge_units=bool(args.knowledge_units or lexicon), knowledge_lexicon=lexicon,
-            max_seq_length=args.max_seq_length, short_seq_prob=args.short_seq_prob,
-            mode=args.mode, dupe_factor=args.dupe_factor, seed=args.seed,
-            input_format=args.input_format, holdout_fraction=args.holdout_fraction,
-            output_format=args.output_format, max_record_tokens=args.max_record_tokens,
-            pack=args.pack, max_examples_per_row=args.max_examples_per_row)
-        metadata = create_pretraining_data(
-            args.input, tokenizer, args.output_dir, config, num_shards=args.num_shards,
-            num_workers=args.num_workers, progress=not args.no_progress)
-        print(_summary(metadata))
-        return 0

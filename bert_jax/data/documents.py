@@ -82,10 +82,6 @@ class DocumentTable:
     def sentence_lengths(self) -> np.ndarray:
         return np.diff(self.sentence_starts)
 
-    def document_of_sentence(self) -> np.ndarray:
-        """int64 [N]: the document each sentence belongs to."""
-        return np.repeat(np.arange(self.num_documents), np.diff(self.document_sentences))
-
     def document_of_token(self, positions: np.ndarray) -> np.ndarray:
         sentence = np.searchsorted(self.sentence_starts, positions, side="right") - 1
         return np.searchsorted(self.document_sentences, sentence, side="right") - 1

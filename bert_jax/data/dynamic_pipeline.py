@@ -46,7 +46,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from bert_jax.data.documents import DocumentTable
-from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch, mix_seed, mode_flags
+from bert_jax.data.mask_settings import MaskSettings
+from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch, mix_seed
 from bert_jax.data.packing import pack_features, pack_lengths
 from bert_jax.data.pairing import PAIRINGS, Plan, example_lengths, make_plan, materialize
 from bert_jax.errors import BertJaxError
@@ -350,14 +351,9 @@ class DocumentPretrainingIterator(Iterator[dict[str, np.ndarray]]):
                  max_predictions_per_seq: int, vocab_size: int, special_ids, mask_id: int,
                  cls_id: int, sep_id: int, pad_id: int, pairing: str = "nsp",
                  short_seq_prob: float = 0.1, word_start_mask: np.ndarray | None = None,
-                 mask_rate: float = 0.15, whole_word: bool = False, span_masking: bool = False,
-                 seed: int = 0, process_index: int = 0, process_count: int = 1,
-                 start_step: int = 0, repeat: bool = True, state: dict | None = None,
-                 shuffle_buffer: int | None = None, masking: str | None = None,
-                 span_p: float = 0.2, max_span: int = 10, basic_fraction: float = 0.0,
-                 mask_token_fraction: float = 0.8, random_token_fraction: float = 0.1,
-                 examples_per_row: int = 0):
-        del shuffle_buffer  # every epoch is a full permutation
+                 mask: MaskSettings = MaskSettings(), seed: int = 0, process_index: int = 0,
+                 process_count: int = 1, start_step: int = 0, repeat: bool = True,
+                 state: dict | None = None, examples_per_row: int = 0):
         self._identity_fields = {"seed": seed, "process_index": process_index,
                                  "process_count": process_count,
                                  "per_host_batch_size": per_host_batch_size,
@@ -375,21 +371,14 @@ class DocumentPretrainingIterator(Iterator[dict[str, np.ndarray]]):
             per_host_batch_size=per_host_batch_size, process_index=process_index,
             process_count=process_count, start_step=anchor_step, start_epoch=epoch,
             start_position=position, examples_per_row=examples_per_row)
-        # data.masking (masking.MASKING_MODES) overrides whole_word / span_masking; knowledge
-        # units exist only in pair shards (annotated on finished examples).
-        if masking == "knowledge":
+        # Knowledge units exist only in pair shards (annotated on finished examples).
+        if mask.masking == "knowledge":
             raise BertJaxError("data.masking='knowledge' reads the unit_ids of pair shards "
                                "(create-pretraining-data --format pairs --knowledge-units); "
                                "document shards have none")
-        flags = mode_flags(masking) if masking is not None else {
-            "whole_word": whole_word, "span_masking": span_masking}
-        masking = MaskingConfig(vocab_size=vocab_size,
-                                special_ids=tuple(int(i) for i in special_ids), mask_id=mask_id,
-                                max_predictions=max_predictions_per_seq, mask_rate=mask_rate,
-                                word_start_mask=word_start_mask, span_p=span_p,
-                                max_span=max_span, basic_fraction=basic_fraction,
-                                mask_token_fraction=mask_token_fraction,
-                                random_token_fraction=random_token_fraction, **flags)
+        masking = mask.masking_config(vocab_size=vocab_size, special_ids=special_ids,
+                                      mask_id=mask_id, max_predictions=max_predictions_per_seq,
+                                      word_start_mask=word_start_mask)
         self.step = start_step
         self._dataset = make_document_dataset(self.stream, masking, seed=seed,
                                               process_index=process_index,
@@ -419,7 +408,9 @@ class DocumentPretrainingIterator(Iterator[dict[str, np.ndarray]]):
 
 def open_document_iterator(meta, files, *, per_host_batch_size: int,
                            max_predictions_per_seq: int, seq_len: int | None,
-                           state: dict | None = None, **kwargs: Any
+                           state: dict | None, pairing: str, short_seq_prob: float,
+                           mask: MaskSettings, word_start_mask: np.ndarray | None, seed: int,
+                           process_index: int, process_count: int, examples_per_row: int
                            ) -> DocumentPretrainingIterator:
     """The iterator over document shards ``files`` described by ``meta`` (metadata.json)."""
     from bert_jax.data.documents import load_document_table
@@ -434,4 +425,6 @@ def open_document_iterator(meta, files, *, per_host_batch_size: int,
         max_predictions_per_seq=max_predictions_per_seq, vocab_size=meta.vocab_size,
         special_ids=[special[k] for k in ("pad", "unk", "cls", "sep", "mask")],
         mask_id=special["mask"], cls_id=special["cls"], sep_id=special["sep"],
-        pad_id=special["pad"], **kwargs)
+        pad_id=special["pad"], pairing=pairing, short_seq_prob=short_seq_prob, mask=mask,
+        word_start_mask=word_start_mask, seed=seed, process_index=process_index,
+        process_count=process_count, examples_per_row=examples_per_row)

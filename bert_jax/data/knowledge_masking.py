@@ -105,11 +105,6 @@ class UnitMatcher:
                 node["$"] = True
                 self.num_units += 1
 
-    @classmethod
-    def from_texts(cls, texts: Iterable[str], tokenizer) -> UnitMatcher:
-        texts = sorted(set(texts))
-        return cls(tokenizer.encode_batch(texts) if texts else [], tokenizer.word_start_mask())
-
     def annotate(self, ids: Sequence[int]) -> list[int]:
         """unit_ids for one example: 0 outside units, 1, 2, ... for each matched unit."""
         unit_ids = [0] * len(ids)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax import fileio, storage
+from bert_jax.data.mask_settings import MaskSettings
 from bert_jax.data.masking import MASKING_MODES
 from bert_jax.errors import BertJaxError
 
@@ -55,9 +56,12 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
                         span_masking: bool = False, seq_len: int | None = None,
                         tokenizer=None, shuffle_buffer: int = 10_000, split: str = "train",
                         pairing: str | None = None, short_seq_prob: float = 0.1,
-                        masking: str | None = None, mask_rate: float = 0.15,
-                        span_p: float = 0.2, max_span: int = 10, basic_fraction: float = 0.0,
-                        mask_token_fraction: float = 0.8, random_token_fraction: float = 0.1,
+                        masking: str | None = None, mask_rate: float = MaskSettings.mask_rate,
+                        span_p: float = MaskSettings.span_p,
+                        max_span: int = MaskSettings.max_span,
+                        basic_fraction: float = MaskSettings.basic_fraction,
+                        mask_token_fraction: float = MaskSettings.mask_token_fraction,
+                        random_token_fraction: float = MaskSettings.random_token_fraction,
                         progress: bool = True) -> dict[str, Any]:
     """Runs the pipeline for ``steps`` global batches of ``split`` (train, or eval: the
     held-out shards) and writes them; returns the manifest. Document shards are paired with
@@ -96,12 +100,13 @@ def materialize_batches(data_dir: str, output_dir: str, *, steps: int, batch_siz
     options = {"masking": masking, "span_p": span_p, "max_span": max_span,
                "basic_fraction": basic_fraction} if masking is not None else {
         "whole_word": whole_word, "span_masking": span_masking}
+    mask = MaskSettings(mask_rate=mask_rate, mask_token_fraction=mask_token_fraction,
+                        random_token_fraction=random_token_fraction, **options)
     iterator = PretrainingIterator.from_data_dir(
         data_dir, per_host_batch_size=batch_size, max_predictions_per_seq=max_predictions,
-        seq_len=seq_len, tokenizer=tokenizer, seed=seed, mask_rate=mask_rate,
-        mask_token_fraction=mask_token_fraction, random_token_fraction=random_token_fraction,
+        seq_len=seq_len, tokenizer=tokenizer, seed=seed, mask=mask,
         shuffle_buffer=shuffle_buffer, split=split, pairing=pairing,
-        short_seq_prob=short_seq_prob, **options)
+        short_seq_prob=short_seq_prob)
     seq = seq_len or meta.max_seq_length
     storage.makedirs(output_dir)
     first = next(iterator)
@@ -216,79 +221,3 @@ class MaterializedBatches(Iterator[dict[str, np.ndarray]]):
                  for k, a in self._arrays.items()}
         self.step += 1
         return batch
-
-
-class command:  # noqa: N801 - the CLI registry names this attribute
-    """CLI entry: ``bert-jax materialize-batches``."""
-
-    @staticmethod
-    def add_arguments(parser) -> None:
-        parser.add_argument("--data-dir", required=True, help="output of create-pretraining-data")
-        parser.add_argument("--output", required=True,
-                            help="directory for the .npy batches and manifest.json")
-        parser.add_argument("--steps", type=int, required=True, help="batches to write")
-        parser.add_argument("--batch-size", type=int, required=True, help="global batch size")
-        parser.add_argument("--max-predictions", type=int, required=True,
-                            help="masked positions per sequence (data.max_predictions_per_seq)")
-        parser.add_argument("--seq-len", type=int, default=None,
-                            help="pad to this length (default: the data's max_seq_length)")
-        parser.add_argument("--seed", type=int, default=0, help="shuffle and masking seed")
-        parser.add_argument("--split", choices=("train", "eval"), default="train",
-                            help="eval: the held-out shards (--holdout-fraction)")
-        parser.add_argument("--pairing", default=None,
-                            choices=("static", "nsp", "sop", "full_sentences", "doc_sentences"),
-                            help="static: pair shards; the others pair document shards "
-                                 "(default: static for pair shards, nsp for document shards)")
-        parser.add_argument("--short-seq-prob", type=float, default=0.1,
-                            help="document shards, nsp/sop: chance of a shorter target length")
-        parser.add_argument("--masking", default=None, choices=MASKING_MODES,
-                            help="as a training run's data.masking: token, whole_word, span "
-                                 "(SpanBERT) or knowledge (ERNIE: data created with "
-                                 "--knowledge-units); default token")
-        parser.add_argument("--mask-rate", type=float, default=0.15,
-                            help="share of tokens masked (data.masked_lm_prob)")
-        parser.add_argument("--mask-token-fraction", type=float, default=0.8,
-                            help="share of the masked tokens shown as [MASK] "
-                                 "(data.mask_token_fraction)")
-        parser.add_argument("--random-token-fraction", type=float, default=0.1,
-                            help="share of the masked tokens replaced by a random token "
-                                 "(data.random_token_fraction); the rest stay unchanged")
-        parser.add_argument("--span-p", type=float, default=0.2,
-                            help="--masking span: geometric parameter of span lengths in words")
-        parser.add_argument("--max-span", type=int, default=10,
-                            help="--masking span: longest span in words")
-        parser.add_argument("--basic-masking-fraction", type=float, default=0.25,
-                            help="--masking knowledge: share of sequences masked token by "
-                                 "token (data.basic_masking_fraction)")
-        parser.add_argument("--shuffle-buffer", type=int, default=10_000,
-                            help="example shuffle buffer (data.shuffle_buffer)")
-        parser.add_argument("--whole-word", action="store_true",
-                            help="mask all pieces of a word together (= --masking whole_word)")
-        parser.add_argument("--span-masking", action="store_true",
-                            help="the older contiguous-span switch of the pipeline; "
-                                 "--masking span is what data.masking=span trains with")
-        parser.add_argument("--tokenizer", default=None,
-                            help="checked against the data; required for every masking but "
-                                 "token")
-        parser.add_argument("--no-progress", action="store_true",
-                            help="no progress bar (for logs)")
-
-    @staticmethod
-    def run(args) -> int:
-        tokenizer = None
-        if args.tokenizer:
-            from bert_jax.tokenization.factory import load_tokenizer
-
-            tokenizer = load_tokenizer(args.tokenizer)
-        manifest = materialize_batches(
-            args.data_dir, args.output, steps=args.steps, batch_size=args.batch_size,
-            max_predictions=args.max_predictions, seed=args.seed, whole_word=args.whole_word,
-            span_masking=args.span_masking, seq_len=args.seq_len, tokenizer=tokenizer,
-            split=args.split, pairing=args.pairing, short_seq_prob=args.short_seq_prob,
-            masking=args.masking, mask_rate=args.mask_rate,
-            mask_token_fraction=args.mask_token_fraction,
-            random_token_fraction=args.random_token_fraction, span_p=args.span_p,
-            max_span=args.max_span, basic_fraction=args.basic_masking_fraction,
-            shuffle_buffer=args.shuffle_buffer, progress=not args.no_progress)
-        print(f"wrote {manifest['steps']} batches of {manifest['batch_size']} to {args.output}")
-        return 0

@@ -28,7 +28,8 @@ import numpy as np
 
 from bert_jax import storage
 from bert_jax.data import records
-from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch, mix_seed, mode_flags
+from bert_jax.data.mask_settings import MaskSettings
+from bert_jax.data.masking import MaskingConfig, make_tables, mask_batch, mix_seed
 from bert_jax.data.metadata import METADATA_JSON, PretrainingDataConfig, load_metadata
 from bert_jax.errors import BertJaxError
 
@@ -117,26 +118,22 @@ def _scan(path: str) -> tuple[int, int]:
 def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_batch_size: int,
                              seq_len: int, max_predictions_per_seq: int, vocab_size: int,
                              special_ids: Sequence[int], mask_id: int,
-                             word_start_mask: np.ndarray | None = None, mask_rate: float = 0.15,
-                             whole_word: bool = False, span_masking: bool = False,
-                             seed: int = 0, process_index: int = 0, process_count: int = 1,
+                             word_start_mask: np.ndarray | None = None,
+                             mask: MaskSettings = MaskSettings(), seed: int = 0,
+                             process_index: int = 0, process_count: int = 1,
                              shuffle_buffer: int = 10_000, start_step: int = 0,
                              repeat: bool = True, cycle_length: int = 8,
-                             pad_id: int | None = None, masking: str | None = None,
-                             span_p: float = 0.2, max_span: int = 10,
-                             basic_fraction: float = 0.0, mask_token_fraction: float = 0.8,
-                             random_token_fraction: float = 0.1, examples_per_row: int = 0):
+                             pad_id: int | None = None, examples_per_row: int = 0):
     """A ``tf.data.Dataset`` of masked pretraining batches for this host (see module doc).
 
     Each element is a dict of BATCH_KEYS: int32 [B, seq_len] ids/mask/segments, int32 [B, P]
     positions/ids, float32 [B, P] weights, int32 [B] next-sentence labels. With ``repeat=False``
     the stream is one epoch and the last batch may be smaller. ``pad_id`` defaults to
-    ``special_ids[0]`` ([PAD] comes first in BERT's special-token order). ``masking`` (one of
-    ``masking.MASKING_MODES``) overrides ``whole_word``/``span_masking``; ``knowledge`` reads
-    the examples' ``unit_ids`` feature. ``examples_per_row`` > 0 reads packed rows of that
-    many example slots and adds ``PACKED_BATCH_KEYS`` (the masking is per token, so every
-    masked position lies inside an example; knowledge units are numbered across a row, so
-    each lies inside one example).
+    ``special_ids[0]`` ([PAD] comes first in BERT's special-token order). ``mask`` says how
+    each batch is masked; ``knowledge`` reads the examples' ``unit_ids`` feature.
+    ``examples_per_row`` > 0 reads packed rows of that many example slots and adds
+    ``PACKED_BATCH_KEYS`` (the masking is per token, so every masked position lies inside an
+    example; knowledge units are numbered across a row, so each lies inside one example).
     """
     import tensorflow as tf
 
@@ -146,23 +143,41 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                            f"({stored_len} tokens); recreate the data or raise seq_len")
     if per_host_batch_size < 1:
         raise BertJaxError(f"per_host_batch_size {per_host_batch_size}: must be >= 1")
-    flags = mode_flags(masking) if masking is not None else {
-        "whole_word": whole_word, "span_masking": span_masking}
-    masking = MaskingConfig(vocab_size=vocab_size, special_ids=tuple(int(i) for i in special_ids),
-                            mask_id=mask_id, max_predictions=max_predictions_per_seq,
-                            mask_rate=mask_rate, word_start_mask=word_start_mask,
-                            span_p=span_p, max_span=max_span, basic_fraction=basic_fraction,
-                            mask_token_fraction=mask_token_fraction,
-                            random_token_fraction=random_token_fraction, **flags)
+    masking = mask.masking_config(vocab_size=vocab_size, special_ids=special_ids,
+                                  mask_id=mask_id, max_predictions=max_predictions_per_seq,
+                                  word_start_mask=word_start_mask)
     tables = make_tables(masking)
     host = split_for_host(files, counts, process_index, process_count)
     if host.num_examples == 0:
         raise BertJaxError(f"host {process_index} of {process_count} has no examples "
                            f"({sum(counts)} examples in {len(files)} files)")
-    start_example = start_step * per_host_batch_size
-    start_epoch, skip = divmod(start_example, host.num_examples)
+    start_epoch, skip = divmod(start_step * per_host_batch_size, host.num_examples)
     if not repeat and start_epoch > 0:
         raise BertJaxError(f"start_step {start_step} is past the end of the single epoch")
+
+    last_epoch = np.iinfo(np.int64).max if repeat else 1
+    epoch_examples = _epoch_examples(host, seed=seed, shuffle_buffer=shuffle_buffer,
+                                     cycle_length=cycle_length)
+    ds = tf.data.Dataset.range(start_epoch, last_epoch).flat_map(epoch_examples).skip(skip)
+    ds = ds.batch(per_host_batch_size, drop_remainder=repeat)
+    ds = ds.enumerate(start=start_step)
+    if pad_id is None:
+        pad_id = masking.special_ids[0] if masking.special_ids else 0
+    parse_and_mask = _parse_and_mask(masking, tables, stored_len=stored_len, seq_len=seq_len,
+                                     pad_id=pad_id, examples_per_row=examples_per_row,
+                                     base_seed=(mix_seed(seed, 3), process_index))
+    ds = ds.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options)
+
+
+def _epoch_examples(host, *, seed: int, shuffle_buffer: int, cycle_length: int):
+    """``epoch -> dataset`` of this host's serialized examples in that epoch's order: its
+    files shuffled and interleaved, then the examples shuffled (fewer files than hosts: a
+    fixed split of the examples)."""
+    import tensorflow as tf
 
     host_files = tf.constant(host.files)
     cycle = min(cycle_length, len(host.files))
@@ -183,12 +198,16 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                             reshuffle_each_iteration=False)
         return ds
 
-    last_epoch = np.iinfo(np.int64).max if repeat else 1
-    ds = tf.data.Dataset.range(start_epoch, last_epoch).flat_map(epoch_examples).skip(skip)
-    ds = ds.batch(per_host_batch_size, drop_remainder=repeat)
-    ds = ds.enumerate(start=start_step)
+    return epoch_examples
 
-    base_seed = tf.constant([mix_seed(seed, 3), process_index], tf.int64)
+
+def _parse_and_mask(masking: MaskingConfig, tables, *, stored_len: int, seq_len: int, pad_id: int,
+                    examples_per_row: int, base_seed: tuple[int, int]):
+    """``(step, serialized examples) -> batch``: parses a batch of stored examples, pads them
+    to ``seq_len`` and masks them with the step's own seed."""
+    import tensorflow as tf
+
+    base_seed = tf.constant(base_seed, tf.int64)
     features = {"input_ids": tf.io.FixedLenFeature([stored_len], tf.int64),
                 "segment_ids": tf.io.FixedLenFeature([stored_len], tf.int64),
                 "next_sentence_label": tf.io.FixedLenFeature([1], tf.int64)}
@@ -202,8 +221,6 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
                          for name in ("cls_positions", "next_sentence_label", "example_slots")})
     per_token_names = (["unit_ids"] if masking.knowledge else []) \
         + (["example_ids", "position_ids"] if k else [])
-    if pad_id is None:
-        pad_id = masking.special_ids[0] if masking.special_ids else 0
 
     def parse_and_mask(step, serialized):
         parsed = tf.io.parse_example(serialized, features)
@@ -237,11 +254,7 @@ def make_pretraining_dataset(pattern_or_files: str | Sequence[str], *, per_host_
             batch["next_sentence_weights"] = tf.cast(parsed["example_slots"], tf.float32)
         return batch
 
-    ds = ds.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.prefetch(tf.data.AUTOTUNE)
-    options = tf.data.Options()
-    options.deterministic = True
-    return ds.with_options(options)
+    return parse_and_mask
 
 
 def check_pairing(meta: PretrainingDataConfig, pairing: str) -> None:
@@ -297,6 +310,10 @@ def examples_per_row(meta: PretrainingDataConfig, requested: int = 0) -> int:
     return stored
 
 
+# from_data_dir's parameter of the same name hides the function there.
+_checked_examples_per_row = examples_per_row
+
+
 class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
     """Numpy batches from :func:`make_pretraining_dataset`, with a resumable position.
 
@@ -324,7 +341,9 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
                       max_predictions_per_seq: int, seq_len: int | None = None,
                       tokenizer=None, split: str = "train", state: dict | None = None,
                       pairing: str | None = None, short_seq_prob: float = 0.1,
-                      **kwargs: Any):
+                      mask: MaskSettings = MaskSettings(), seed: int = 0,
+                      process_index: int = 0, process_count: int = 1,
+                      shuffle_buffer: int = 10_000, examples_per_row: int = 0):
         """Reads metadata.json (checking the tokenizer if given) and fills in the vocabulary.
 
         ``pairing="static"`` reads pair shards; ``nsp``, ``sop``, ``full_sentences`` or
@@ -332,17 +351,18 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
         :class:`~bert_jax.data.dynamic_pipeline.DocumentPretrainingIterator`); ``None``: static
         for pair shards, nsp for document shards. ``examples_per_row`` > 0 packs document
         shards' examples into rows of that many slots; pair shards are packed (or not) when
-        created, and a nonzero value must match their metadata."""
+        created, and a nonzero value must match their metadata. ``shuffle_buffer`` shuffles
+        pair shards' examples (document shards' epochs are whole permutations)."""
         meta: PretrainingDataConfig = load_metadata(data_dir)
         if pairing is None:
             pairing = "nsp" if meta.format == "documents" else "static"
         check_pairing(meta, pairing)
+        word_start_mask = None
         if tokenizer is not None:
             meta.check_tokenizer(tokenizer)
-            needs_words = kwargs.get("whole_word") or kwargs.get("masking") not in (None, "token")
-            if needs_words and "word_start_mask" not in kwargs:
-                kwargs["word_start_mask"] = tokenizer.word_start_mask()
-        if kwargs.get("masking") == "knowledge" and not meta.raw.get("knowledge_units"):
+            if mask.needs_words:
+                word_start_mask = tokenizer.word_start_mask()
+        if mask.masking == "knowledge" and not meta.raw.get("knowledge_units"):
             raise BertJaxError(f"{data_dir}: data.masking='knowledge' needs examples with unit "
                                "annotations (create them with `bert-jax create-pretraining-data "
                                "--knowledge-units`)")
@@ -356,16 +376,18 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
             return open_document_iterator(
                 meta, files, state=state, per_host_batch_size=per_host_batch_size,
                 max_predictions_per_seq=max_predictions_per_seq, seq_len=seq_len,
-                pairing=pairing, short_seq_prob=short_seq_prob, **kwargs)
-        stored = examples_per_row(meta, kwargs.pop("examples_per_row", 0))
-        if stored:
-            kwargs["examples_per_row"] = stored
+                pairing=pairing, short_seq_prob=short_seq_prob, mask=mask,
+                word_start_mask=word_start_mask, seed=seed, process_index=process_index,
+                process_count=process_count, examples_per_row=examples_per_row)
         return cls(files, state=state, per_host_batch_size=per_host_batch_size,
                    seq_len=seq_len or meta.max_seq_length,
                    max_predictions_per_seq=max_predictions_per_seq,
                    vocab_size=meta.vocab_size, mask_id=special["mask"], pad_id=special["pad"],
                    special_ids=[special[k] for k in ("pad", "unk", "cls", "sep", "mask")],
-                   **kwargs)
+                   word_start_mask=word_start_mask, mask=mask, seed=seed,
+                   process_index=process_index, process_count=process_count,
+                   shuffle_buffer=shuffle_buffer,
+                   examples_per_row=_checked_examples_per_row(meta, examples_per_row))
 
     def _identity(self) -> dict[str, Any]:
         k = self._kwargs

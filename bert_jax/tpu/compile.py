@@ -273,9 +273,9 @@ def _compile_step(config, tpu: Slice, devices: list, unroll_microbatches: bool =
     import jax.numpy as jnp
 
     from bert_jax import parallel
+    from bert_jax.runs.metrics import flops_per_sequence
     from bert_jax.training import config as config_lib
     from bert_jax.training.inputs import examples_per_row
-    from bert_jax.training.metrics import flops_per_sequence
     from bert_jax.training.setup import abstract_batch, build_training
 
     model_cfg = config_lib.model_config(config)
@@ -527,8 +527,8 @@ def finetune_batch(task, mesh, rules, batch: int, seq: int) -> dict:
     import jax.numpy as jnp
 
     from bert_jax import parallel
+    from bert_jax.finetuning.trainer import WEIGHT_KEY
     from bert_jax.tasks.base import INPUT_KEYS
-    from bert_jax.tasks.trainer import WEIGHT_KEY
 
     rows = (batch, task.num_choices) if task.kind == "multiple_choice" else (batch,)
     shapes = {k: ((*rows, seq), jnp.int32) for k in INPUT_KEYS}
@@ -544,7 +544,7 @@ def finetune_batch(task, mesh, rules, batch: int, seq: int) -> dict:
 
 def compile_finetuning(config, tpu: Slice, devices: list | None = None,
                        layer_costs: str = "extrapolate") -> Estimate:
-    """The fine-tuning loop's train step (``tasks/trainer.py`` Finetuner, the run config's
+    """The fine-tuning loop's train step (``finetuning/trainer.py`` Finetuner, the run config's
     task head, optimizer, mesh and rules) compiled for ``tpu``. The encoder comes from
     ``model.preset`` and the config's model fields (no checkpoint is read: its weights do not
     change the step); the schedule's length depends on the data, so the report gives time per
@@ -553,11 +553,11 @@ def compile_finetuning(config, tpu: Slice, devices: list | None = None,
     import jax.numpy as jnp
 
     from bert_jax import parallel
+    from bert_jax.finetuning.trainer import Finetuner, build_model, make_tx
+    from bert_jax.runs.metrics import flops_per_sequence
     from bert_jax.tasks.registry import get_task
-    from bert_jax.tasks.trainer import Finetuner, build_model, make_tx
     from bert_jax.tpu.topologies import abstract_devices
     from bert_jax.training import config as config_lib
-    from bert_jax.training.metrics import flops_per_sequence
 
     devices = abstract_devices(tpu) if devices is None else devices
     task = get_task(config.task)

@@ -19,8 +19,8 @@ from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling import family
 from bert_jax.modeling.params import flatten_params, to_layout, unflatten_params
+from bert_jax.runs.state import TrainState
 from bert_jax.training import objectives
-from bert_jax.training.state import TrainState
 
 # The teacher's architecture; everything else (dtype, kernels, layouts) follows the student.
 _ARCHITECTURE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

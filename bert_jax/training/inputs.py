@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax import storage
+from bert_jax.data.mask_settings import MaskSettings
 from bert_jax.errors import BertJaxError
 
 MASK_ID = 4  # BERT's special ids: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4
@@ -72,7 +73,7 @@ class SyntheticBatches:
         mlm_ids = np.zeros((b, p), np.int32)
         mlm_weights = np.zeros((b, p), np.float32)
         for row in range(b):
-            count = min(p, max(1, int(round(0.15 * lengths[row]))))
+            count = min(p, max(1, int(round(MaskSettings.mask_rate * lengths[row]))))
             chosen = np.sort(rng.choice(np.arange(1, lengths[row] - 1), count, replace=False))
             mlm_positions[row, :count] = chosen
             mlm_ids[row, :count] = ids[row, chosen]
@@ -240,18 +241,24 @@ def make_batches(config, split: str, *, batch_size: int, vocab_size: int, proces
         return PretrainingIterator.from_data_dir(
             data.directory, per_host_batch_size=batch_size,
             max_predictions_per_seq=data.max_predictions_per_seq, seq_len=data.max_seq_length,
-            tokenizer=tokenizer, split=split, state=state, mask_rate=data.masked_lm_prob,
-            masking=_masking_mode(data), span_p=data.get("span_p", 0.2),
-            max_span=data.get("max_span", 10),
-            basic_fraction=data.get("basic_masking_fraction", 0.0),
-            mask_token_fraction=data.get("mask_token_fraction", 0.8),
-            random_token_fraction=data.get("random_token_fraction", 0.1),
+            tokenizer=tokenizer, split=split, state=state, mask=mask_settings(data),
             seed=data.seed + (0 if split == "train" else 1),
             process_index=process_index, process_count=process_count,
             shuffle_buffer=data.shuffle_buffer, pairing=data.pairing,
             short_seq_prob=data.short_seq_prob, examples_per_row=examples_per_row(config))
     raise BertJaxError(f"data.source={data.source!r}: expected tfrecord, materialized or "
                        "synthetic")
+
+
+def mask_settings(data):
+    """The pipeline's MaskSettings of a run's ``data`` section (a key a stored config of an
+    older run lacks keeps the pipeline's default)."""
+    present = {name: data[key] for name, key in (
+        ("span_p", "span_p"), ("max_span", "max_span"),
+        ("basic_fraction", "basic_masking_fraction"),
+        ("mask_token_fraction", "mask_token_fraction"),
+        ("random_token_fraction", "random_token_fraction")) if key in data}
+    return MaskSettings(masking=_masking_mode(data), mask_rate=data.masked_lm_prob, **present)
 
 
 def _masking_mode(data) -> str:

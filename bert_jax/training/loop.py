@@ -24,6 +24,10 @@ from bert_jax.checkpoint.manager import CheckpointManager, NonFiniteState
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling.params import flatten_params, to_layout
+from bert_jax.runs.metrics import MetricsWriter, flops_per_sequence, peak_tflops
+from bert_jax.runs.progress import exclude_pause
+from bert_jax.runs.state import TrainState
+from bert_jax.runs.workdir import check_pretraining_workdir, locked_workdir
 from bert_jax.training import config as config_lib
 from bert_jax.training.inputs import (
     DataWaitInterrupted,
@@ -34,17 +38,13 @@ from bert_jax.training.inputs import (
     make_batches,
     resolve_source,
 )
-from bert_jax.training.metrics import MetricsWriter, flops_per_sequence, peak_tflops
-from bert_jax.training.progress import exclude_pause
 from bert_jax.training.setup import (
     build_training,
     device_memory_limit,
     fit_microbatches,
 )
 from bert_jax.training.signals import Preemption
-from bert_jax.training.state import TrainState
 from bert_jax.training.steps import summarize
-from bert_jax.training.workdir import check_pretraining_workdir, locked_workdir
 
 
 class TrainingDiverged(BertJaxError):
@@ -193,62 +193,71 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                       exit_follows)
 
 
-# Steps dispatched ahead of the last finished one. jax dispatches asynchronously; unbounded,
-# the host queued dozens of steps on a CPU backend, the progress bar ran ahead of the work,
-# and each log step then waited for the queue in silence. Two steps in flight keep an
-# accelerator fed while the host prepares the next.
-STEPS_AHEAD = 2
-
-
 def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, tokenizer,
            lock: fileio.WorkdirLock, exit_follows: bool = False) -> dict[str, Any]:
     training = build_training(config, model_cfg, mesh)
-    abstract_state, state_shardings = training.abstract_state, training.state_shardings
-    seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
-    pair_head = config_lib.pair_head(config)
+    checkpoints = CheckpointManager(workdir, every_steps=config.checkpoint.every_steps,
+                                    keep=config.checkpoint.keep,
+                                    async_save=config.checkpoint.async_save)
+    state, dropout_rng, data_state = _starting_state(config, model_cfg, mesh, local_batch,
+                                                     training, checkpoints)
+    # Written only now: a config, checkpoint or init_checkpoint rejected above leaves the
+    # workdir as it was.
+    _write_workdir_files(config, workdir, model_cfg, tokenizer)
+    source = make_batches(config, "train", batch_size=local_batch,
+                          vocab_size=model_cfg.vocab_size, process_index=jax.process_index(),
+                          process_count=jax.process_count(), state=data_state,
+                          tokenizer=tokenizer)
+    loop = _Loop(config, workdir, model_cfg, training, checkpoints, lock, source,
+                 _evaluator(config, model_cfg, local_batch, tokenizer, training),
+                 state, dropout_rng, exit_follows)
+    del source  # the loop holds the last reference: it destroys the pipeline when it ends
+    return loop.run()
+
+
+def _starting_state(config, model_cfg: BertConfig, mesh, local_batch: int, training,
+                    checkpoints: CheckpointManager):
+    """(train state, dropout rng, data iterator state or None): restored from the newest
+    checkpoint, else freshly initialised (from ``init_checkpoint`` where one is named)."""
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
     replicated = parallel.replicated(mesh)
     abstract_rng = jax.ShapeDtypeStruct(dropout_rng.shape, dropout_rng.dtype,
                                         sharding=replicated)
-    checkpoints = CheckpointManager(workdir, every_steps=config.checkpoint.every_steps,
-                                    keep=config.checkpoint.keep,
-                                    async_save=config.checkpoint.async_save)
-    data_state = None
-    restored = checkpoints.restore_latest(abstract_state, abstract_rng, _log)
+    restored = checkpoints.restore_latest(training.abstract_state, abstract_rng, _log)
     if restored is not None:
         latest, state, dropout_rng, data_state = restored
-        data_state = _data_state_for_this_process(data_state, config, local_batch)
         _log(f"resumed from {checkpoints.directory}/{latest} onto mesh {dict(mesh.shape)}")
-    else:
-        state = training.init_state(init_rng)
-        dropout_rng = jax.device_put(dropout_rng, replicated)
-        if config.init_checkpoint:
-            params, unused = _load_init_params(config.init_checkpoint, model_cfg, state.params,
-                                               state_shardings.params)
-            state = state.replace(params=params)
-            _log(f"initialized from {config.init_checkpoint}"
-                 + (f" (not used: {unused})" if unused else ""))
-        if training.init_params is not None:
-            state = state.replace(params=training.init_params(state.params,
-                                                              state_shardings.params))
+        return state, dropout_rng, _data_state_for_this_process(data_state, config,
+                                                                local_batch)
+    state = training.init_state(init_rng)
+    param_shardings = training.state_shardings.params
+    if config.init_checkpoint:
+        params, unused = _load_init_params(config.init_checkpoint, model_cfg, state.params,
+                                           param_shardings)
+        state = state.replace(params=params)
+        _log(f"initialized from {config.init_checkpoint}"
+             + (f" (not used: {unused})" if unused else ""))
+    if training.init_params is not None:
+        state = state.replace(params=training.init_params(state.params, param_shardings))
+    return state, jax.device_put(dropout_rng, replicated), None
 
-    # Written only now: a config, checkpoint or init_checkpoint rejected above leaves the
-    # workdir as it was.
-    _write_workdir_files(config, workdir, model_cfg, tokenizer)
-    train_step, eval_step, to_global = (training.train_step, training.eval_step,
-                                        training.global_batch)
 
-    def evaluate() -> dict[str, float]:
+def _evaluator(config, model_cfg: BertConfig, local_batch: int, tokenizer, training):
+    """``evaluate(params) -> metrics``: the held-out loss and accuracies over
+    ``eval_steps`` batches ({} when the held-out data yields none)."""
+    pair_head = config_lib.pair_head(config)
+
+    def evaluate(params) -> dict[str, float]:
         source = make_batches(config, "eval", batch_size=local_batch,
                               vocab_size=model_cfg.vocab_size,
                               process_index=jax.process_index(),
                               process_count=jax.process_count(), tokenizer=tokenizer)
-        batches = Prefetcher(source, to_global, timeout_s=config.data.wait_timeout_s,
-                             what="evaluation")
+        batches = Prefetcher(source, training.global_batch,
+                             timeout_s=config.data.wait_timeout_s, what="evaluation")
         totals = None
         try:
             for _, (batch, _) in zip(range(config.eval_steps), batches, strict=False):
-                sums = eval_step(state.params, batch)
+                sums = training.eval_step(params, batch)
                 totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
         finally:
             batches.close()
@@ -257,158 +266,206 @@ def _train(config, workdir: str, model_cfg: BertConfig, mesh, local_batch: int, 
         return _reported({k: float(v) for k, v in summarize(jax.device_get(totals)).items()},
                          pair_head)
 
-    source = make_batches(config, "train", batch_size=local_batch,
-                          vocab_size=model_cfg.vocab_size, process_index=jax.process_index(),
-                          process_count=jax.process_count(), state=data_state,
-                          tokenizer=tokenizer)
-    start_step = int(jax.device_get(state.step))
-    writer = MetricsWriter(workdir, enabled=jax.process_index() == 0, after_step=start_step)
-    flops = flops_per_sequence(seq, model_cfg.num_hidden_layers, model_cfg.hidden_size,
-                               model_cfg.vocab_size, preds)
-    peak = peak_tflops(config.peak_tflops)
-    total_steps = config.num_train_steps
-    progress = _progress_bar(config, start_step, total_steps)
+    return evaluate
 
-    def say(message: str) -> None:
+
+# Steps dispatched ahead of the last finished one. jax dispatches asynchronously; unbounded,
+# the host queued dozens of steps on a CPU backend, the progress bar ran ahead of the work,
+# and each log step then waited for the queue in silence. Two steps in flight keep an
+# accelerator fed while the host prepares the next.
+STEPS_AHEAD = 2
+
+
+class _Loop:
+    """The steps of one run and what happens between them: logging, checkpoints, evaluation,
+    profiling, preemption and non-finite streaks. ``run()`` returns the run's result."""
+
+    def __init__(self, config, workdir: str, model_cfg: BertConfig, training,
+                 checkpoints: CheckpointManager, lock: fileio.WorkdirLock, source, evaluate,
+                 state: TrainState, dropout_rng, exit_follows: bool = False):
+        self.config, self.workdir, self.training = config, workdir, training
+        self.exit_follows = exit_follows
+        self.checkpoints, self.source, self.evaluate = checkpoints, source, evaluate
+        self.state, self.dropout_rng = state, dropout_rng
+        self.pair_head = config_lib.pair_head(config)
+        self.seq = config.data.max_seq_length
+        self.step = int(jax.device_get(state.step))
+        self.total_steps = config.num_train_steps
+        self.writer = MetricsWriter(workdir, enabled=jax.process_index() == 0,
+                                    after_step=self.step)
+        self.flops = flops_per_sequence(self.seq, model_cfg.num_hidden_layers,
+                                        model_cfg.hidden_size, model_cfg.vocab_size,
+                                        config.data.max_predictions_per_seq)
+        self.peak = peak_tflops(config.peak_tflops)
+        self.progress = _progress_bar(config, self.step, self.total_steps)
+        self.result: dict[str, Any] = {"step": self.step, "stopped": "completed"}
+        self.pending: list[dict[str, jax.Array]] = []
+        self.data_state = source.state()
+        self.last_time, self.last_step = None, self.step
+        self.profile = tuple(config.profile_steps)
+        self.preemption = Preemption(on_idle_exit=lock.release)
+        # One process stops inside a data wait; several agree on a step first (at log steps).
+        self.prefetch = Prefetcher(source, training.global_batch,
+                                   timeout_s=config.data.wait_timeout_s,
+                                   interrupted=(lambda: self.preemption.requested)
+                                   if jax.process_count() == 1 else None)
+
+    def say(self, message: str) -> None:
         """A line for the user that leaves the progress bar whole."""
-        if progress is not None and jax.process_index() == 0:
-            progress.write(message)
+        if self.progress is not None and jax.process_index() == 0:
+            self.progress.write(message)
         else:
             _log(message)
 
-    result: dict[str, Any] = {"step": start_step, "stopped": "completed"}
-    pending: list[dict[str, jax.Array]] = []
-    data_state = source.state()
-    last_time, last_step = None, start_step
-    profile = tuple(config.profile_steps)
-    preemption = Preemption(on_idle_exit=lock.release)
-    # One process stops inside a data wait; several agree on a step first (at log steps).
-    prefetch = Prefetcher(source, to_global, timeout_s=config.data.wait_timeout_s,
-                          interrupted=(lambda: preemption.requested)
-                          if jax.process_count() == 1 else None)
-    step = start_step
-    try:
-        with preemption:
-            preemption.idle = True  # until the first step: nothing to save, exit at once
-            while step < total_steps:
-                if profile and step == profile[0]:
-                    jax.profiler.start_trace(storage.join(workdir, "profile"))
-                try:
-                    batch, next_data_state = next(prefetch)
-                except StopIteration:
-                    raise BertJaxError(f"the training data ran out at step {step}; use more "
-                                       "data or fewer num_train_steps") from None
-                except DataWaitInterrupted:
-                    checkpoints.save(step, state, dropout_rng, data_state, force=True)
-                    checkpoints.wait()
-                    _log(f"{preemption.signal_name}: saved step {step} to "
-                         f"{checkpoints.directory} (while waiting for data); exiting")
-                    result.update(step=step, stopped="preempted")
-                    return result
-                state, metrics = train_step(state, batch, dropout_rng)
-                pending.append(metrics)
-                if len(pending) > STEPS_AHEAD:  # the bar counts steps done, not queued
-                    jax.block_until_ready(pending[-STEPS_AHEAD - 1])
-                step += 1
-                data_state = next_data_state
-                if profile and step == profile[-1]:
-                    jax.block_until_ready(state)
-                    jax.profiler.stop_trace()
-                if last_time is None:  # the first step includes compilation: time from here
-                    jax.block_until_ready(metrics)
-                    preemption.idle = False
-                    last_time, last_step = time.perf_counter(), step
-                if progress is not None:
-                    progress.update(1)
-                at_end = step == total_steps
-                if step % config.log_every == 0 or at_end:
-                    logged = _reported(_fetch(pending, state), pair_head)
-                    pending = []
-                    now = time.perf_counter()
-                    if step > last_step:
-                        rate = (step - last_step) / (now - last_time)
-                        logged.update(steps_per_sec=rate,
-                                      seq_per_sec=rate * config.global_batch_size,
-                                      tokens_per_sec=rate * config.global_batch_size * seq)
-                        if peak:
-                            logged["mfu"] = (logged["seq_per_sec"] * flops
-                                             / (peak * 1e12 * jax.device_count()))
-                    last_time, last_step = now, step
-                    writer.write(step, logged)
-                    result.update(logged)
-                    if progress is not None:
-                        progress.set_postfix(loss=f"{logged['loss']:.3f}",
-                                             mlm_acc=f"{logged['mlm_accuracy']:.3f}")
-                    if logged["skipped_in_row"] >= config.max_skipped_in_row:
-                        streak = (f"{logged['skipped_in_row']} consecutive steps had a "
-                                  f"non-finite loss, gradient or update (up to step {step}); "
-                                  "stopped.")
-                        try:
-                            checkpoints.save(step, state, dropout_rng, data_state, force=True)
-                        except NonFiniteState as error:
-                            raise TrainingDiverged(f"{streak} {error}") from None
-                        checkpoints.wait()
-                        good = step - logged["skipped_in_row"]
-                        raise TrainingDiverged(
-                            f"{streak} Skipped steps change nothing, so "
-                            f"{checkpoints.directory}/{step} holds the parameters of step "
-                            f"{good}, the last good one. Lower the learning rate or check "
-                            "the data.")
-                    stop = preemption.agreed()
-                else:
-                    stop = jax.process_count() == 1 and preemption.requested
-                if stop:
-                    checkpoints.save(step, state, dropout_rng, data_state, force=True)
-                    checkpoints.wait()
-                    _log(f"{preemption.signal_name or 'SIGTERM'}: saved step {step} to "
-                         f"{checkpoints.directory}; exiting")
-                    result.update(step=step, stopped="preempted")
-                    return result
-                if at_end and progress is not None:  # the bar ends at 100%; what follows
-                    progress.close()                 # is said line by line
-                    progress = None
-                if at_end:
-                    _log(f"step {step}: saving the final checkpoint to "
-                         f"{checkpoints.directory}/{step}")
-                # Save first: an evaluation that fails never costs the training.
-                pause_start = time.perf_counter()
-                if checkpoints.save(step, state, dropout_rng, data_state, force=at_end):
-                    writer.flush()  # the records up to a checkpoint are as durable as it
-                if at_end:
-                    checkpoints.wait()
-                if config.eval_steps > 0 and (step % config.eval_every == 0 or at_end):
-                    eval_start = time.perf_counter()
-                    if at_end:
-                        _log(f"step {step}: evaluating on {config.eval_steps} held-out batches")
-                    evaluated = _evaluate_or_warn(evaluate, step, say)
-                    if last_time is not None:  # keep evaluation out of the throughput window
-                        last_time += time.perf_counter() - eval_start
-                    if evaluated:
-                        writer.write(step, evaluated, prefix="eval")
-                        result.update({f"eval_{k}": v for k, v in evaluated.items()})
-                        say(f"step {step}: eval " + ", ".join(f"{k}={v:.4f}"
-                                                            for k, v in evaluated.items()))
-                if progress is not None and time.perf_counter() - pause_start > 0.5:
-                    exclude_pause(progress)
-            result["step"] = step
-            return result
-    except jax.errors.JaxRuntimeError as error:
-        if jax.process_count() > 1:
-            _exit_on_lost_peer(error, step, checkpoints.directory)
-        raise
-    finally:
-        prefetch.close()
-        if progress is not None:
-            progress.close()
-        checkpoints.close()
-        writer.close()
-        prefetch.release_source()
-        if exit_follows:
-            shutdown.keep_until_exit(source)
-        elif step == total_steps and config.data.source == "tfrecord":
+    def run(self) -> dict[str, Any]:
+        try:
+            with self.preemption:
+                self.preemption.idle = True  # until the first step: nothing to save, exit
+                while self.step < self.total_steps:
+                    if not self._train_one_step():
+                        return self.result  # preempted while waiting for data, and saved
+                    at_end = self.step == self.total_steps
+                    if self.step % self.config.log_every == 0 or at_end:
+                        self._log_metrics()
+                        stop = self.preemption.agreed()
+                    else:
+                        stop = jax.process_count() == 1 and self.preemption.requested
+                    if stop:
+                        self._save_and_stop()
+                        return self.result
+                    self._after_step(at_end)
+                self.result["step"] = self.step
+                return self.result
+        except jax.errors.JaxRuntimeError as error:
+            if jax.process_count() > 1:
+                _exit_on_lost_peer(error, self.step, self.checkpoints.directory)
+            raise
+        finally:
+            self._close()
+
+    def _train_one_step(self) -> bool:
+        """One step on the next batch; False (after saving) when a signal came while the
+        batch was awaited."""
+        step = self.step
+        if self.profile and step == self.profile[0]:
+            jax.profiler.start_trace(storage.join(self.workdir, "profile"))
+        try:
+            batch, next_data_state = next(self.prefetch)
+        except StopIteration:
+            raise BertJaxError(f"the training data ran out at step {step}; use more "
+                               "data or fewer num_train_steps") from None
+        except DataWaitInterrupted:
+            self._save_and_stop(" (while waiting for data)")
+            return False
+        self.state, metrics = self.training.train_step(self.state, batch, self.dropout_rng)
+        self.pending.append(metrics)
+        if len(self.pending) > STEPS_AHEAD:  # the bar counts steps done, not queued
+            jax.block_until_ready(self.pending[-STEPS_AHEAD - 1])
+        self.step = step = step + 1
+        self.data_state = next_data_state
+        if self.profile and step == self.profile[-1]:
+            jax.block_until_ready(self.state)
+            jax.profiler.stop_trace()
+        if self.last_time is None:  # the first step includes compilation: time from here
+            jax.block_until_ready(metrics)
+            self.preemption.idle = False
+            self.last_time, self.last_step = time.perf_counter(), step
+        if self.progress is not None:
+            self.progress.update(1)
+        return True
+
+    def _log_metrics(self) -> None:
+        """Fetches the metrics of the steps since the last log, adds the throughput, writes
+        them; stops the run after ``max_skipped_in_row`` non-finite steps in a row."""
+        step, batch = self.step, self.config.global_batch_size
+        logged = _reported(_fetch(self.pending, self.state), self.pair_head)
+        self.pending = []
+        now = time.perf_counter()
+        if step > self.last_step:
+            rate = (step - self.last_step) / (now - self.last_time)
+            logged.update(steps_per_sec=rate, seq_per_sec=rate * batch,
+                          tokens_per_sec=rate * batch * self.seq)
+            if self.peak:
+                logged["mfu"] = (logged["seq_per_sec"] * self.flops
+                                 / (self.peak * 1e12 * jax.device_count()))
+        self.last_time, self.last_step = now, step
+        self.writer.write(step, logged)
+        self.result.update(logged)
+        if self.progress is not None:
+            self.progress.set_postfix(loss=f"{logged['loss']:.3f}",
+                                      mlm_acc=f"{logged['mlm_accuracy']:.3f}")
+        if logged["skipped_in_row"] >= self.config.max_skipped_in_row:
+            self._stop_diverged(logged["skipped_in_row"])
+
+    def _stop_diverged(self, skipped_in_row: int) -> None:
+        step, checkpoints = self.step, self.checkpoints
+        streak = (f"{skipped_in_row} consecutive steps had a non-finite loss, gradient or "
+                  f"update (up to step {step}); stopped.")
+        try:
+            checkpoints.save(step, self.state, self.dropout_rng, self.data_state, force=True)
+        except NonFiniteState as error:
+            raise TrainingDiverged(f"{streak} {error}") from None
+        checkpoints.wait()
+        raise TrainingDiverged(
+            f"{streak} Skipped steps change nothing, so {checkpoints.directory}/{step} holds "
+            f"the parameters of step {step - skipped_in_row}, the last good one. Lower the "
+            "learning rate or check the data.")
+
+    def _save_and_stop(self, where: str = "") -> None:
+        """Saves this step and marks the run preempted (SIGTERM, SIGINT)."""
+        self.checkpoints.save(self.step, self.state, self.dropout_rng, self.data_state,
+                              force=True)
+        self.checkpoints.wait()
+        _log(f"{self.preemption.signal_name or 'SIGTERM'}: saved step {self.step} to "
+             f"{self.checkpoints.directory}{where}; exiting")
+        self.result.update(step=self.step, stopped="preempted")
+
+    def _after_step(self, at_end: bool) -> None:
+        """The checkpoint of this step (when due), then its evaluation (when due)."""
+        step, checkpoints = self.step, self.checkpoints
+        if at_end and self.progress is not None:  # the bar ends at 100%; what follows
+            self.progress.close()                 # is said line by line
+            self.progress = None
+        if at_end:
+            _log(f"step {step}: saving the final checkpoint to {checkpoints.directory}/{step}")
+        # Save first: an evaluation that fails never costs the training.
+        pause_start = time.perf_counter()
+        if checkpoints.save(step, self.state, self.dropout_rng, self.data_state, force=at_end):
+            self.writer.flush()  # the records up to a checkpoint are as durable as it
+        if at_end:
+            checkpoints.wait()
+        if self.config.eval_steps > 0 and (step % self.config.eval_every == 0 or at_end):
+            self._evaluate(at_end)
+        if self.progress is not None and time.perf_counter() - pause_start > 0.5:
+            exclude_pause(self.progress)
+
+    def _evaluate(self, at_end: bool) -> None:
+        step = self.step
+        eval_start = time.perf_counter()
+        if at_end:
+            _log(f"step {step}: evaluating on {self.config.eval_steps} held-out batches")
+        evaluated = _evaluate_or_warn(lambda: self.evaluate(self.state.params), step, self.say)
+        if self.last_time is not None:  # keep evaluation out of the throughput window
+            self.last_time += time.perf_counter() - eval_start
+        if evaluated:
+            self.writer.write(step, evaluated, prefix="eval")
+            self.result.update({f"eval_{k}": v for k, v in evaluated.items()})
+            self.say(f"step {step}: eval " + ", ".join(f"{k}={v:.4f}"
+                                                      for k, v in evaluated.items()))
+
+    def _close(self) -> None:
+        self.prefetch.close()
+        if self.progress is not None:
+            self.progress.close()
+        self.checkpoints.close()
+        self.writer.close()
+        self.prefetch.release_source()
+        if self.exit_follows:
+            shutdown.keep_until_exit(self.source)
+        elif self.step == self.total_steps and self.config.data.source == "tfrecord":
             _log("stopping the data pipeline (tf.data's autotuning thread can take up to a "
                  "minute to notice; the run is saved)")
-        source = None  # noqa: F841 - the last reference: the pipeline is destroyed here
+        self.source = None  # the last reference: the pipeline is destroyed here
 
 
 def _evaluate_or_warn(evaluate, step: int, say=None) -> dict[str, float]:

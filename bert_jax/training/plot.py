@@ -7,7 +7,6 @@ unigram baseline. Needs matplotlib (the ``monitor`` and ``demo`` extras install 
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from bert_jax import fileio, storage
@@ -76,23 +75,3 @@ def plot_metrics(workdir: str, output: str | None = None, *,
     fileio.atomic_write(output, lambda f: fig.savefig(f, format="png"))
     plt.close(fig)
     return output
-
-
-class command:  # noqa: N801 - the CLI registry names this attribute
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("workdir", help="pretraining workdir (holds metrics.jsonl)")
-        parser.add_argument("--output", default=None,
-                            help=f"PNG to write (default: WORKDIR/{PLOT_FILE})")
-        parser.add_argument("--baseline-loss", type=float, default=None,
-                            help="draw a reference line at this masked-LM loss")
-        parser.add_argument("--baseline-accuracy", type=float, default=None,
-                            help="draw a reference line at this masked-LM accuracy")
-
-    @staticmethod
-    def run(args) -> int:
-        baselines = {k: v for k, v in (("mlm_loss", args.baseline_loss),
-                                       ("mlm_accuracy", args.baseline_accuracy))
-                     if v is not None}
-        print(f"wrote {plot_metrics(args.workdir, args.output, baselines=baselines)}")
-        return 0

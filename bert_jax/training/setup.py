@@ -20,10 +20,10 @@ from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling import fp8
 from bert_jax.modeling.heads import BertForPreTraining
+from bert_jax.runs.optimizers import make_optimizer
+from bert_jax.runs.state import TrainState, with_fp8_state
 from bert_jax.training import config as config_lib
 from bert_jax.training.inputs import examples_per_row
-from bert_jax.training.optimizers import make_optimizer
-from bert_jax.training.state import TrainState, with_fp8_state
 from bert_jax.training.steps import make_eval_step, make_train_step
 
 BATCH_FIELDS = (("input_ids", 2), ("input_mask", 2), ("segment_ids", 2),

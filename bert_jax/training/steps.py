@@ -22,7 +22,7 @@ import optax
 from bert_jax.config import BertConfig
 from bert_jax.modeling import fp8, heads
 from bert_jax.modeling.fp8 import FP8_COLLECTION
-from bert_jax.training.state import TrainState, split_fp8_state, with_fp8_state
+from bert_jax.runs.state import TrainState, split_fp8_state, with_fp8_state
 
 Batch = dict[str, jax.Array]
 NSP_WEIGHTS_KEY = "next_sentence_weights"  # packed rows: [batch, k], 1 per filled slot
@@ -183,8 +183,58 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     """
     if skip not in ("where", "cond"):
         raise ValueError(f"skip={skip!r}: expected 'where' or 'cond'")
-    sums_fn = sums_fn or default_sums_fn(model, pair_head)
+    gradients = _gradients_fn(sums_fn or default_sums_fn(model, pair_head), param_cast,
+                              microbatches, unroll_microbatches)
+    # Inside an explicit reduction each device splits only its own rows into microbatches.
+    reduced_gradients = None if reduce_grads is None else reduce_grads(
+        lambda params, batch, rng, dens: gradients(params, None, batch, rng, dens, None)[:2])
 
+    def train_step(state: TrainState, batch: Batch, rng: jax.Array):
+        step_rng = jax.random.fold_in(rng, state.step)
+        dens = _denominators(batch)
+        tx_state, fp8_state = split_fp8_state(state.opt_state)
+        if reduce_grads is not None and fp8_state is None:
+            grads, sums = reduced_gradients(state.params, batch, step_rng, dens)
+        else:
+            grads, sums, amaxes = gradients(
+                state.params, None if fp8_state is None else fp8_state["scale"], batch,
+                step_rng, dens, microbatch_sharding)
+        metrics = summarize(sums)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+        new_params, new_opt_state, finite = _guarded_update(
+            tx, grads, (state.params, tx_state), finite, skip=skip, check_update=check_update)
+        if fp8_state is not None:
+            new_fp8_state = _select(finite, fp8.next_state(fp8_state, amaxes), fp8_state)
+            new_opt_state = with_fp8_state(new_opt_state, new_fp8_state)
+        skipped = (~finite).astype(jnp.int32)
+        new_state = state.replace(
+            step=state.step + 1, params=new_params, opt_state=new_opt_state,
+            skipped_total=state.skipped_total + skipped,
+            skipped_in_row=(state.skipped_in_row + 1) * skipped)
+        metrics.update(grad_norm=grad_norm, skipped=skipped,
+                       learning_rate=schedule(state.step - state.skipped_total),
+                       mlm_weight=sums["mlm_weight"])
+        return new_state, metrics
+
+    return train_step
+
+
+def _denominators(batch: Batch) -> dict[str, jax.Array]:
+    """The batch-wide denominators every (micro)batch's sums are divided by."""
+    return {"mlm_weight": jnp.maximum(
+                jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1.0),
+            "nsp_count": nsp_denominator(batch),
+            "token_count": jnp.maximum(jnp.sum(batch["input_mask"].astype(jnp.float32)), 1.0)}
+
+
+def _gradients_fn(sums_fn: Callable[..., dict[str, jax.Array]],
+                  param_cast: Callable[[Any], Any] | None, microbatches: int,
+                  unroll_microbatches: bool):
+    """``gradients(params, scales, batch, step_rng, dens, split_sharding) -> (gradients,
+    sums, FP8 maxima or None)`` of the whole batch: one pass, or ``microbatches`` summed in a
+    ``lax.scan`` (maxima: their largest; ``split_sharding``: :func:`_split_microbatches`');
+    ``scales``: the model's FP8 collection (None without FP8)."""
     def loss_fn(params, mb: Batch, rng, dens, fp8_scales=None):
         if param_cast is not None:
             params = param_cast(params)
@@ -196,17 +246,13 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     fp8_grad_fn = jax.grad(loss_fn, argnums=(0, 4), has_aux=True)
 
     def grad_fn(params, scales, mb: Batch, rng, dens):
-        """(parameter gradients, sums, the FP8 tensors' maxima or None); ``scales``: the
-        model's FP8 collection (None without FP8)."""
+        """(parameter gradients, sums, the FP8 tensors' maxima or None)."""
         if scales is None:
             return (*param_grad_fn(params, mb, rng, dens), None)
         (grads, amaxes), sums = fp8_grad_fn(params, mb, rng, dens, scales)
         return grads, sums, amaxes
 
     def gradients(params, scales, batch: Batch, step_rng, dens, split_sharding):
-        """(gradients, sums, FP8 maxima or None) of the whole batch: one pass, or
-        ``microbatches`` summed (maxima: their largest; ``split_sharding``:
-        :func:`_split_microbatches`')."""
         if microbatches == 1:
             return grad_fn(params, scales, batch, step_rng, dens)
 
@@ -232,68 +278,40 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
             body, init, (jnp.arange(microbatches), split), unroll=unroll_microbatches)
         return grads, sums, amaxes
 
-    # Inside an explicit reduction each device splits only its own rows into microbatches.
-    reduced_gradients = None if reduce_grads is None else reduce_grads(
-        lambda params, batch, rng, dens: gradients(params, None, batch, rng, dens, None)[:2])
+    return gradients
 
-    def train_step(state: TrainState, batch: Batch, rng: jax.Array):
-        step_rng = jax.random.fold_in(rng, state.step)
-        dens = {"mlm_weight": jnp.maximum(
-                    jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1.0),
-                "nsp_count": nsp_denominator(batch),
-                "token_count": jnp.maximum(
-                    jnp.sum(batch["input_mask"].astype(jnp.float32)), 1.0)}
-        tx_state, fp8_state = split_fp8_state(state.opt_state)
-        if reduce_grads is not None and fp8_state is None:
-            grads, sums = reduced_gradients(state.params, batch, step_rng, dens)
-        else:
-            grads, sums, amaxes = gradients(
-                state.params, None if fp8_state is None else fp8_state["scale"], batch,
-                step_rng, dens, microbatch_sharding)
-        metrics = summarize(sums)
-        grad_norm = optax.global_norm(grads)
-        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
 
-        def update(operands):
-            params, opt_state = operands
-            with jax.named_scope("optimizer_update"):  # (a name for bert_jax/tpu/hlo.py)
-                updates, new_opt_state = tx.update(grads, opt_state, params)
-                return optax.apply_updates(params, updates), new_opt_state
+def _guarded_update(tx: optax.GradientTransformation, grads, operands, finite: jax.Array, *,
+                    skip: str, check_update: bool):
+    """(new params, new optimizer state, finite): the optimizer update of ``operands``
+    (params, optimizer state), or ``operands`` unchanged where ``finite`` (the loss and
+    gradient norm) does not hold, or, with ``check_update``, the update itself is not
+    finite (see :func:`make_train_step`)."""
+    def update(operands):
+        params, opt_state = operands
+        with jax.named_scope("optimizer_update"):  # (a name for bert_jax/tpu/hlo.py)
+            updates, new_opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), new_opt_state
 
-        operands = (state.params, tx_state)
-        if skip == "cond":
-            def guarded(o):
-                new = update(o)
-                if not check_update:
-                    return (*new, jnp.bool_(True))
-                ok = _all_finite(new)
-                return (*_select(ok, new, o), ok)
+    if skip == "cond":
+        def guarded(o):
+            new = update(o)
+            if not check_update:
+                return (*new, jnp.bool_(True))
+            ok = _all_finite(new)
+            return (*_select(ok, new, o), ok)
 
-            new_params, new_opt_state, ok = jax.lax.cond(
-                finite, guarded, lambda o: (*o, jnp.bool_(False)), operands)
-            finite = finite & ok
-        else:
-            if check_update:
-                # The update is not stored before it is known to be finite: this pass
-                # recomputes it only to reduce its finiteness (the barrier keeps XLA from
-                # sharing it with the pass that applies it). Storing it and then selecting
-                # every leaf reads the new state twice more and writes it once more.
-                finite = finite & _all_finite(update(jax.lax.optimization_barrier(operands)))
-            new_params, new_opt_state = _select(finite, update(operands), operands)
-        if fp8_state is not None:
-            new_fp8_state = _select(finite, fp8.next_state(fp8_state, amaxes), fp8_state)
-            new_opt_state = with_fp8_state(new_opt_state, new_fp8_state)
-        skipped = (~finite).astype(jnp.int32)
-        new_state = state.replace(
-            step=state.step + 1, params=new_params, opt_state=new_opt_state,
-            skipped_total=state.skipped_total + skipped,
-            skipped_in_row=(state.skipped_in_row + 1) * skipped)
-        metrics.update(grad_norm=grad_norm, skipped=skipped,
-                       learning_rate=schedule(state.step - state.skipped_total),
-                       mlm_weight=sums["mlm_weight"])
-        return new_state, metrics
-
-    return train_step
+        new_params, new_opt_state, ok = jax.lax.cond(
+            finite, guarded, lambda o: (*o, jnp.bool_(False)), operands)
+        return new_params, new_opt_state, finite & ok
+    if check_update:
+        # The update is not stored before it is known to be finite: this pass recomputes it
+        # only to reduce its finiteness (the barrier keeps XLA from sharing it with the pass
+        # that applies it). Storing it and then selecting every leaf reads the new state twice
+        # more and writes it once more.
+        finite = finite & _all_finite(update(jax.lax.optimization_barrier(operands)))
+    new_params, new_opt_state = _select(finite, update(operands), operands)
+    return new_params, new_opt_state, finite
 
 
 def _all_finite(tree) -> jax.Array:

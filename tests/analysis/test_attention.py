@@ -11,7 +11,7 @@ import pytest
 
 from bert_jax.analysis.attention import attention_sums, finish, is_punctuation
 from bert_jax.cli import main
-from tests.finetune import helpers as H
+from tests.finetuning import helpers as H
 
 
 def _hand_built():

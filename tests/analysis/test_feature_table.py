@@ -7,8 +7,8 @@ import os
 
 from bert_jax.analysis import feature_table
 from bert_jax.checkpoint import store
-from bert_jax.tasks.config import load_config
-from tests.finetune import helpers as H
+from bert_jax.finetuning.config import load_config
+from tests.finetuning import helpers as H
 
 
 def test_rows_are_configs():

@@ -12,7 +12,7 @@ import pytest
 from bert_jax.analysis.probe import read_conll_columns, train_probes
 from bert_jax.cli import main
 from bert_jax.errors import BertJaxError
-from tests.finetune import helpers as H
+from tests.finetuning import helpers as H
 
 
 def _synthetic(n, seed):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench import packing as bench_packing
-from tests.finetune import helpers as H
+from tests.finetuning import helpers as H
 
 pytestmark = pytest.mark.slow
 

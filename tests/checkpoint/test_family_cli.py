@@ -20,7 +20,7 @@ from hf_helpers import randomize
 
 from bert_jax.checkpoint import store
 from bert_jax.cli import main
-from tests.finetune import helpers as H
+from tests.finetuning import helpers as H
 
 # One xdist worker runs the file: the module fixture converts the four families once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("family_cli")]
@@ -218,11 +218,11 @@ def test_converted_encoder_restored_exactly_for_a_pair_task(family, converted):
     inputs follow the family's layout."""
     import jax
 
+    from bert_jax.finetuning.config import load_config
+    from bert_jax.finetuning.model_init import initial_model, merge_encoder
+    from bert_jax.finetuning.trainer import build_finetuner
     from bert_jax.modeling.params import flatten_params
     from bert_jax.tasks import get_task
-    from bert_jax.tasks.config import load_config
-    from bert_jax.tasks.model_init import initial_model, merge_encoder
-    from bert_jax.tasks.trainer import build_finetuner
 
     ckpt = str(converted[family].ckpt)
     c = load_config("experiments/glue.py:mrpc", [*FAST, f"--config.init_checkpoint={ckpt}"])

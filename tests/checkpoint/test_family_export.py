@@ -189,7 +189,7 @@ def test_class_that_does_not_fit_the_head_is_one_error(tiny_classifier_params, t
 
 # ---- pipelines ----------------------------------------------------------------------------------
 def _wordpiece(tmp_path, config) -> WordPieceTokenizer:
-    from tests.finetune import helpers as H
+    from tests.finetuning import helpers as H
 
     vocab = H.VOCAB + [f"tok{i}" for i in range(config.vocab_size - len(H.VOCAB))]
     return WordPieceTokenizer(vocab)
@@ -204,7 +204,7 @@ def test_text_classification_pipeline_roberta(tmp_path):
     """A RoBERTa sequence classifier with its byte-level BPE tokenizer: the pipeline names
     bert-jax's top label with bert-jax's probability."""
     from bert_jax.tokenization.bpe import train_bpe
-    from tests.finetune import helpers as H
+    from tests.finetuning import helpers as H
 
     texts, _ = H.sentences(60, 3)
     (tmp_path / "corpus.txt").write_text("\n".join(texts) + "\n")
@@ -289,7 +289,7 @@ def test_question_answering_pipeline_electra(tmp_path):
 def _workdir(path, params, config, tokenizer, task: str, **run_overrides):
     """A fine-tuning workdir as `bert-jax finetune` leaves it (config.json's task and run
     config, params, tokenizer)."""
-    from bert_jax.tasks.config import base_config
+    from bert_jax.finetuning.config import base_config
 
     run = base_config()
     run.task = task
@@ -345,8 +345,8 @@ def test_cli_export_of_workdirs_picks_the_task_class(tiny_classifier_params, tmp
 def test_task_and_labels_of_workdir_configs():
     """What export reads from a workdir's config.json: the task's kind and label names (a
     custom task's from its run config), or the converted source's class and labels."""
-    from bert_jax.checkpoint.commands import checkpoint_task
-    from bert_jax.tasks.config import base_config
+    from bert_jax.finetuning.config import base_config
+    from bert_jax.finetuning.export import checkpoint_task
 
     def extra(task, **run_overrides):
         run = base_config()

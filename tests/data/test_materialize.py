@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax.cli import main
+from bert_jax.data.mask_settings import MaskSettings
 from bert_jax.data.materialize import MaterializedBatches
 from bert_jax.errors import BertJaxError
 from data.helpers import write_shards
@@ -88,7 +89,8 @@ def test_masking_modes_materialize_as_the_pipeline_masks(tmp_path, masking):
     tokenizer = wordpiece(str(tmp_path))
     live = PretrainingIterator.from_data_dir(
         str(tmp_path / "data"), per_host_batch_size=16, max_predictions_per_seq=8, seed=3,
-        tokenizer=tokenizer, masking=masking, basic_fraction=0.0, shuffle_buffer=50)
+        tokenizer=tokenizer, mask=MaskSettings(masking=masking, basic_fraction=0.0),
+        shuffle_buffer=50)
     got = list(MaterializedBatches(str(tmp_path / "mat")))
     for g in got:
         e = next(live)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax.cli import main
+from bert_jax.data.mask_settings import MaskSettings
 from bert_jax.data.pipeline import PACKED_BATCH_KEYS, PretrainingIterator
 from data.helpers import CLS, PAD, SEP, write_corpus, write_vocab
 
@@ -173,7 +174,8 @@ def test_packed_knowledge_units_stay_inside_examples_and_mask_whole(tmp_path):
 
     it = PretrainingIterator.from_data_dir(
         str(out), per_host_batch_size=len(rows), max_predictions_per_seq=12, shuffle_buffer=1,
-        tokenizer=wordpiece(str(tmp_path)), masking="knowledge", basic_fraction=0.0)
+        tokenizer=wordpiece(str(tmp_path)),
+        mask=MaskSettings(masking="knowledge", basic_fraction=0.0))
     batch = next(it)  # the whole epoch, rows in file order
     whole = 0
     for r, row in enumerate(rows):

@@ -227,6 +227,7 @@ def test_knowledge_units_from_creation_to_batches(tmp_path):
     """create-pretraining-data --knowledge-lexicon stores unit_ids; the pipeline masks them
     whole; data without them is refused by name."""
     from bert_jax.cli import main
+    from bert_jax.data.mask_settings import MaskSettings
     from bert_jax.data.pipeline import PretrainingIterator
     from data.helpers import wordpiece, write_vocab
 
@@ -249,7 +250,7 @@ def test_knowledge_units_from_creation_to_batches(tmp_path):
     big_tree = tokenizer.encode_batch(["big tree"])[0]
     batches = PretrainingIterator.from_data_dir(
         str(out), per_host_batch_size=16, max_predictions_per_seq=8, tokenizer=tokenizer,
-        masking="knowledge", basic_fraction=0.0)
+        mask=MaskSettings(masking="knowledge", basic_fraction=0.0))
     whole = cut = 0
     for _, batch in zip(range(6), batches, strict=False):
         ids = batch["masked_lm_ids"]
@@ -271,4 +272,4 @@ def test_knowledge_units_from_creation_to_batches(tmp_path):
     with pytest.raises(BertJaxError, match="knowledge-units"):
         PretrainingIterator.from_data_dir(str(plain), per_host_batch_size=4,
                                           max_predictions_per_seq=8, tokenizer=tokenizer,
-                                          masking="knowledge")
+                                          mask=MaskSettings(masking="knowledge"))

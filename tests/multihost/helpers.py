@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from training.helpers import without_keys
 from xla_env import cpu_flags
 
-from bert_jax.training.metrics import read_metrics
+from bert_jax.runs.metrics import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")

@@ -14,7 +14,7 @@ from bert_jax.checkpoint import manager as manager_module
 from bert_jax.checkpoint.manager import DAMAGED_DIR, CheckpointManager, NonFiniteState
 from bert_jax.config import get_preset
 from bert_jax.errors import BertJaxError
-from bert_jax.training.state import TrainState
+from bert_jax.runs.state import TrainState
 
 RNG_SPEC = jax.ShapeDtypeStruct((2,), np.uint32)
 

@@ -12,9 +12,9 @@ import pytest
 from bert_jax import fileio
 from bert_jax.checkpoint import store
 from bert_jax.errors import BertJaxError
+from bert_jax.runs.metrics import MetricsWriter, read_metrics
 from bert_jax.training import config as config_lib
 from bert_jax.training.loop import train_and_evaluate
-from bert_jax.training.metrics import MetricsWriter, read_metrics
 from tests.training.helpers import small_config
 
 RUN = ("--config.log_every=1", "--config.checkpoint.every_steps=2", "--config.eval_steps=0",

@@ -77,7 +77,7 @@ FINETUNE_BAD = [
 
 @pytest.mark.parametrize("override,message", FINETUNE_BAD, ids=[b[0] for b in FINETUNE_BAD])
 def test_fine_tuning_value_names_key_and_range(override, message):
-    from bert_jax.tasks.config import load_config as load_finetune_config
+    from bert_jax.finetuning.config import load_config as load_finetune_config
 
     with pytest.raises(BertJaxError) as error:
         load_finetune_config("experiments/glue.py:mrpc", [f"--config.{override}"])
@@ -85,7 +85,7 @@ def test_fine_tuning_value_names_key_and_range(override, message):
 
 
 def test_every_shipped_fine_tuning_variant_is_valid():
-    from bert_jax.tasks.config import load_config as load_finetune_config
+    from bert_jax.finetuning.config import load_config as load_finetune_config
 
     for name, variants in (("glue", ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli",
                                      "rte", "wnli", "sst2_quick")),

@@ -8,7 +8,7 @@ from bert_jax import fileio, storage
 from bert_jax.checkpoint import integrity, store
 from bert_jax.checkpoint.manager import CheckpointManager
 from bert_jax.config import get_preset
-from bert_jax.training.state import TrainState
+from bert_jax.runs.state import TrainState
 
 
 def _state(step: int) -> TrainState:

@@ -12,9 +12,9 @@ import pytest
 
 from bert_jax.cli import main
 from bert_jax.errors import BertJaxError
-from bert_jax.tasks.config import load_config
+from bert_jax.finetuning.config import load_config
 from bert_jax.tasks.registry import get_task
-from tests.finetune import helpers as H
+from tests.finetuning import helpers as H
 
 
 def _config(*overrides, variant="classification"):

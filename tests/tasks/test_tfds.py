@@ -47,7 +47,7 @@ def test_glue_downloaded_and_prepared_through_tfds(tmp_path, monkeypatch):
     download) into tfds_data_dir, and the run reads it from there."""
     import ml_collections
 
-    from bert_jax.tasks.inputs import read_split
+    from bert_jax.finetuning.inputs import read_split
 
     # tensorflow-datasets imports it to prepare a dataset (the data extra installs it)
     pytest.importorskip("importlib_resources")
@@ -83,8 +83,8 @@ def test_glue_downloaded_and_prepared_through_tfds(tmp_path, monkeypatch):
 def test_missing_glue_data_says_how_to_get_it(monkeypatch):
     import ml_collections
 
+    from bert_jax.finetuning.inputs import read_split
     from bert_jax.tasks.data_root import DATA_ENV
-    from bert_jax.tasks.inputs import read_split
 
     monkeypatch.delenv(DATA_ENV, raising=False)
     config = ml_collections.ConfigDict({"tfds": False, "train_file": None, "dev_file": None,

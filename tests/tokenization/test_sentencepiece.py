@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from bert_jax.cli import main
+from bert_jax.cli.tokenization import train_tokenizer
 from bert_jax.errors import BertJaxError
 from bert_jax.tokenization import SPECIAL_TOKENS, load_tokenizer
-from bert_jax.tokenization.commands import train_tokenizer
 from bert_jax.tokenization.sentencepiece import SentencePieceTokenizer, train_sentencepiece
 
 pytest.importorskip("sentencepiece")

@@ -13,11 +13,11 @@ import pytest
 from bert_jax import parallel
 from bert_jax.checkpoint import store
 from bert_jax.checkpoint.manager import CheckpointManager
+from bert_jax.runs.metrics import read_metrics, truncate_metrics
+from bert_jax.runs.state import TrainState
 from bert_jax.training import config as config_lib
 from bert_jax.training.loop import TrainingDiverged, _load_init_params, train_and_evaluate
-from bert_jax.training.metrics import read_metrics, truncate_metrics
 from bert_jax.training.setup import build_training
-from bert_jax.training.state import TrainState
 
 from .helpers import small_config
 

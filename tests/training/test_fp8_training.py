@@ -10,10 +10,10 @@ import pytest
 from bert_jax import parallel
 from bert_jax.checkpoint.manager import CheckpointManager
 from bert_jax.errors import BertJaxError
+from bert_jax.runs.state import split_fp8_state
 from bert_jax.training import config as config_lib
 from bert_jax.training.inputs import SyntheticBatches
 from bert_jax.training.setup import build_training
-from bert_jax.training.state import split_fp8_state
 
 from .helpers import small_config
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from bert_jax import parallel
+from bert_jax.runs.optimizers import decay_mask
 from bert_jax.training import config as config_lib
 from bert_jax.training.inputs import SyntheticBatches
-from bert_jax.training.optimizers import decay_mask
 from bert_jax.training.setup import build_training
 
 from .helpers import small_config
