@@ -2,8 +2,8 @@
 
 When a command returns, everything it wrote is closed and its output printed, yet a Python
 process holding jax, XLA and TensorFlow then spends seconds in finalization (module
-clearing, native destructors of the runtimes' clients and thread pools): measured 3-4 s after
-``bert-jax pretrain`` on a 2-core machine, in silence, after the last line. :func:`exit_now`
+clearing, native destructors of the runtimes' clients and thread pools), in silence after
+the last line (docs/pretraining.md, "Metrics"). :func:`exit_now`
 runs what was registered with :mod:`atexit` (jax's distributed shutdown among them), flushes
 the standard streams and ends the process at once, unless a non-daemon thread is still
 working (then the normal exit waits for it as Python always does).

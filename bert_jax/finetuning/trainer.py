@@ -302,8 +302,7 @@ class Finetuner:
         :attr:`abstract_params`) with every leaf still a ShapeDtypeStruct replaced by its
         value from :meth:`init_params` ``(rng)``, bit for bit. The program computes those
         leaves only (XLA drops the rest), so it compiles in a fraction of the full
-        initialisation's time (that one draws random numbers for every tensor: ~10 s of
-        compilation on an H100 for a 6-layer model)."""
+        initialisation's time (that one draws random numbers for every tensor)."""
         from bert_jax.modeling.params import flatten_params, unflatten_params
 
         flat = flatten_params(params)

@@ -169,7 +169,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     ``exit_follows``: the process ends right after (the CLI), so the training data pipeline
     is left to the exit instead of destroyed here: a tf.data iterator that ran for minutes
     waits, when destroyed, for its autotuning thread, which sleeps up to a minute between
-    rounds (5-58 s at the demo's end), holding the interpreter all the while."""
+    rounds, holding the interpreter all the while."""
     parallel.maybe_initialize_distributed()
     startup.backends_ready()
     workdir = storage.abspath(workdir)
