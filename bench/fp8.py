@@ -197,7 +197,6 @@ def parity_config(args, directory: str, manifest: dict, model: str, vocab: int, 
 
     import jax
 
-    from bench.variants import common_overrides
     from bert_jax.training.config import load_config
 
     dtype = "bfloat16" if jax.default_backend() == "gpu" else "float32"
@@ -206,12 +205,32 @@ def parity_config(args, directory: str, manifest: dict, model: str, vocab: int, 
                                batch_size=manifest["batch_size"],
                                learning_rate=args.learning_rate)
     return load_config(f"{EXPERIMENT}:tiny", [
-        *common_overrides(settings, steps, directory, "", "materialized"),
+        *_run_overrides(settings, steps, directory),
         "--config.objective=nsp", f"--config.model.vocab_size={vocab}",
         f"--config.model.fp8={'true' if fp8 else 'false'}",
         *([f"--config.model.num_hidden_layers={args.layers}"] if args.layers else []),
         *([f"--config.model.fp8_amax_history={args.amax_history}"]
           if fp8 and args.amax_history else [])])
+
+
+def _run_overrides(settings, steps: int, data_dir: str) -> list[str]:
+    """The overrides of the parity run: the prepared batches (materialized, repeated), the
+    model's size and the schedule (10% warmup), checkpoints only at the end, no evaluation."""
+    return [f"--config.model.preset={settings.model}",
+            f"--config.model.max_position_embeddings={settings.seq_len}",
+            f"--config.model.dtype={settings.dtype}",
+            "--config.data.source=materialized", f"--config.data.directory={data_dir}",
+            "--config.data.tokenizer=", "--config.data.repeat=true",
+            f"--config.data.max_seq_length={settings.seq_len}",
+            f"--config.data.max_predictions_per_seq={max(1, round(settings.seq_len * 0.15))}",
+            f"--config.data.shuffle_buffer={settings.shuffle_buffer}",
+            f"--config.global_batch_size={settings.batch_size}",
+            f"--config.num_train_steps={steps}",
+            f"--config.optimizer.learning_rate={settings.learning_rate}",
+            f"--config.optimizer.warmup_steps={max(1, steps // 10)}",
+            f"--config.checkpoint.every_steps={steps}", "--config.checkpoint.keep=1",
+            f"--config.log_every={max(1, min(50, steps // 5))}", "--config.eval_steps=0",
+            "--config.progress_bar=false"]
 
 
 def parity_run(args, directory: str, vocab: int, model: str, fp8: bool, seed: int = 0
