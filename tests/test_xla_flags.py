@@ -37,7 +37,7 @@ def test_pretrain_adds_collective_overlap_before_the_run(overlap, monkeypatch, t
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     seen = {}
 
-    def fake_run(config, workdir, overwrite=False):
+    def fake_run(config, workdir, overwrite=False, exit_follows=False):
         seen["flags"] = os.environ.get("XLA_FLAGS", "")
         return {"step": 0}
 

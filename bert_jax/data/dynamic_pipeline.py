@@ -410,9 +410,10 @@ def open_document_iterator(meta, files, *, per_host_batch_size: int,
                            max_predictions_per_seq: int, seq_len: int | None,
                            state: dict | None, pairing: str, short_seq_prob: float,
                            mask: MaskSettings, word_start_mask: np.ndarray | None, seed: int,
-                           process_index: int, process_count: int, examples_per_row: int
-                           ) -> DocumentPretrainingIterator:
-    """The iterator over document shards ``files`` described by ``meta`` (metadata.json)."""
+                           process_index: int, process_count: int, examples_per_row: int,
+                           repeat: bool = True) -> DocumentPretrainingIterator:
+    """The iterator over document shards ``files`` described by ``meta`` (metadata.json);
+    ``repeat=False``: one epoch, its last batch possibly short."""
     from bert_jax.data.documents import load_document_table
 
     if not seq_len:
@@ -427,4 +428,4 @@ def open_document_iterator(meta, files, *, per_host_batch_size: int,
         mask_id=special["mask"], cls_id=special["cls"], sep_id=special["sep"],
         pad_id=special["pad"], pairing=pairing, short_seq_prob=short_seq_prob, mask=mask,
         word_start_mask=word_start_mask, seed=seed, process_index=process_index,
-        process_count=process_count, examples_per_row=examples_per_row)
+        process_count=process_count, examples_per_row=examples_per_row, repeat=repeat)

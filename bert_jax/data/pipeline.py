@@ -343,7 +343,8 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
                       pairing: str | None = None, short_seq_prob: float = 0.1,
                       mask: MaskSettings = MaskSettings(), seed: int = 0,
                       process_index: int = 0, process_count: int = 1,
-                      shuffle_buffer: int = 10_000, examples_per_row: int = 0):
+                      shuffle_buffer: int = 10_000, examples_per_row: int = 0,
+                      repeat: bool = True):
         """Reads metadata.json (checking the tokenizer if given) and fills in the vocabulary.
 
         ``pairing="static"`` reads pair shards; ``nsp``, ``sop``, ``full_sentences`` or
@@ -352,7 +353,8 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
         for pair shards, nsp for document shards. ``examples_per_row`` > 0 packs document
         shards' examples into rows of that many slots; pair shards are packed (or not) when
         created, and a nonzero value must match their metadata. ``shuffle_buffer`` shuffles
-        pair shards' examples (document shards' epochs are whole permutations)."""
+        pair shards' examples (document shards' epochs are whole permutations).
+        ``repeat=False`` reads one epoch to its end (the last batch possibly short)."""
         meta: PretrainingDataConfig = load_metadata(data_dir)
         if pairing is None:
             pairing = "nsp" if meta.format == "documents" else "static"
@@ -378,7 +380,7 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
                 max_predictions_per_seq=max_predictions_per_seq, seq_len=seq_len,
                 pairing=pairing, short_seq_prob=short_seq_prob, mask=mask,
                 word_start_mask=word_start_mask, seed=seed, process_index=process_index,
-                process_count=process_count, examples_per_row=examples_per_row)
+                process_count=process_count, examples_per_row=examples_per_row, repeat=repeat)
         return cls(files, state=state, per_host_batch_size=per_host_batch_size,
                    seq_len=seq_len or meta.max_seq_length,
                    max_predictions_per_seq=max_predictions_per_seq,
@@ -386,7 +388,7 @@ class PretrainingIterator(Iterator[dict[str, np.ndarray]]):
                    special_ids=[special[k] for k in ("pad", "unk", "cls", "sep", "mask")],
                    word_start_mask=word_start_mask, mask=mask, seed=seed,
                    process_index=process_index, process_count=process_count,
-                   shuffle_buffer=shuffle_buffer,
+                   shuffle_buffer=shuffle_buffer, repeat=repeat,
                    examples_per_row=_checked_examples_per_row(meta, examples_per_row))
 
     def _identity(self) -> dict[str, Any]:

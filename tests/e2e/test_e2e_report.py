@@ -123,13 +123,15 @@ def test_glue_holdout_files_keep_the_original_format(tmp_path):
 
 
 def test_e2e_configs_share_one_model():
+    from bert_jax.runs.config import load_config as load_run_config
+    from bert_jax.runs.config import model_config as run_model_config
     from bert_jax.training.config import base_config, load_config, model_config
 
     path = os.path.join(REPO, "experiments", "e2e.py")
     for scale in ("", "_check"):
-        ft = {task: load_config(f"{path}:finetune_{task}{scale}") for task in
+        ft = {task: load_run_config(f"{path}:finetune_{task}{scale}") for task in
               ("sst2", "cola", "mrpc", "stsb", "rte")}
-        models = {model_config(c).replace(dtype="float32") for c in ft.values()}
+        models = {run_model_config(c).replace(dtype="float32") for c in ft.values()}
         assert len(models) == 1
         if "repeat" not in base_config().data:
             pytest.skip("the trainer has no data.repeat yet")
