@@ -42,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 
 from bench.common import REPO
 
@@ -51,8 +52,13 @@ VARIANTS = SETTINGS["VARIANTS"]
 GLUE = {"sst2": "SST-2", "cola": "CoLA", "mrpc": "MRPC", "stsb": "STS-B", "rte": "RTE"}
 TASKS = (*GLUE, "squad", "conll")
 SEEDS = (0, 1, 2)
-BATCHES = 320  # materialized per (kind, masking): 81,920 sequences, ~6 passes at 2,000 steps
+BATCHES = 800  # materialized per (kind, masking): 204,800 sequences, ~7.5 passes at 6,000 steps
 SST2_TRAIN_ROWS = 8_000
+# Each process's cap on the GPU's memory (nothing is preallocated): four pretraining runs and
+# six fine-tuning workers share one GPU.
+PRETRAIN_MEMORY, FINETUNE_MEMORY = 0.18, 0.06
+FINISHED = "finished.json"  # in pretrain/: written once no member is pretraining any more
+SPEED_SECONDS = 150  # kept free at the end for DistilBERT's speed against its teacher's
 DATA_MODES = {"nsp": ["--mode", "nsp", "--knowledge-units"], "sop": ["--mode", "sop"],
               "full": ["--mode", "full_sentences"], "nsplex": ["--mode", "nsp"]}
 # The claims and the cells each needs, in the order they run.
@@ -208,13 +214,13 @@ def _stop(procs: dict[str, subprocess.Popen]) -> None:
             os.killpg(p.pid, signal.SIGKILL)
 
 
-def pretrain_all(data: dict, work: str, deadline: Deadline, parallel: int, check: bool
-                 ) -> bool:
-    """Pretrains every member, ``parallel`` at a time (distilbert once bert is done);
-    returns whether all finished."""
+def pretrain_all(data: dict, work: str, deadline: Deadline, parallel: int, check: bool,
+                 tick=lambda: None) -> bool:
+    """Pretrains every member, ``parallel`` at a time (distilbert once bert is done), the
+    members of the claims on GLUE first; returns whether all finished."""
     from bench.variants_prep import combo_name
 
-    order = ["bert", "electra", "spanbert", "roberta", "albert", "ernie", "ernie_lexicon",
+    order = ["bert", "electra", "roberta", "albert", "spanbert", "ernie_lexicon", "ernie",
              "distilbert"]
     running: dict[str, subprocess.Popen] = {}
     root = os.path.join(work, "pretrain")
@@ -244,7 +250,7 @@ def pretrain_all(data: dict, work: str, deadline: Deadline, parallel: int, check
         todo = [n for n in order if not _done(marker(n)) and n not in running
                 and n not in failed]
         if not todo and not running:  # every member done, or failed in this call
-            return True
+            return not failed
         if deadline.left() < 40:
             _log("deadline: stopping the pretraining runs (they resume from their checkpoint)")
             _stop(running)
@@ -264,7 +270,8 @@ def pretrain_all(data: dict, work: str, deadline: Deadline, parallel: int, check
                 cmd.append(f"--config.distill.teacher={os.path.join(root, 'bert')}")
             _log(f"pretrain {name}: {20 if check else SETTINGS['steps'](name)} steps")
             started[name] = last_start = time.monotonic()
-            running[name] = _spawn(cmd, os.path.join(root, f"{name}.log"), 0.9 / parallel)
+            running[name] = _spawn(cmd, os.path.join(root, f"{name}.log"), PRETRAIN_MEMORY)
+        tick()
         time.sleep(2)
 
 
@@ -311,9 +318,31 @@ def finetune_overrides(task: str, data_root: str, init: str, seed: int, check: b
              "--config.optimizer.learning_rate=5e-5"])
 
 
+def next_job(work: str, check: bool) -> tuple[str, str, int] | None | bool:
+    """The first job, in :func:`jobs` order, that is not finished, not claimed by a worker and
+    whose member is pretrained, claimed for the caller; ``None`` when a job may still become
+    ready (a member is pretraining), ``False`` when nothing is left to run."""
+    waiting = False
+    over = os.path.exists(os.path.join(work, "pretrain", FINISHED))
+    for variant, task, seed in jobs(check):
+        workdir = finetune_dir(work, variant, task, seed)
+        if os.path.exists(os.path.join(workdir, "metrics.json")):
+            continue
+        if not os.path.exists(os.path.join(work, "pretrain", variant, "done.json")):
+            waiting = waiting or not over
+            continue
+        os.makedirs(os.path.dirname(workdir), exist_ok=True)
+        try:
+            os.close(os.open(workdir + ".claim", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue
+        return variant, task, seed
+    return None if waiting else False
+
+
 def finetune_worker(args) -> int:
-    """One process: claims unfinished jobs in order and runs them in-process (programs of the
-    same shape compiled once)."""
+    """One process: claims unfinished jobs in order as their members finish pretraining and
+    runs them in-process (programs of the same shape compiled once)."""
     import jax
 
     from bert_jax.finetuning.config import load_config
@@ -324,47 +353,66 @@ def finetune_worker(args) -> int:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     programs = FinetunerCache()
     deadline = Deadline(args.deadline_s)
-    for variant, task, seed in jobs(args.check):
-        if deadline.left() < 60:
+    time.sleep(args.start_delay)  # the workers' CUDA starts apart from each other's
+    jax.devices()
+    failures = 0
+    while deadline.left() >= 60 and failures < 3:
+        job = next_job(args.work, args.check)
+        if job is False:
             break
+        if job is None:  # the next members are still pretraining
+            time.sleep(3)
+            continue
+        variant, task, seed = job
         workdir = finetune_dir(args.work, variant, task, seed)
-        if os.path.exists(os.path.join(workdir, "metrics.json")) or not os.path.exists(
-                os.path.join(args.work, "pretrain", variant, "done.json")):
-            continue
-        os.makedirs(os.path.dirname(workdir), exist_ok=True)
-        try:
-            os.close(os.open(workdir + ".claim", os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            continue
         shutil.rmtree(workdir, ignore_errors=True)
         spec, overrides = finetune_overrides(task, args.data_root,
                                              os.path.join(args.work, "pretrain", variant), seed,
                                              args.check)
         start = time.perf_counter()
-        finetune(load_config(spec, overrides), workdir, programs=programs)
+        try:
+            finetune(load_config(spec, overrides), workdir, programs=programs)
+        except Exception:  # noqa: BLE001 - logged; the job is tried once more, by any worker
+            failures += 1
+            _log(f"{variant} {task} seed {seed}: failed\n{traceback.format_exc()}")
+            if not os.path.exists(workdir + ".failed"):
+                open(workdir + ".failed", "w").close()
+                os.remove(workdir + ".claim")
+            continue
+        failures = 0
         _log(f"{variant} {task} seed {seed}: {time.perf_counter() - start:.0f} s")
     return 0
 
 
-def finetune_all(data_root: str, work: str, deadline: Deadline, parallel: int, check: bool
-                 ) -> bool:
-    for name in os.listdir(os.path.join(work, "finetune")) \
-            if os.path.isdir(os.path.join(work, "finetune")) else []:
-        if name.endswith(".claim"):  # claims of runs stopped in an earlier call
-            if not os.path.exists(os.path.join(work, "finetune", name[:-6], "metrics.json")):
-                os.remove(os.path.join(work, "finetune", name))
+def start_finetune_workers(data_root: str, work: str, seconds: float, parallel: int,
+                           check: bool) -> dict[str, subprocess.Popen]:
+    """``parallel`` worker processes that run the fine-tuning jobs as members finish
+    pretraining (claims of runs stopped in an earlier call are dropped first)."""
     os.makedirs(os.path.join(work, "finetune"), exist_ok=True)
+    for name in os.listdir(os.path.join(work, "finetune")):
+        if name.endswith(".claim") and not os.path.exists(
+                os.path.join(work, "finetune", name[:-6], "metrics.json")):
+            os.remove(os.path.join(work, "finetune", name))
     procs = {}
-    for i in range(parallel):
+    for i in range(parallel):  # CUDA starts after the first pretraining runs', 10 s apart
+        delay = 0 if check else 45 + 10 * i
         cmd = [sys.executable, "-m", "bench", "variants", "finetune-worker", "--work", work,
-               "--data-root", data_root, "--deadline-s", str(max(0, deadline.left() - 20)),
-               *(["--check"] if check else [])]
+               "--data-root", data_root, "--deadline-s", str(max(0.0, seconds)),
+               "--start-delay", str(delay), *(["--check"] if check else [])]
         procs[str(i)] = _spawn(cmd, os.path.join(work, "finetune", f"worker{i}.log"),
-                               0.9 / parallel)
+                               FINETUNE_MEMORY)
+    return procs
+
+
+def wait_finetune(procs: dict[str, subprocess.Popen], work: str, deadline: Deadline,
+                  reserve: float, check: bool, tick=lambda: None) -> bool:
+    """Waits for the workers (stopping them ``reserve`` seconds before the deadline); returns
+    whether every job finished."""
     while any(p.poll() is None for p in procs.values()):
-        if deadline.left() < 10:
+        if deadline.left() < reserve:
             _stop(procs)
             break
+        tick()
         time.sleep(2)
     return all(os.path.exists(os.path.join(finetune_dir(work, *j), "metrics.json"))
                for j in jobs(check))
@@ -490,48 +538,74 @@ def collect(work: str, data_root: str) -> list[dict]:
     return records
 
 
-def gpu(args) -> int:
-    import jax
-
-    from bench import variants_prep
-
-    deadline = Deadline(args.deadline_s)
-    work = os.path.abspath(args.work)
-    os.makedirs(work, exist_ok=True)
-    os.makedirs(args.out, exist_ok=True)
-    data = variants_prep.unpack(args.data, os.path.join(work, "data"))
-    data_root = os.path.join(work, "data")
-    status = {"pretrained": pretrain_all(data, work, deadline, args.pretrain_parallel,
-                                         args.check)}
-    status["finetuned"] = status["pretrained"] and finetune_all(
-        data_root, work, deadline, args.finetune_parallel, args.check)
-    extra = {}
-    speed_file = os.path.join(work, "speed.json")
-    if status["finetuned"] and not os.path.exists(speed_file) and deadline.left() > 60:
-        # alone on the GPU, after every other process has ended
-        with open(speed_file, "w", encoding="utf-8") as f:
-            json.dump(speed_and_size(work), f)
-    if os.path.exists(speed_file):
-        with open(speed_file, encoding="utf-8") as f:
-            extra = json.load(f)
-    env = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
-           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-           **status, **extra}
-    path = os.path.join(args.out, "variants_h200.jsonl")
-    with open(path, "w", encoding="utf-8") as f:
+def write_records(work: str, data_root: str, path: str, env: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
         f.write(json.dumps({"environment": env}) + "\n")
         for rec in collect(work, data_root):
             f.write(json.dumps(rec) + "\n")
-    logs = os.path.join(args.out, "logs.txt")
-    with open(logs, "w", encoding="utf-8") as f:
+    os.replace(tmp, path)
+
+
+def write_logs(work: str, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
         for root, _, names in os.walk(work):
             for n in sorted(names):
                 if n.endswith(".log"):
                     with open(os.path.join(root, n), encoding="utf-8", errors="replace") as g:
                         lines = g.readlines()
                     f.write(f"==> {os.path.join(root, n)}\n" + "".join(lines[-15:]))
-    done = status["finetuned"] and bool(extra)
-    _log(f"{path}: pretrained {status['pretrained']}, finetuned {status['finetuned']}; "
+
+
+def gpu(args) -> int:
+    """Pretrains the members while the fine-tuning workers take each member's jobs as soon
+    as it is pretrained; the records are rewritten every few seconds, so a run cut short
+    still leaves what it finished."""
+    import jax
+
+    from bench import variants_prep
+
+    deadline = Deadline(args.deadline_s)
+    work = os.path.abspath(args.work)
+    os.makedirs(os.path.join(work, "pretrain"), exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
+    data = variants_prep.unpack(args.data, os.path.join(work, "data"))
+    data_root = os.path.join(work, "data")
+    env = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+    path = os.path.join(args.out, "variants_h200.jsonl")
+    last = [0.0]
+
+    def tick(force: bool = False):
+        if force or time.monotonic() - last[0] > 20:
+            write_records(work, data_root, path, env)
+            last[0] = time.monotonic()
+
+    finished = os.path.join(work, "pretrain", FINISHED)
+    if os.path.exists(finished):
+        os.remove(finished)
+    reserve = SPEED_SECONDS if not args.check else 10
+    workers = start_finetune_workers(data_root, work, deadline.left() - reserve,
+                                     args.finetune_parallel, args.check)
+    env["pretrained"] = pretrain_all(data, work, deadline, args.pretrain_parallel, args.check,
+                                     tick)
+    with open(finished, "w", encoding="utf-8") as f:
+        json.dump({"all": env["pretrained"]}, f)
+    env["finetuned"] = wait_finetune(workers, work, deadline, reserve - 20, args.check, tick)
+    speed_file = os.path.join(work, "speed.json")
+    ready = all(os.path.exists(os.path.join(work, "pretrain", n, "done.json"))
+                for n in ("bert", "distilbert"))
+    if ready and not os.path.exists(speed_file) and deadline.left() > 60:
+        # alone on the GPU, after every other process has ended
+        with open(speed_file, "w", encoding="utf-8") as f:
+            json.dump(speed_and_size(work), f)
+    if os.path.exists(speed_file):
+        with open(speed_file, encoding="utf-8") as f:
+            env.update(json.load(f))
+    tick(force=True)
+    write_logs(work, os.path.join(args.out, "logs.txt"))
+    done = env["finetuned"] and "speed" in env
+    _log(f"{path}: pretrained {env['pretrained']}, finetuned {env['finetuned']}; "
          + ("complete" if done else "not complete: run again on this machine to continue"))
     return 0
 
@@ -721,6 +795,7 @@ def main(argv=None) -> int:
     w.add_argument("--work", required=True)
     w.add_argument("--data-root", required=True)
     w.add_argument("--deadline-s", type=float, required=True)
+    w.add_argument("--start-delay", type=float, default=0.0)
     w.add_argument("--check", action="store_true")
     r = sub.add_parser("report", help="the table and plot of docs/variants.md")
     r.add_argument("records")

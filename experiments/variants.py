@@ -35,7 +35,7 @@ _spec = importlib.util.spec_from_file_location(
 e2e = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(e2e)
 
-BERT_STEPS = 2_000  # x 256 x 128 = 65.5 M tokens of BERT per member
+BERT_STEPS = 6_000  # x 256 x 128 = 197 M tokens of BERT per member
 LAYERS, HIDDEN, VOCAB = 6, 512, e2e.VOCAB_SIZE
 SEQ, PREDICTIONS = e2e.SEQ_LEN, e2e.MAX_PREDICTIONS
 GENERATOR_FRACTION = 0.25

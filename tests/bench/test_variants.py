@@ -4,6 +4,7 @@ and the claims table, without a model."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -76,3 +77,24 @@ def test_claims_and_report(tmp_path):
     assert "| electra | 3,000 | – | 65.0 ± 1.0 |" in text
     assert "190 (1.90x)" in text
     assert (docs / "variants.png").stat().st_size > 0
+
+
+def test_workers_take_each_members_jobs_once_it_is_pretrained(tmp_path):
+    work = str(tmp_path)
+    pretrain = tmp_path / "pretrain"
+    (pretrain / "bert").mkdir(parents=True)
+    assert variants.next_job(work, check=False) is None  # nothing pretrained yet: wait
+    (pretrain / "bert" / "done.json").write_text("{}")
+    bert_jobs = [j for j in variants.jobs() if j[0] == "bert"]
+    taken = [variants.next_job(work, check=False) for _ in bert_jobs]
+    assert taken == bert_jobs  # in the claims' order, each claimed once
+    assert variants.next_job(work, check=False) is None  # the others may still come
+    # a finished run is not taken again, even without its claim
+    done = variants.finetune_dir(work, *bert_jobs[0])
+    (tmp_path / "finetune" / (os.path.basename(done) + ".claim")).unlink()
+    os.makedirs(done)
+    with open(os.path.join(done, "metrics.json"), "w") as f:
+        f.write("{}")
+    assert variants.next_job(work, check=False) is None
+    (pretrain / variants.FINISHED).write_text("{}")  # no member pretrains any more
+    assert variants.next_job(work, check=False) is False
