@@ -58,6 +58,7 @@ SST2_TRAIN_ROWS = 8_000
 # six fine-tuning workers share one GPU.
 PRETRAIN_MEMORY, FINETUNE_MEMORY = 0.18, 0.06
 FINISHED = "finished.json"  # in pretrain/: written once no member is pretraining any more
+CELLS = "cells.json"  # the (variant, task) cells a run is limited to (``--cells``)
 SPEED_SECONDS = 150  # kept free at the end for DistilBERT's speed against its teacher's
 DATA_MODES = {"nsp": ["--mode", "nsp", "--knowledge-units"], "sop": ["--mode", "sop"],
               "full": ["--mode", "full_sentences"], "nsplex": ["--mode", "nsp"]}
@@ -215,13 +216,13 @@ def _stop(procs: dict[str, subprocess.Popen]) -> None:
 
 
 def pretrain_all(data: dict, work: str, deadline: Deadline, parallel: int, check: bool,
-                 tick=lambda: None) -> bool:
+                 tick=lambda: None, chosen: list[str] | None = None) -> bool:
     """Pretrains every member, ``parallel`` at a time (distilbert once bert is done), the
     members of the claims on GLUE first; returns whether all finished."""
     from bench.variants_prep import combo_name
 
-    order = ["bert", "electra", "roberta", "albert", "spanbert", "ernie_lexicon", "ernie",
-             "distilbert"]
+    order = [n for n in ("bert", "electra", "roberta", "albert", "spanbert", "ernie_lexicon",
+                         "ernie", "distilbert") if chosen is None or n in chosen]
     running: dict[str, subprocess.Popen] = {}
     root = os.path.join(work, "pretrain")
     os.makedirs(root, exist_ok=True)
@@ -275,15 +276,46 @@ def pretrain_all(data: dict, work: str, deadline: Deadline, parallel: int, check
         time.sleep(2)
 
 
-def jobs(check: bool = False) -> list[tuple[str, str, int]]:
-    """(variant, task, seed) in the order they run: the claims' cells first. ``check``: three
-    members on RTE, SQuAD and CoNLL, one seed."""
+def parse_cells(text: str) -> list[tuple[str, str]]:
+    """``--cells`` (``variant:task,...``; task ``glue`` names the five GLUE tasks) as
+    (variant, task) pairs."""
+    cells = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        variant, _, task = item.partition(":")
+        if variant not in VARIANTS or task not in (*TASKS, "glue"):
+            raise SystemExit(f"--cells: {item!r} is not VARIANT:TASK (variants: "
+                             f"{', '.join(VARIANTS)}; tasks: {', '.join(TASKS)}, glue)")
+        cells += [(variant, t) for t in (GLUE if task == "glue" else (task,))]
+    return cells
+
+
+def members(cells: list[tuple[str, str]] | None) -> list[str]:
+    """The members to pretrain for ``cells`` (all without; DistilBERT needs its teacher)."""
+    if not cells:
+        return list(VARIANTS)
+    chosen = {v for v, _ in cells} | ({"bert"} if any(v == "distilbert" for v, _ in cells)
+                                      else set())
+    return [v for v in VARIANTS if v in chosen]
+
+
+def jobs(check: bool = False, cells: list[tuple[str, str]] | None = None
+         ) -> list[tuple[str, str, int]]:
+    """(variant, task, seed) in the order they run: the claims' cells first (only ``cells``
+    when given). ``check``: three members on RTE, SQuAD and CoNLL, one seed."""
     if check:
         return [(v, t, 0) for v in ("bert", "albert", "distilbert")
                 for t in ("rte", "squad", "conll")]
-    cells = list(CLAIM_CELLS) + [(v, t) for t in TASKS for v in VARIANTS
+    order = list(CLAIM_CELLS) + [(v, t) for t in TASKS for v in VARIANTS
                                  if (v, t) not in CLAIM_CELLS]
-    return [(v, t, s) for v, t in cells for s in SEEDS]
+    return [(v, t, s) for v, t in order if not cells or (v, t) in cells for s in SEEDS]
+
+
+def read_cells(work: str) -> list[tuple[str, str]] | None:
+    path = os.path.join(work, CELLS)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return [tuple(c) for c in json.load(f)]
 
 
 def finetune_dir(work: str, variant: str, task: str, seed: int) -> str:
@@ -324,7 +356,7 @@ def next_job(work: str, check: bool) -> tuple[str, str, int] | None | bool:
     ready (a member is pretraining), ``False`` when nothing is left to run."""
     waiting = False
     over = os.path.exists(os.path.join(work, "pretrain", FINISHED))
-    for variant, task, seed in jobs(check):
+    for variant, task, seed in jobs(check, read_cells(work)):
         workdir = finetune_dir(work, variant, task, seed)
         if os.path.exists(os.path.join(workdir, "metrics.json")):
             continue
@@ -415,7 +447,7 @@ def wait_finetune(procs: dict[str, subprocess.Popen], work: str, deadline: Deadl
         tick()
         time.sleep(2)
     return all(os.path.exists(os.path.join(finetune_dir(work, *j), "metrics.json"))
-               for j in jobs(check))
+               for j in jobs(check, read_cells(work)))
 
 
 def _time(fn, *args, repeats: int = 5, iters: int = 20) -> float:
@@ -584,11 +616,19 @@ def gpu(args) -> int:
     finished = os.path.join(work, "pretrain", FINISHED)
     if os.path.exists(finished):
         os.remove(finished)
-    reserve = SPEED_SECONDS if not args.check else 10
+    cells = parse_cells(args.cells) if args.cells else None
+    if cells:
+        with open(os.path.join(work, CELLS), "w", encoding="utf-8") as f:
+            json.dump(cells, f)
+        env["cells"] = sorted({f"{v}:{t}" for v, t in cells})
+    elif os.path.exists(os.path.join(work, CELLS)):
+        os.remove(os.path.join(work, CELLS))
+    chosen = members(cells)
+    reserve = 10 if args.check else SPEED_SECONDS if "distilbert" in chosen else 30
     workers = start_finetune_workers(data_root, work, deadline.left() - reserve,
                                      args.finetune_parallel, args.check)
     env["pretrained"] = pretrain_all(data, work, deadline, args.pretrain_parallel, args.check,
-                                     tick)
+                                     tick, chosen)
     with open(finished, "w", encoding="utf-8") as f:
         json.dump({"all": env["pretrained"]}, f)
     env["finetuned"] = wait_finetune(workers, work, deadline, reserve - 20, args.check, tick)
@@ -608,6 +648,35 @@ def gpu(args) -> int:
     _log(f"{path}: pretrained {env['pretrained']}, finetuned {env['finetuned']}; "
          + ("complete" if done else "not complete: run again on this machine to continue"))
     return 0
+
+
+def merge(paths: list[str], out: str) -> None:
+    """One records file from the records of several ``gpu`` runs (``--cells`` runs on
+    machines that did not share their work folder): a member's pretraining from the first
+    file in which it finished, each (member, task) cell from the last file that has it. The
+    environment lists every run's."""
+    envs, by = [], {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        envs.append(lines[0]["environment"])
+        for rec in lines[1:]:
+            have = by.setdefault(rec["variant"], {**rec, "tasks": {}})
+            if "pretrain_seconds" in rec and "pretrain_seconds" not in have:
+                have.update({k: v for k, v in rec.items() if k != "tasks"})
+            have["tasks"].update(rec["tasks"])
+    env = {k: v for k, v in envs[0].items() if k not in ("pretrained", "finetuned", "cells")}
+    for extra in envs[1:]:
+        for key in ("params", "speed"):
+            for name, value in extra.get(key, {}).items():
+                env.setdefault(key, {}).setdefault(name, value)
+    env["runs"] = [{k: e[k] for k in ("date", "cells", "pretrained", "finetuned") if k in e}
+                   for e in envs]
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"environment": env}) + "\n")
+        for name in VARIANTS:
+            if name in by:
+                f.write(json.dumps(by[name]) + "\n")
 
 
 # ---- report -----------------------------------------------------------------------------
@@ -788,6 +857,9 @@ def main(argv=None) -> int:
     g.add_argument("--deadline-s", type=float, default=560)
     g.add_argument("--pretrain-parallel", type=int, default=4)
     g.add_argument("--finetune-parallel", type=int, default=6)
+    g.add_argument("--cells", default="",
+                   help="only these cells, e.g. electra:glue,bert:squad (task glue: the five "
+                        "GLUE tasks); only their members pretrain (DistilBERT with its teacher)")
     g.add_argument("--check", action="store_true",
                    help="CPU validation: the 2 x 128 model, 20 steps, three members fine-tuned "
                         "on 64 rows of RTE, SQuAD and CoNLL")
@@ -797,6 +869,9 @@ def main(argv=None) -> int:
     w.add_argument("--deadline-s", type=float, required=True)
     w.add_argument("--start-delay", type=float, default=0.0)
     w.add_argument("--check", action="store_true")
+    m = sub.add_parser("merge", help="one records file from several runs' records")
+    m.add_argument("records", nargs="+")
+    m.add_argument("--out", required=True)
     r = sub.add_parser("report", help="the table and plot of docs/variants.md")
     r.add_argument("records")
     r.add_argument("--docs", default=os.path.join(REPO, "docs"))
@@ -808,6 +883,9 @@ def main(argv=None) -> int:
         return gpu(args)
     if args.command == "finetune-worker":
         return finetune_worker(args)
+    if args.command == "merge":
+        merge(args.records, args.out)
+        return 0
     return report(args.records, args.docs)
 
 

@@ -5,7 +5,7 @@
 # budget, fine-tuning recipe, job order). Results: docs/variants.md.
 #
 #   scripts/variants_compare.sh cpu-prep DATA_ROOT     # tensorflow machine: ~8 min on 2 cores
-#   scripts/variants_compare.sh gpu                    # GPU: run until it says "complete"
+#   scripts/variants_compare.sh gpu [--cells C]        # GPU: run until it says "complete"
 #   scripts/variants_compare.sh report RECORDS         # anywhere: docs/variants.{md,png}
 #
 # DATA_ROOT holds pretrain-corpus/, glue/, conll2003/ and squad/squad-v1.1-dev-part-a.json
@@ -31,8 +31,9 @@ case "${1:-}" in
         --target /tmp/site "$here"/.whl/*.whl
       export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
+    shift
     PYTHONUNBUFFERED=1 python -m bench variants gpu --data variants_data --work variants_gpu \
-      --out "${OUT:-variants_out}" --deadline-s "${VARIANTS_DEADLINE_S:-560}" ;;
+      --out "${OUT:-variants_out}" --deadline-s "${VARIANTS_DEADLINE_S:-560}" "$@" ;;
   report)
     [ "$#" -eq 2 ] || { echo "usage: $0 report RECORDS" >&2; exit 2; }
     python -m bench variants report "$2" --docs "$here/docs" ;;

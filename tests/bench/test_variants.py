@@ -98,3 +98,31 @@ def test_workers_take_each_members_jobs_once_it_is_pretrained(tmp_path):
     assert variants.next_job(work, check=False) is None
     (pretrain / variants.FINISHED).write_text("{}")  # no member pretrains any more
     assert variants.next_job(work, check=False) is False
+
+
+def test_cells_limit_the_members_and_jobs_and_merge_joins_runs(tmp_path):
+    cells = variants.parse_cells("electra:glue,distilbert:rte")
+    assert len(cells) == 6 and ("electra", "cola") in cells
+    assert variants.members(cells) == ["bert", "electra", "distilbert"]  # with the teacher
+    assert {(v, t) for v, t, _ in variants.jobs(cells=cells)} == set(cells)
+    with pytest.raises(SystemExit, match="'bert:mnli' is not VARIANT:TASK"):
+        variants.parse_cells("bert:mnli")
+    first = [{"environment": {"date": "a", "pretrained": False}},
+             {"variant": "bert", "steps": 1, "last": {"loss": 9.0}, "tasks": {"rte": {"0": 1}}},
+             {"variant": "electra", "steps": 2, "pretrain_seconds": 5, "tasks": {}}]
+    second = [{"environment": {"date": "b", "cells": ["bert:squad"], "speed": {"bert": 3}}},
+              {"variant": "bert", "steps": 1, "pretrain_seconds": 7, "last": {"loss": 2.0},
+               "tasks": {"squad": {"0": 2}}}]
+    paths = []
+    for i, lines in enumerate((first, second)):
+        paths.append(str(tmp_path / f"{i}.jsonl"))
+        with open(paths[-1], "w") as f:
+            f.write("\n".join(json.dumps(x) for x in lines))
+    out = str(tmp_path / "merged.jsonl")
+    assert variants.main(["merge", *paths, "--out", out]) == 0
+    env, *recs = [json.loads(line) for line in open(out)]
+    by = {r["variant"]: r for r in recs}
+    assert by["bert"]["tasks"] == {"rte": {"0": 1}, "squad": {"0": 2}}
+    assert by["bert"]["last"] == {"loss": 2.0}  # the run in which it finished pretraining
+    assert env["environment"]["speed"] == {"bert": 3}
+    assert [r["date"] for r in env["environment"]["runs"]] == ["a", "b"]
