@@ -111,5 +111,5 @@ def get_config(variant: str = "bert") -> ml_collections.ConfigDict:
     if variant == "electra":
         c.electra.generator_fraction = GENERATOR_FRACTION
     if variant == "distilbert":  # half the teacher's layers (the e2e model names all six)
-        c.model.num_hidden_layers = LAYERS // 2
+        c.model.num_hidden_layers = max(1, c.model.num_hidden_layers // 2)
     return c
