@@ -652,7 +652,7 @@ def gpu(args) -> int:
 
 def merge(paths: list[str], out: str) -> None:
     """One records file from the records of several ``gpu`` runs (``--cells`` runs on
-    machines that did not share their work folder): a member's pretraining from the first
+    machines that did not share their work folder): a member's pretraining from the last
     file in which it finished, each (member, task) cell from the last file that has it. The
     environment lists every run's."""
     envs, by = [], {}
@@ -662,7 +662,7 @@ def merge(paths: list[str], out: str) -> None:
         envs.append(lines[0]["environment"])
         for rec in lines[1:]:
             have = by.setdefault(rec["variant"], {**rec, "tasks": {}})
-            if "pretrain_seconds" in rec and "pretrain_seconds" not in have:
+            if "pretrain_seconds" in rec:
                 have.update({k: v for k, v in rec.items() if k != "tasks"})
             have["tasks"].update(rec["tasks"])
     env = {k: v for k, v in envs[0].items() if k not in ("pretrained", "finetuned", "cells")}

@@ -105,6 +105,11 @@ def get_config(variant: str = "bert") -> ml_collections.ConfigDict:
     c.eval_every = n
     c.eval_steps = 0
     c.log_every = 100
+    if VARIANTS[variant][1] == "full" and variant != "distilbert":
+        # Single segments: segment B's embedding would stay untrained and then meet every
+        # second sentence of a pair task. One token type, as RoBERTa has (the student keeps
+        # its teacher's two).
+        c.model.type_vocab_size = 1
     if variant == "albert":
         c.model.share_layers = True
         c.model.embedding_size = ALBERT_EMBEDDING
