@@ -1,32 +1,29 @@
 """The BERT family at equal pretraining compute, fine-tuned on GLUE, SQuAD and CoNLL-2003.
 
 Eight members pretrain the 6 x 512 model of ``experiments/e2e.py`` from one corpus, one
-tokenizer and one set of prepared batches, each for the steps that spend the FLOPs of 2,000
-BERT steps of 256 x 128 (``experiments/variants.py``); then every member is fine-tuned with
-3 seeds. docs/variants.md has the results and what they say.
+tokenizer and one set of prepared batches, each for the steps that spend the FLOPs of 6,000
+BERT steps of 256 x 128 (``experiments/variants.py``); every member is fine-tuned with 3
+seeds as soon as it is pretrained. docs/variants.md has the results and what they say.
 
   python -m bench variants prepare --corpus CORPUS --glue GLUE --conll CONLL --squad FILE \
-      --out variants_data                 # tensorflow machine, ~20 min on 2 cores
-  python -m bench variants gpu --data variants_data --work variants_work --out OUT
+      --out variants_data                 # tensorflow machine, ~15 min on 2 cores
+  python -m bench variants gpu --data variants_data --work variants_work --out OUT \
+      [--cells electra:glue,...]
       # the GPU; stops by itself before --deadline-s and continues where it stopped when
       # run again on the same machine (Orbax checkpoints, finished runs are kept)
-  python -m bench variants report OUT/variants_h200.jsonl --docs docs
+  python -m bench variants merge RUN1.jsonl RUN2.jsonl --out RECORDS
+  python -m bench variants report RECORDS --docs docs
 
-``scripts/variants_compare.sh`` runs the three in order.
+``scripts/variants_compare.sh`` runs them.
 
-Budget, measured on one H200 (jax 0.11.2):
-  pretraining  four processes at a time: the eight members at 2,000 BERT steps (65.5 M
-               tokens each, 524 M in all) take 5.0 min with start-up and compilation, ~14,000
-               BERT sequences/s overall; 200 M tokens each would take ~15 min, which the
-               budget of ~20 minutes for everything could not hold beside the fine-tuning.
-  fine-tuning  8 members x (5 GLUE tasks + SQuAD + CoNLL-2003) x 3 seeds = 168 runs (SST-2
-               capped at 8,000 train rows, 3 epochs; SQuAD 2 epochs at 128 tokens), six
-               processes at a time: the first run of each shape compiles (~80 s), later ones
-               take 7-26 s; ~36 runs per 3 minutes, ~14 min for the table.
-  + a machine start (~1.5 min) per call: ~21 min of the H200 for everything.
-The jobs run in the order of the claims (GLUE of bert, electra, roberta, albert, distilbert;
-SQuAD of bert and spanbert; CoNLL of bert and both ERNIEs; then the other cells), so a
-budget that runs out cuts the table's extra cells first.
+Measured on one H200 (jax 0.11.2), pretraining side by side with the fine-tuning workers:
+ELECTRA and RoBERTa-style pretrained together plus their 30 GLUE runs took 6.3 min; BERT,
+SpanBERT and ERNIE together plus 12 SQuAD and CoNLL-2003 runs 6.5 min (a GLUE run 15-30 s,
+SQuAD and CoNLL ~30-80 s, the first of each shape compiling). Four members at a time take
+~5 min each; the whole table (8 members, 168 runs) needs ~25 min of the GPU. The jobs run in
+the order of the claims (GLUE of bert, electra, roberta, albert, distilbert; SQuAD of bert
+and spanbert; CoNLL of bert and both ERNIEs; then the other cells), so a budget that runs out
+cuts the table's extra cells first.
 """
 
 from __future__ import annotations
@@ -49,6 +46,7 @@ from bench.common import REPO
 EXPERIMENT = os.path.join(REPO, "experiments", "variants.py")
 SETTINGS = runpy.run_path(EXPERIMENT)
 VARIANTS = SETTINGS["VARIANTS"]
+VOCAB_SIZE = SETTINGS["VOCAB"]
 GLUE = {"sst2": "SST-2", "cola": "CoLA", "mrpc": "MRPC", "stsb": "STS-B", "rte": "RTE"}
 TASKS = (*GLUE, "squad", "conll")
 SEEDS = (0, 1, 2)
@@ -502,28 +500,34 @@ def _speed(cfg) -> dict:
             "finetune_seq_per_s": round(32 / train)}
 
 
-def speed_and_size(work: str) -> dict:
-    """Parameter counts of every member's encoder, and DistilBERT's inference and fine-tuning
-    speed against its teacher's."""
+def encoder_params() -> dict[str, int]:
+    """Every member's encoder parameters (embeddings included, no pooler), from its config."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # shapes only: no accelerator needed
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from bert_jax.checkpoint import store
     from bert_jax.modeling import BertModel
+    from bert_jax.runs.config import model_config
 
-    out: dict = {"params": {}, "speed": {}}
-    ids = jnp.ones((1, 8), jnp.int32)
+    out = {}
     for name in VARIANTS:
-        path = os.path.join(work, "pretrain", name)
-        if not os.path.exists(os.path.join(path, "config.json")):
-            continue
-        cfg, _ = store.read_config(path)
+        cfg = model_config(SETTINGS["get_config"](name), VOCAB_SIZE)
         shapes = jax.eval_shape(BertModel(cfg, add_pooler=False).init, jax.random.PRNGKey(0),
-                                ids)
-        out["params"][name] = int(sum(np.prod(x.shape) for x in jax.tree.leaves(shapes)))
-        if name in ("bert", "distilbert"):
-            out["speed"][name] = _speed(cfg)
+                                jnp.ones((1, 8), jnp.int32))
+        out[name] = int(sum(np.prod(x.shape) for x in jax.tree.leaves(shapes)))
+    return out
+
+
+def speed_and_size(work: str) -> dict:
+    """Parameter counts of every member's encoder, and DistilBERT's inference and fine-tuning
+    speed against its teacher's."""
+    from bert_jax.checkpoint import store
+
+    out: dict = {"params": encoder_params(), "speed": {}}
+    for name in ("bert", "distilbert"):
+        cfg, _ = store.read_config(os.path.join(work, "pretrain", name))
+        out["speed"][name] = _speed(cfg)
     return out
 
 
@@ -661,10 +665,11 @@ def merge(paths: list[str], out: str) -> None:
             lines = [json.loads(line) for line in f if line.strip()]
         envs.append(lines[0]["environment"])
         for rec in lines[1:]:
-            have = by.setdefault(rec["variant"], {**rec, "tasks": {}})
-            if "pretrain_seconds" in rec:
+            have = by.setdefault(rec["variant"], {k: rec[k] for k in
+                                                  ("variant", "steps", "flops_per_seq")})
+            if "pretrain_seconds" in rec:  # a run stopped early leaves no pretraining figures
                 have.update({k: v for k, v in rec.items() if k != "tasks"})
-            have["tasks"].update(rec["tasks"])
+            have.setdefault("tasks", {}).update(rec["tasks"])
     env = {k: v for k, v in envs[0].items() if k not in ("pretrained", "finetuned", "cells")}
     for extra in envs[1:]:
         for key in ("params", "speed"):
@@ -755,7 +760,7 @@ def report(records_path: str, docs: str) -> int:
     env = lines[0]["environment"]
     by = {r["variant"]: r for r in lines[1:]}
     cols = [*GLUE, "glue", "squad", "conll"]
-    params = env.get("params", {})
+    params = env.get("params") or encoder_params()
     out = ["| member | steps | GFLOP / sequence | wall s | final loss | MLM acc | other |",
            "|---|---:|---:|---:|---:|---:|---|"]
     for name, rec in by.items():
@@ -763,9 +768,9 @@ def report(records_path: str, docs: str) -> int:
         other = ", ".join(f"{k.replace('_', ' ')} {last[k]:.3f}" for k in
                           ("nsp_accuracy", "sbo_loss", "rtd_accuracy", "rtd_loss", "kd_loss")
                           if k in last)
+        loss, acc = (f"{last[k]:.3f}" if k in last else "–" for k in ("loss", "mlm_accuracy"))
         out.append(f"| {name} | {rec['steps']:,} | {rec['flops_per_seq'] / 1e9:.1f} | "
-                   f"{rec.get('pretrain_seconds', '–')} | {last.get('loss', float('nan')):.3f} "
-                   f"| {last.get('mlm_accuracy', float('nan')):.3f} | {other} |")
+                   f"{rec.get('pretrain_seconds', '–')} | {loss} | {acc} | {other} |")
     out += ["", "| member | pretrain steps | encoder params | "
            + " | ".join(LABELS[c] for c in cols) + " |",
            "|---|---:|---:|" + "---:|" * len(cols)]

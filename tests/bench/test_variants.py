@@ -108,10 +108,13 @@ def test_cells_limit_the_members_and_jobs_and_merge_joins_runs(tmp_path):
     with pytest.raises(SystemExit, match="'bert:mnli' is not VARIANT:TASK"):
         variants.parse_cells("bert:mnli")
     first = [{"environment": {"date": "a", "pretrained": False}},
-             {"variant": "bert", "steps": 1, "last": {"loss": 9.0}, "tasks": {"rte": {"0": 1}}},
-             {"variant": "electra", "steps": 2, "pretrain_seconds": 5, "tasks": {}}]
+             {"variant": "bert", "steps": 1, "flops_per_seq": 1, "last": {"loss": 9.0},
+              "tasks": {"rte": {"0": 1}}},
+             {"variant": "electra", "steps": 2, "flops_per_seq": 1, "pretrain_seconds": 5,
+              "tasks": {}}]
     second = [{"environment": {"date": "b", "cells": ["bert:squad"], "speed": {"bert": 3}}},
-              {"variant": "bert", "steps": 1, "pretrain_seconds": 7, "last": {"loss": 2.0},
+              {"variant": "bert", "steps": 1, "flops_per_seq": 1, "pretrain_seconds": 7,
+               "last": {"loss": 2.0},
                "tasks": {"squad": {"0": 2}}}]
     paths = []
     for i, lines in enumerate((first, second)):
