@@ -13,7 +13,11 @@ step, from its opcode and the JAX name stack in its metadata:
 * ``optimizer``: the update (``optimizer_update`` scope: moments, trust ratios, the new
   parameters) and ``accumulate``: the gradient sum over microbatches;
 * ``collectives``: all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute
-  (their HBM reads and writes; their link volume is in ``collectives``);
+  (their HBM reads and writes; their link volume is in ``collectives``), also where XLA:TPU
+  writes them differently: a reduce-scatter as a fusion around an all-reduce and a slice
+  (``kind=kCustom, calls=%all-reduce-scatter...``), and an FSDP parameter all-gather as an
+  all-reduce of a zero buffer holding the chip's shard (its operand a
+  ``dynamic-update-slice``), listed as ``all-gather as all-reduce``;
 * ``other``: copies, casts, the loss, the gradient norm and the rest.
 
 Buffers the compiler placed in the core's on-chip memory (memory space 1, ``S(1)`` in the
@@ -41,6 +45,9 @@ NO_TRAFFIC = {"parameter", "tuple", "get-tuple-element", "bitcast", "constant", 
               "opt-barrier", "iota"}
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
                "collective-permute")
+GATHER_AS_ALL_REDUCE = "all-gather as all-reduce"
+# what an operand passes through unchanged on its way to a collective
+PASS_THROUGH = ("copy-done", "copy-start", "copy", "bitcast", "get-tuple-element")
 PARTS = ("forward", "backward", "optimizer", "accumulate", "collectives", "other")
 
 
@@ -75,7 +82,9 @@ def _split_operands(rest: str) -> tuple[str, str]:
 
 @dataclasses.dataclass
 class Collective:
-    kind: str  # all-gather | reduce-scatter | all-reduce | all-to-all | collective-permute
+    # all-gather | reduce-scatter | all-reduce | all-to-all | collective-permute | all-gather
+    # as all-reduce (XLA:TPU's form of an FSDP gather: an all-reduce of a zero buffer)
+    kind: str
     group: int  # devices in each replica group
     payload_bytes: float  # per chip per step: the full (gathered / unreduced) array
     asynchronous: bool  # a -start/-done pair: other work may overlap it
@@ -88,7 +97,8 @@ class Collective:
         if self.group <= 1:
             return 0.0
         share = (self.group - 1) / self.group
-        factor = {"all-reduce": 2 * share, "collective-permute": 1.0}.get(self.kind, share)
+        factor = {"all-reduce": 2 * share, GATHER_AS_ALL_REDUCE: 2 * share,
+                  "collective-permute": 1.0}.get(self.kind, share)
         return factor * self.payload_bytes
 
 
@@ -197,11 +207,41 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
     collectives: dict[tuple, Collective] = {}
     flops = [0.0]
     shapes: dict[str, str] = {}  # instruction name -> its result type (operands name them)
+    producers: dict[str, tuple[str, str]] = {}  # instruction name -> (opcode, operands)
     for lines in computations.values():
         for line in lines:
             match = INSTRUCTION.match(line)
             if match:
                 shapes[match[1]] = match[2]
+                producers[match[1]] = (match[3], _split_operands(match[4])[0])
+
+    def gathered(name: str, depth: int = 0) -> bool:
+        """Whether ``name`` is a dynamic-update-slice (a shard written into a zero buffer,
+        which an all-reduce then turns into the gathered array), through copies."""
+        opcode, operands = producers.get(name, ("", ""))
+        if opcode == "dynamic-update-slice" or (
+                opcode == "fusion" and "dynamic-update-slice_fusion" in name):
+            return True
+        first = re.search(r"%([\w.\-]+)", operands)
+        return bool(opcode in PASS_THROUGH and first and depth < 8
+                    and gathered(first[1], depth + 1))
+
+    def fused_collective(attrs: str) -> tuple[str, str] | None:
+        """(kind, the inner collective's attributes) of a fusion around a collective."""
+        callee = re.search(r"calls=%?([\w.\-]+)", attrs)
+        for line in computations.get(callee[1], ()) if callee else ():
+            match = INSTRUCTION.match(line)
+            if match and match[3] in COLLECTIVES:
+                kind = "reduce-scatter" if "reduce-scatter" in callee[1] else match[3]
+                return kind, _split_operands(match[4])[1]
+        return None
+
+    def add_collective(kind: str, group: int, asynchronous: bool, payload: float,
+                       weight: float) -> None:
+        key = (kind, group, asynchronous)
+        c = collectives.setdefault(key, Collective(kind, group, 0.0, asynchronous, 0))
+        c.payload_bytes += weight * payload
+        c.count += int(weight)
 
     def operand_bytes(operands: str) -> float:
         """Operands print as names (``%fusion.3``) or with their types."""
@@ -311,17 +351,32 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
                     flops[0] += weight * float(declared[1])
             moved = moved_bytes(opcode, result, operands, attrs, trips)
             metadata = re.search(r'op_name="([^"]*)"', attrs)
-            parts[_part(opcode, metadata[1] if metadata else "")] += weight * moved
+            fused = fused_collective(attrs) if opcode == "fusion" else None
+            part = "collectives" if fused else _part(opcode, metadata[1] if metadata else "")
+            parts[part] += weight * moved
+            if fused:  # the full (unreduced) operands, as for a reduce-scatter
+                add_collective(fused[0], _group_size(fused[1], devices), False,
+                               operand_bytes(operands), weight)
+                continue
             base = opcode.removesuffix("-start")
-            if base in COLLECTIVES:
-                # the full array: the gathered result, the unreduced operand
-                payload = _bytes(result) if base == "all-gather" else operand_bytes(operands)
-                if opcode.endswith("-start") and base == "all-gather":
+            if base not in COLLECTIVES:
+                continue
+            group = _group_size(attrs, devices)
+            asynchronous = opcode.endswith("-start")
+            if base == "all-gather":  # the gathered result (less the chip's own shard)
+                payload = _bytes(result)
+                if asynchronous:
                     payload = max(_bytes(result) - operand_bytes(operands), 0.0)
-                key = (base, _group_size(attrs, devices), opcode.endswith("-start"))
-                c = collectives.setdefault(key, Collective(base, key[1], 0.0, key[2], 0))
-                c.payload_bytes += weight * payload
-                c.count += int(weight)
+                add_collective(base, group, asynchronous, payload, weight)
+            elif base == "all-reduce":  # each operand: a gather in disguise or a sum
+                typed = re.findall(r"((?:" + SHAPE.pattern + r")\S*)\s+%([\w.\-]+)", operands)
+                arrays = [(t[0], t[-1]) for t in typed] if SHAPE.search(operands) else [
+                    (shapes.get(n, ""), n) for n in re.findall(r"%([\w.\-]+)", operands)]
+                for type_text, name in arrays:
+                    kind = GATHER_AS_ALL_REDUCE if gathered(name) else base
+                    add_collective(kind, group, asynchronous, _bytes(type_text), weight)
+            else:  # the full array: the unreduced operand
+                add_collective(base, group, asynchronous, operand_bytes(operands), weight)
 
     if entry is not None:
         walk(entry, 1.0, (entry,))
