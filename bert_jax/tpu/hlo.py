@@ -20,8 +20,12 @@ step, from its opcode and the JAX name stack in its metadata:
   ``dynamic-update-slice``), listed as ``all-gather as all-reduce``;
 * ``other``: copies, casts, the loss, the gradient norm and the rest.
 
-Buffers the compiler placed in the core's on-chip memory (memory space 1, ``S(1)`` in the
-layout) move nothing through HBM and count nothing. Collectives are also listed with their
+Only buffers in HBM count: the compiler's other memory spaces (``S(n)`` in the layout: 1 the
+core's vector memory, 2 and 6 flags and scalars, 3 v4's on-chip CMEM, 5 host memory) move
+nothing through HBM. Allocations (``AllocateBuffer``) and bitcast concatenations
+(``ConcatBitcast``) move nothing; an asynchronous ``-start`` writes only the part of its result
+tuple that is not its operands again (the tuple aliases them), and a slice reads only what it
+writes. Collectives are also listed with their
 group size, their payload per chip and whether XLA
 scheduled them asynchronously (a ``-start``/``-done`` pair that other work can overlap).
 """
@@ -31,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 
 DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1,
                "f8e5m2": 1, "f8e4m3": 1, "f8e5m2fnuz": 1, "f8e4m3fnuz": 1, "bf16": 2,
@@ -43,6 +48,7 @@ HEADER = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
 NO_TRAFFIC = {"parameter", "tuple", "get-tuple-element", "bitcast", "constant", "while",
               "call", "conditional", "after-all", "partition-id", "replica-id",
               "opt-barrier", "iota"}
+NO_TRAFFIC_CALLS = ("AllocateBuffer", "ConcatBitcast")  # custom calls that move no data
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
                "collective-permute")
 GATHER_AS_ALL_REDUCE = "all-gather as all-reduce"
@@ -52,12 +58,13 @@ PARTS = ("forward", "backward", "optimizer", "accumulate", "collectives", "other
 
 
 def _bytes(text: str) -> float:
-    """Bytes of the arrays a type text names, HBM ones only: a layout in memory space 1
-    (``{...S(1)}``, the TPU core's on-chip vector memory) moves nothing through HBM."""
+    """Bytes of the arrays a type text names, HBM ones only: a layout in another memory
+    space (``{...S(n)}``, n > 0: on-chip memories, flags, host) moves nothing through HBM."""
     total = 0.0
     for match in SHAPE.finditer(text):
         layout = text[match.end():match.end() + 80]
-        if layout.startswith("{") and "S(1)" in layout[:layout.find("}") + 1]:
+        if layout.startswith("{") and re.search(r"S\([1-9]\)",
+                                                layout[:layout.find("}") + 1]):
             continue
         n = 1
         for d in match[2].split(","):
@@ -65,6 +72,26 @@ def _bytes(text: str) -> float:
                 n *= int(d)
         total += n * DTYPE_BYTES[match[1]]
     return total
+
+
+def _arrays(text: str) -> list[tuple[float, bool]]:
+    """(bytes, in HBM) of each array a type text names, in order."""
+    out = []
+    for match in SHAPE.finditer(text):
+        layout = text[match.end():match.end() + 80]
+        on_chip = layout.startswith("{") and re.search(r"S\([1-9]\)",
+                                                        layout[:layout.find("}") + 1])
+        n = 1
+        for d in match[2].split(","):
+            if d:
+                n *= int(d)
+        out.append((n * DTYPE_BYTES[match[1]], not on_chip))
+    return out
+
+
+def _logical_bytes(text: str) -> float:
+    """Bytes of the arrays a type text names, in whatever memory (a collective's payload)."""
+    return sum(size for size, _ in _arrays(text))
 
 
 def _split_operands(rest: str) -> tuple[str, str]:
@@ -243,11 +270,11 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
         c.payload_bytes += weight * payload
         c.count += int(weight)
 
-    def operand_bytes(operands: str) -> float:
+    def operand_bytes(operands: str, size: Callable[[str], float] = _bytes) -> float:
         """Operands print as names (``%fusion.3``) or with their types."""
         if SHAPE.search(operands):
-            return _bytes(operands)
-        return sum(_bytes(shapes.get(name, "")) for name in
+            return size(operands)
+        return sum(size(shapes.get(name, "")) for name in
                    re.findall(r"%([\w.\-]+)", operands))
 
     def operand_type(operands: str, index: int) -> str:
@@ -303,6 +330,13 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
         names = re.findall(r"%([\w.\-]+)", operands)
         types = [shapes.get(n, "") for n in names] if not SHAPE.search(operands) else \
             [t[0] for t in re.findall(r"((?:" + SHAPE.pattern + r")\S*)\s+%", operands)]
+        if opcode.endswith("-start") or opcode == "slice":
+            # the result tuple of a -start repeats its operands (aliases), then its output
+            read = [a for t in types for a in _arrays(t)]
+            output = _arrays(result)[len(read) if opcode.endswith("-start") else 0:][:1]
+            if opcode in ("slice-start", "slice"):  # reads only the slice it writes
+                read = [(size, any(hbm for _, hbm in read)) for size, _ in output]
+            return sum(size for size, hbm in (*read, *output) if hbm)
         callee = re.search(r"calls=%?([\w.\-]+)", attrs)
         body = "\n".join(computations.get(callee[1], ())) if callee else ""
         slicing = opcode in ("dynamic-slice", "dynamic-update-slice") or \
@@ -337,7 +371,9 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
                     if callee not in seen:
                         walk(callee, weight, (*seen, callee), trips)
                 continue
-            if opcode in NO_TRAFFIC or opcode.endswith("-done"):
+            if opcode in NO_TRAFFIC or opcode.endswith("-done") or (
+                    opcode == "custom-call" and re.search(
+                        r'custom_call_target="(' + "|".join(NO_TRAFFIC_CALLS) + ')"', attrs)):
                 continue
             if opcode in ("dot", "convolution"):
                 flops[0] += weight * matmul_flops(opcode, result, operands, attrs)
@@ -356,7 +392,7 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
             parts[part] += weight * moved
             if fused:  # the full (unreduced) operands, as for a reduce-scatter
                 add_collective(fused[0], _group_size(fused[1], devices), False,
-                               operand_bytes(operands), weight)
+                               operand_bytes(operands, _logical_bytes), weight)
                 continue
             base = opcode.removesuffix("-start")
             if base not in COLLECTIVES:
@@ -364,9 +400,9 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
             group = _group_size(attrs, devices)
             asynchronous = opcode.endswith("-start")
             if base == "all-gather":  # the gathered result (less the chip's own shard)
-                payload = _bytes(result)
+                payload = _logical_bytes(result)
                 if asynchronous:
-                    payload = max(_bytes(result) - operand_bytes(operands), 0.0)
+                    payload = max(payload - operand_bytes(operands, _logical_bytes), 0.0)
                 add_collective(base, group, asynchronous, payload, weight)
             elif base == "all-reduce":  # each operand: a gather in disguise or a sum
                 typed = re.findall(r"((?:" + SHAPE.pattern + r")\S*)\s+%([\w.\-]+)", operands)
@@ -374,9 +410,11 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
                     (shapes.get(n, ""), n) for n in re.findall(r"%([\w.\-]+)", operands)]
                 for type_text, name in arrays:
                     kind = GATHER_AS_ALL_REDUCE if gathered(name) else base
-                    add_collective(kind, group, asynchronous, _bytes(type_text), weight)
+                    add_collective(kind, group, asynchronous, _logical_bytes(type_text),
+                                   weight)
             else:  # the full array: the unreduced operand
-                add_collective(base, group, asynchronous, operand_bytes(operands), weight)
+                add_collective(base, group, asynchronous,
+                               operand_bytes(operands, _logical_bytes), weight)
 
     if entry is not None:
         walk(entry, 1.0, (entry,))
