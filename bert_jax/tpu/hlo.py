@@ -322,6 +322,14 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
                     total += inner_flops(callee[1], depth + 1)
         return total
 
+    def fused_text(name: str, depth: int = 0) -> str:
+        """A fused computation's text with the fusions nested in it (a dynamic slice of a
+        stacked operand often sits one fusion down)."""
+        lines = computations.get(name, ())
+        nested = [fused_text(c, depth + 1) for line in lines if depth < 4
+                  for c in re.findall(r"calls=%?([\w.\-]+)", line)]
+        return "\n".join((*lines, *nested))
+
     def moved_bytes(opcode: str, result: str, operands: str, attrs: str, trips: int
                     ) -> float:
         """Operands read plus result written; inside a loop, an operand stacked along the
@@ -338,7 +346,7 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
                 read = [(size, any(hbm for _, hbm in read)) for size, _ in output]
             return sum(size for size, hbm in (*read, *output) if hbm)
         callee = re.search(r"calls=%?([\w.\-]+)", attrs)
-        body = "\n".join(computations.get(callee[1], ())) if callee else ""
+        body = fused_text(callee[1]) if callee else ""
         slicing = opcode in ("dynamic-slice", "dynamic-update-slice") or \
             "dynamic-slice(" in body or "dynamic-update-slice(" in body
         total = 0.0
