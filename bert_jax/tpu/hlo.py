@@ -24,8 +24,8 @@ Only buffers in HBM count: the compiler's other memory spaces (``S(n)`` in the l
 core's vector memory, 2 and 6 flags and scalars, 3 v4's on-chip CMEM, 5 host memory) move
 nothing through HBM. Allocations (``AllocateBuffer``) and bitcast concatenations
 (``ConcatBitcast``) move nothing; an asynchronous ``-start`` writes only the part of its result
-tuple that is not its operands again (the tuple aliases them), and a slice reads only what it
-writes. Collectives are also listed with their
+tuple that is its output (the tuple also holds its operands as aliases), and a slice reads
+only what it writes. Collectives are also listed with their
 group size, their payload per chip and whether XLA
 scheduled them asynchronously (a ``-start``/``-done`` pair that other work can overlap).
 """
@@ -339,9 +339,11 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
         types = [shapes.get(n, "") for n in names] if not SHAPE.search(operands) else \
             [t[0] for t in re.findall(r"((?:" + SHAPE.pattern + r")\S*)\s+%", operands)]
         if opcode.endswith("-start") or opcode == "slice":
-            # the result tuple of a -start repeats its operands (aliases), then its output
+            # a -start's result tuple: copy-start (destination, source, context), the others
+            # (operands, output, ...): the operands again as aliases
             read = [a for t in types for a in _arrays(t)]
-            output = _arrays(result)[len(read) if opcode.endswith("-start") else 0:][:1]
+            skip = len(read) if opcode.endswith("-start") and opcode != "copy-start" else 0
+            output = _arrays(result)[skip:][:1]
             if opcode in ("slice-start", "slice"):  # reads only the slice it writes
                 read = [(size, any(hbm for _, hbm in read)) for size, _ in output]
             return sum(size for size, hbm in (*read, *output) if hbm)

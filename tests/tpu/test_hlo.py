@@ -58,12 +58,14 @@ def test_collectives_in_xla_tpu_forms():
 MOVES = """\
 HloModule moves
 
-ENTRY %main (x: bf16[128,1024]) -> bf16[32,1024] {
+ENTRY %main (x: bf16[128,1024], y: bf16[64,1024]) -> bf16[32,1024] {
   %x = bf16[128,1024]{1,0} parameter(0)
+  %y = bf16[64,1024]{1,0:S(3)} parameter(1)
   %alloc = bf16[24,128,1024]{2,1,0} custom-call(), custom_call_target="AllocateBuffer"
   %cs = (bf16[128,1024]{1,0}, bf16[128,1024]{1,0}, u32[]{:S(2)}) copy-start(%x)
   %cd = bf16[128,1024]{1,0} copy-done(%cs)
-  %cmem = (bf16[128,1024]{1,0}, bf16[128,1024]{1,0:S(3)}, u32[]{:S(2)}) copy-start(%cd)
+  %cmem = (bf16[128,1024]{1,0:S(3)}, bf16[128,1024]{1,0}, u32[]{:S(2)}) copy-start(%cd)
+  %evict = (bf16[64,1024]{1,0}, bf16[64,1024]{1,0:S(3)}, u32[]{:S(2)}) copy-start(%y)
   %ss = ((bf16[128,1024]{1,0}), bf16[32,1024]{1,0}, s32[]{:S(2)}) slice-start(%cd), \\
     slice={[0:32], [0:1024]}
   ROOT %sd = bf16[32,1024]{1,0} slice-done(%ss)
@@ -72,12 +74,12 @@ ENTRY %main (x: bf16[128,1024]) -> bf16[32,1024] {
 
 
 def test_what_moves_no_hbm_bytes():
-    """Allocations move nothing; a copy reads and writes its array once (its -start tuple
-    repeats the operand), into on-chip memory (S(3): v4's CMEM) it only reads; a slice reads
-    only the rows it writes."""
+    """Allocations move nothing; a copy reads and writes its array once (copy-start's tuple:
+    destination, source, context), into on-chip memory (S(3): v4's CMEM) it only reads, out
+    of it only writes; a slice reads only the rows it writes."""
     array = 128 * 1024 * 2
     b = hlo.breakdown(MOVES, devices=1)
-    assert b.parts["other"] == 2 * array + array + 2 * (array // 4)
+    assert b.parts["other"] == 2 * array + array + array // 2 + 2 * (array // 4)
 
 
 NESTED = """\
