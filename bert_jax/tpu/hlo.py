@@ -370,9 +370,9 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
             if opcode == "while":
                 body = re.search(r"body=%?([\w.\-]+)", attrs)
                 condition = re.search(r"condition=%?([\w.\-]+)", attrs)
-                trips = trip_count(condition[1] if condition else "", attrs)
-                if body and body[1] not in seen:
-                    walk(body[1], weight * trips, (*seen, body[1]), trips)
+                inner = trip_count(condition[1] if condition else "", attrs)
+                if body and body[1] not in seen:  # (this body's own trips stay as they are)
+                    walk(body[1], weight * inner, (*seen, body[1]), inner)
                 continue
             if opcode in ("call", "conditional"):
                 for callee in re.findall(r"(?:to_apply|branch_computations|"

@@ -103,11 +103,23 @@ HloModule nested
     rhs_contracting_dims={0}
 }
 
+%body_inner (c: (s32[])) -> (s32[]) {
+  ROOT %c = (s32[]) parameter(0)
+}
+
+%cond_inner (c.1: (s32[])) -> pred[] {
+  %c.1 = (s32[]) parameter(0)
+  %j = s32[] get-tuple-element(%c.1), index=0
+  %two = s32[] constant(2)
+  ROOT %lt.1 = pred[] compare(%j, %two), direction=LT
+}
+
 %body (carry: (s32[], f32[256,256], f32[4,256,256])) -> (s32[], f32[256,256], f32[4,256,256]) {
   %carry = (s32[], f32[256,256]{1,0}, f32[4,256,256]{2,1,0}) parameter(0)
   %i.2 = s32[] get-tuple-element(%carry), index=0
   %x.2 = f32[256,256]{1,0} get-tuple-element(%carry), index=1
   %stack.2 = f32[4,256,256]{2,1,0} get-tuple-element(%carry), index=2
+  %inner = (s32[]) while((s32[]) tuple(%i.2)), condition=%cond_inner, body=%body_inner
   %y = f32[256,256]{1,0} fusion(%stack.2, %x.2, %i.2), kind=kOutput, calls=%matmul_layer
   %one = s32[] constant(1)
   %next = s32[] add(%i.2, %one)
@@ -136,7 +148,8 @@ ENTRY %main (x: f32[256,256], stack: f32[4,256,256]) -> f32[256,256] {
 def test_a_loop_reads_one_layer_of_a_stack_a_nested_fusion_slices():
     """Scanned layers keep their weights (and saved activations) stacked on a layers axis;
     each iteration's fusion reads one layer of the stack, also where the dynamic slice sits
-    in a fusion nested in it: 4 iterations x (x, one layer, y), not the whole stack."""
+    in a fusion nested in it, and after a loop nested in the body (a windowed collective
+    matmul's): 4 iterations x (x, one layer, y), not the whole stack."""
     b = hlo.breakdown(NESTED.replace("\\\n    ", ""), devices=1)
     layer = 256 * 256 * 4
     assert b.parts["other"] == pytest.approx(4 * 3 * layer, abs=1024)  # + the counter
