@@ -13,11 +13,19 @@ step, from its opcode and the JAX name stack in its metadata:
 * ``optimizer``: the update (``optimizer_update`` scope: moments, trust ratios, the new
   parameters) and ``accumulate``: the gradient sum over microbatches;
 * ``collectives``: all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute
-  (their HBM reads and writes; their link volume is in ``collectives``);
+  (their HBM reads and writes; their link volume is in ``collectives``), also where XLA:TPU
+  writes them differently: a reduce-scatter as a fusion around an all-reduce and a slice
+  (``kind=kCustom, calls=%all-reduce-scatter...``), and an FSDP parameter all-gather as an
+  all-reduce of a zero buffer holding the chip's shard (its operand a
+  ``dynamic-update-slice``), listed as ``all-gather as all-reduce``;
 * ``other``: copies, casts, the loss, the gradient norm and the rest.
 
-Buffers the compiler placed in the core's on-chip memory (memory space 1, ``S(1)`` in the
-layout) move nothing through HBM and count nothing. Collectives are also listed with their
+Only buffers in HBM count: the compiler's other memory spaces (``S(n)`` in the layout: 1 the
+core's vector memory, 2 and 6 flags and scalars, 3 v4's on-chip CMEM, 5 host memory) move
+nothing through HBM. Allocations (``AllocateBuffer``) and bitcast concatenations
+(``ConcatBitcast``) move nothing; an asynchronous ``-start`` writes only the part of its result
+tuple that is its output (the tuple also holds its operands as aliases), and a slice reads
+only what it writes. Collectives are also listed with their
 group size, their payload per chip and whether XLA
 scheduled them asynchronously (a ``-start``/``-done`` pair that other work can overlap).
 """
@@ -27,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 
 DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1,
                "f8e5m2": 1, "f8e4m3": 1, "f8e5m2fnuz": 1, "f8e4m3fnuz": 1, "bf16": 2,
@@ -39,18 +48,23 @@ HEADER = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
 NO_TRAFFIC = {"parameter", "tuple", "get-tuple-element", "bitcast", "constant", "while",
               "call", "conditional", "after-all", "partition-id", "replica-id",
               "opt-barrier", "iota"}
+NO_TRAFFIC_CALLS = ("AllocateBuffer", "ConcatBitcast")  # custom calls that move no data
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
                "collective-permute")
+GATHER_AS_ALL_REDUCE = "all-gather as all-reduce"
+# what an operand passes through unchanged on its way to a collective
+PASS_THROUGH = ("copy-done", "copy-start", "copy", "bitcast", "get-tuple-element")
 PARTS = ("forward", "backward", "optimizer", "accumulate", "collectives", "other")
 
 
 def _bytes(text: str) -> float:
-    """Bytes of the arrays a type text names, HBM ones only: a layout in memory space 1
-    (``{...S(1)}``, the TPU core's on-chip vector memory) moves nothing through HBM."""
+    """Bytes of the arrays a type text names, HBM ones only: a layout in another memory
+    space (``{...S(n)}``, n > 0: on-chip memories, flags, host) moves nothing through HBM."""
     total = 0.0
     for match in SHAPE.finditer(text):
         layout = text[match.end():match.end() + 80]
-        if layout.startswith("{") and "S(1)" in layout[:layout.find("}") + 1]:
+        if layout.startswith("{") and re.search(r"S\([1-9]\)",
+                                                layout[:layout.find("}") + 1]):
             continue
         n = 1
         for d in match[2].split(","):
@@ -58,6 +72,26 @@ def _bytes(text: str) -> float:
                 n *= int(d)
         total += n * DTYPE_BYTES[match[1]]
     return total
+
+
+def _arrays(text: str) -> list[tuple[float, bool]]:
+    """(bytes, in HBM) of each array a type text names, in order."""
+    out = []
+    for match in SHAPE.finditer(text):
+        layout = text[match.end():match.end() + 80]
+        on_chip = layout.startswith("{") and re.search(r"S\([1-9]\)",
+                                                        layout[:layout.find("}") + 1])
+        n = 1
+        for d in match[2].split(","):
+            if d:
+                n *= int(d)
+        out.append((n * DTYPE_BYTES[match[1]], not on_chip))
+    return out
+
+
+def _logical_bytes(text: str) -> float:
+    """Bytes of the arrays a type text names, in whatever memory (a collective's payload)."""
+    return sum(size for size, _ in _arrays(text))
 
 
 def _split_operands(rest: str) -> tuple[str, str]:
@@ -75,7 +109,9 @@ def _split_operands(rest: str) -> tuple[str, str]:
 
 @dataclasses.dataclass
 class Collective:
-    kind: str  # all-gather | reduce-scatter | all-reduce | all-to-all | collective-permute
+    # all-gather | reduce-scatter | all-reduce | all-to-all | collective-permute | all-gather
+    # as all-reduce (XLA:TPU's form of an FSDP gather: an all-reduce of a zero buffer)
+    kind: str
     group: int  # devices in each replica group
     payload_bytes: float  # per chip per step: the full (gathered / unreduced) array
     asynchronous: bool  # a -start/-done pair: other work may overlap it
@@ -88,7 +124,8 @@ class Collective:
         if self.group <= 1:
             return 0.0
         share = (self.group - 1) / self.group
-        factor = {"all-reduce": 2 * share, "collective-permute": 1.0}.get(self.kind, share)
+        factor = {"all-reduce": 2 * share, GATHER_AS_ALL_REDUCE: 2 * share,
+                  "collective-permute": 1.0}.get(self.kind, share)
         return factor * self.payload_bytes
 
 
@@ -197,17 +234,47 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
     collectives: dict[tuple, Collective] = {}
     flops = [0.0]
     shapes: dict[str, str] = {}  # instruction name -> its result type (operands name them)
+    producers: dict[str, tuple[str, str]] = {}  # instruction name -> (opcode, operands)
     for lines in computations.values():
         for line in lines:
             match = INSTRUCTION.match(line)
             if match:
                 shapes[match[1]] = match[2]
+                producers[match[1]] = (match[3], _split_operands(match[4])[0])
 
-    def operand_bytes(operands: str) -> float:
+    def gathered(name: str, depth: int = 0) -> bool:
+        """Whether ``name`` is a dynamic-update-slice (a shard written into a zero buffer,
+        which an all-reduce then turns into the gathered array), through copies."""
+        opcode, operands = producers.get(name, ("", ""))
+        if opcode == "dynamic-update-slice" or (
+                opcode == "fusion" and "dynamic-update-slice_fusion" in name):
+            return True
+        first = re.search(r"%([\w.\-]+)", operands)
+        return bool(opcode in PASS_THROUGH and first and depth < 8
+                    and gathered(first[1], depth + 1))
+
+    def fused_collective(attrs: str) -> tuple[str, str] | None:
+        """(kind, the inner collective's attributes) of a fusion around a collective."""
+        callee = re.search(r"calls=%?([\w.\-]+)", attrs)
+        for line in computations.get(callee[1], ()) if callee else ():
+            match = INSTRUCTION.match(line)
+            if match and match[3] in COLLECTIVES:
+                kind = "reduce-scatter" if "reduce-scatter" in callee[1] else match[3]
+                return kind, _split_operands(match[4])[1]
+        return None
+
+    def add_collective(kind: str, group: int, asynchronous: bool, payload: float,
+                       weight: float) -> None:
+        key = (kind, group, asynchronous)
+        c = collectives.setdefault(key, Collective(kind, group, 0.0, asynchronous, 0))
+        c.payload_bytes += weight * payload
+        c.count += int(weight)
+
+    def operand_bytes(operands: str, size: Callable[[str], float] = _bytes) -> float:
         """Operands print as names (``%fusion.3``) or with their types."""
         if SHAPE.search(operands):
-            return _bytes(operands)
-        return sum(_bytes(shapes.get(name, "")) for name in
+            return size(operands)
+        return sum(size(shapes.get(name, "")) for name in
                    re.findall(r"%([\w.\-]+)", operands))
 
     def operand_type(operands: str, index: int) -> str:
@@ -255,6 +322,14 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
                     total += inner_flops(callee[1], depth + 1)
         return total
 
+    def fused_text(name: str, depth: int = 0) -> str:
+        """A fused computation's text with the fusions nested in it (a dynamic slice of a
+        stacked operand often sits one fusion down)."""
+        lines = computations.get(name, ())
+        nested = [fused_text(c, depth + 1) for line in lines if depth < 4
+                  for c in re.findall(r"calls=%?([\w.\-]+)", line)]
+        return "\n".join((*lines, *nested))
+
     def moved_bytes(opcode: str, result: str, operands: str, attrs: str, trips: int
                     ) -> float:
         """Operands read plus result written; inside a loop, an operand stacked along the
@@ -263,8 +338,17 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
         names = re.findall(r"%([\w.\-]+)", operands)
         types = [shapes.get(n, "") for n in names] if not SHAPE.search(operands) else \
             [t[0] for t in re.findall(r"((?:" + SHAPE.pattern + r")\S*)\s+%", operands)]
+        if opcode.endswith("-start") or opcode == "slice":
+            # a -start's result tuple: copy-start (destination, source, context), the others
+            # (operands, output, ...): the operands again as aliases
+            read = [a for t in types for a in _arrays(t)]
+            skip = len(read) if opcode.endswith("-start") and opcode != "copy-start" else 0
+            output = _arrays(result)[skip:][:1]
+            if opcode in ("slice-start", "slice"):  # reads only the slice it writes
+                read = [(size, any(hbm for _, hbm in read)) for size, _ in output]
+            return sum(size for size, hbm in (*read, *output) if hbm)
         callee = re.search(r"calls=%?([\w.\-]+)", attrs)
-        body = "\n".join(computations.get(callee[1], ())) if callee else ""
+        body = fused_text(callee[1]) if callee else ""
         slicing = opcode in ("dynamic-slice", "dynamic-update-slice") or \
             "dynamic-slice(" in body or "dynamic-update-slice(" in body
         total = 0.0
@@ -286,9 +370,9 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
             if opcode == "while":
                 body = re.search(r"body=%?([\w.\-]+)", attrs)
                 condition = re.search(r"condition=%?([\w.\-]+)", attrs)
-                trips = trip_count(condition[1] if condition else "", attrs)
-                if body and body[1] not in seen:
-                    walk(body[1], weight * trips, (*seen, body[1]), trips)
+                inner = trip_count(condition[1] if condition else "", attrs)
+                if body and body[1] not in seen:  # (this body's own trips stay as they are)
+                    walk(body[1], weight * inner, (*seen, body[1]), inner)
                 continue
             if opcode in ("call", "conditional"):
                 for callee in re.findall(r"(?:to_apply|branch_computations|"
@@ -297,7 +381,9 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
                     if callee not in seen:
                         walk(callee, weight, (*seen, callee), trips)
                 continue
-            if opcode in NO_TRAFFIC or opcode.endswith("-done"):
+            if opcode in NO_TRAFFIC or opcode.endswith("-done") or (
+                    opcode == "custom-call" and re.search(
+                        r'custom_call_target="(' + "|".join(NO_TRAFFIC_CALLS) + ')"', attrs)):
                 continue
             if opcode in ("dot", "convolution"):
                 flops[0] += weight * matmul_flops(opcode, result, operands, attrs)
@@ -311,17 +397,34 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
                     flops[0] += weight * float(declared[1])
             moved = moved_bytes(opcode, result, operands, attrs, trips)
             metadata = re.search(r'op_name="([^"]*)"', attrs)
-            parts[_part(opcode, metadata[1] if metadata else "")] += weight * moved
+            fused = fused_collective(attrs) if opcode == "fusion" else None
+            part = "collectives" if fused else _part(opcode, metadata[1] if metadata else "")
+            parts[part] += weight * moved
+            if fused:  # the full (unreduced) operands, as for a reduce-scatter
+                add_collective(fused[0], _group_size(fused[1], devices), False,
+                               operand_bytes(operands, _logical_bytes), weight)
+                continue
             base = opcode.removesuffix("-start")
-            if base in COLLECTIVES:
-                # the full array: the gathered result, the unreduced operand
-                payload = _bytes(result) if base == "all-gather" else operand_bytes(operands)
-                if opcode.endswith("-start") and base == "all-gather":
-                    payload = max(_bytes(result) - operand_bytes(operands), 0.0)
-                key = (base, _group_size(attrs, devices), opcode.endswith("-start"))
-                c = collectives.setdefault(key, Collective(base, key[1], 0.0, key[2], 0))
-                c.payload_bytes += weight * payload
-                c.count += int(weight)
+            if base not in COLLECTIVES:
+                continue
+            group = _group_size(attrs, devices)
+            asynchronous = opcode.endswith("-start")
+            if base == "all-gather":  # the gathered result (less the chip's own shard)
+                payload = _logical_bytes(result)
+                if asynchronous:
+                    payload = max(payload - operand_bytes(operands, _logical_bytes), 0.0)
+                add_collective(base, group, asynchronous, payload, weight)
+            elif base == "all-reduce":  # each operand: a gather in disguise or a sum
+                typed = re.findall(r"((?:" + SHAPE.pattern + r")\S*)\s+%([\w.\-]+)", operands)
+                arrays = [(t[0], t[-1]) for t in typed] if SHAPE.search(operands) else [
+                    (shapes.get(n, ""), n) for n in re.findall(r"%([\w.\-]+)", operands)]
+                for type_text, name in arrays:
+                    kind = GATHER_AS_ALL_REDUCE if gathered(name) else base
+                    add_collective(kind, group, asynchronous, _logical_bytes(type_text),
+                                   weight)
+            else:  # the full array: the unreduced operand
+                add_collective(base, group, asynchronous,
+                               operand_bytes(operands, _logical_bytes), weight)
 
     if entry is not None:
         walk(entry, 1.0, (entry,))

@@ -75,17 +75,19 @@ LAMB_ROWS: tuple[Row, ...] = (
     Row("Large/128 LAMB DP", "bert_large_lamb_phase1", "v5p-128"),
     Row("Large/512 LAMB DP", "bert_large_lamb_phase2", "v5p-128"),
     Row("Large/128 LAMB FSDP", "bert_large_lamb_phase1", "v5p-128", overrides=FSDP),
-    Row("Large/128 LAMB DP, 2 slices", "bert_large_lamb_phase1", "v5p-128", num_slices=2),
+    Row("Large/512 LAMB FSDP", "bert_large_lamb_phase2", "v5p-128", overrides=FSDP),
     Row("Large/128 LAMB DP", "bert_large_lamb_phase1", "v4-64"),
     Row("Large/512 LAMB DP", "bert_large_lamb_phase2", "v4-64"),
-    Row("Large/128 LAMB FSDP", "bert_large_lamb_phase1", "v5e-256", overrides=FSDP),
-    Row("Large/128 LAMB DP", "bert_large_lamb_phase1", "v6e-256"),
+    Row("Large/128 LAMB FSDP", "bert_large_lamb_phase1", "v4-64", overrides=FSDP),
+    Row("Large/512 LAMB FSDP", "bert_large_lamb_phase2", "v4-64", overrides=FSDP),
+    Row("Large/128 LAMB DP, 2 slices", "bert_large_lamb_phase1", "v5p-128", num_slices=2),
     Row("Base/128 LAMB DP", "bert_base_lamb_phase1", "v4-32"),
     Row("Base/512 LAMB DP", "bert_base_lamb_phase2", "v4-32"),
-    Row("Large/128 LAMB DP", "bert_large_lamb_phase1", "v5p-256"),
-    Row("Large/512 LAMB FSDP", "bert_large_lamb_phase2", "v5p-128", overrides=FSDP),
+    Row("Large/128 LAMB FSDP", "bert_large_lamb_phase1", "v5e-256", overrides=FSDP),
     Row("Large/512 LAMB FSDP", "bert_large_lamb_phase2", "v5e-256", overrides=FSDP),
+    Row("Large/128 LAMB DP", "bert_large_lamb_phase1", "v6e-256"),
     Row("Large/128 LAMB DP", "bert_large_lamb_phase1", "v6e-64"),
+    Row("Large/128 LAMB DP", "bert_large_lamb_phase1", "v5p-256"),
     Row("Large/128 LAMB DP, 2 slices", "bert_large_lamb_phase1", "v6e-256", num_slices=2),
 )
 SETS = {"paper": ROWS, "lamb": LAMB_ROWS}
@@ -108,7 +110,7 @@ def run_row(row: Row) -> dict:
               "num_slices": row.num_slices, "overrides": list(row.overrides),
               "layer_costs": row.layer_costs,
               "command": row.command()}
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     try:
         config = load_config(f"experiments/pretrain.py:{row.variant}", row.overrides)
         estimate = compile_pretraining(config, parse_slice(row.topology, row.num_slices),
@@ -121,6 +123,7 @@ def run_row(row: Row) -> dict:
         record.update(compiled=True, **estimate.to_dict(),
                       max_batch_per_chip=max_batch_per_chip(estimate))
     record["seconds"] = time.perf_counter() - start
+    record["cpu_seconds"] = time.process_time() - cpu_start  # all of the process's threads
     return record
 
 
@@ -134,31 +137,62 @@ def _derived(record: dict) -> dict:
     return {**record, **estimate.to_dict(), "max_batch_per_chip": max_batch_per_chip(estimate)}
 
 
+def mfu_factors(record: dict) -> dict[str, float]:
+    """What holds a row's predicted MFU below 100%, as factors whose product is 1 / MFU:
+    ``flops``, the compiled FLOPs over the model's (attention softmax, padding, the rest
+    beyond the model count); ``hbm``, the roofline step over its compute time (above 1 when
+    HBM traffic bounds the step). ``links`` is the synchronous collectives' link time over
+    the roofline step: not in the roofline, it would lower MFU by 1 / (1 + links)."""
+    r = _derived(record)
+    model = r["model_flops_per_sequence"] * r["batch_per_chip"]
+    links = r["collective_seconds"]
+    return {"flops": r["compiled_flops"] * r["loop_scale"] / model,
+            "hbm": r["step_seconds"] / r["compute_seconds"],
+            "links": (links["ici_exposed"] + links["dcn_exposed"]) / r["step_seconds"]}
+
+
+def _bound_text(record: dict) -> str:
+    f = mfu_factors(record)
+    bound = f"HBM x{f['hbm']:.2f}" if f["hbm"] > 1.0 else "compute"
+    return f"{bound}, FLOPs x{f['flops']:.2f}, sync links +{f['links']:.1%}"
+
+
+def _collectives_text(record: dict) -> str:
+    """Link bytes per chip per step by kind, and whether XLA made them asynchronous."""
+    kinds: dict[tuple[str, bool], float] = {}
+    for c in record.get("collectives", ()):
+        key = (c["kind"], c["asynchronous"])
+        kinds[key] = kinds.get(key, 0.0) + c["link_bytes"]
+    return "; ".join(f"{kind} {volume / 1e9:.2f} {'async' if asynchronous else 'sync'}"
+                     for (kind, asynchronous), volume in sorted(kinds.items())) or "none"
+
+
 def lamb_markdown(records: list[dict]) -> str:
     """The large-batch table: micro-batch and accumulation found by compiling, speed, what
-    bounds the step, HBM traffic and the collectives' link time."""
+    bounds the step (and by how much), HBM traffic, the collectives by kind and their link
+    time."""
     out = ["| configuration | slice | mesh | micro-batch/chip x steps | memory/chip (GiB) | "
-           "seq/s | MFU | bound | HBM GB/step | collectives GB/step (ICI, DCN ms) | "
-           "schedule (h, chip-h) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "seq/s | MFU | bounded by (1/MFU = HBM x FLOPs) | HBM GB/step | "
+           "collectives GB/step on links | ICI, DCN ms (sync) | schedule (h, chip-h) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         slices = f" x{r['num_slices']}" if r["num_slices"] > 1 else ""
         name = r.get("slice") or r["topology"]
         if not r.get("compiled"):
-            out.append(f"| {r['label']} | {name}{slices} | | | | | | | | | "
+            out.append(f"| {r['label']} | {name}{slices} | | | | | | | | | | "
                        f"{r.get('error', '')[:100].replace('|', '/')} |")
             continue
         r = _derived(r)
         mesh = "x".join(f"{k}{v}" for k, v in r["mesh"].items() if v > 1) or "1"
         links = r["collective_seconds"]
-        volume = sum(c["link_bytes"] for c in r.get("collectives", ()))
         out.append(
             f"| {r['label']} | {name}{slices} | {mesh} | {r['micro_batch_per_chip']:g} x "
             f"{r['microbatches']} | {r['total_bytes'] / 2**30:.1f} / "
             f"{r['hbm_bytes'] / 2**30:.0f} | {r['sequences_per_second']:,.0f} | "
-            f"{r['mfu']:.0%} | {'compute' if r['bound'] == 'compute' else 'HBM'} | "
-            f"{r['hbm_bytes_accessed'] / 1e9:,.0f} | {volume / 1e9:.2f} "
-            f"({links['ici'] * 1e3:.1f}, {links['dcn'] * 1e3:.1f}) | "
+            f"{r['mfu']:.0%} | {_bound_text(r)} | "
+            f"{r['hbm_bytes_accessed'] / 1e9:,.0f} | {_collectives_text(r)} | "
+            f"{links['ici'] * 1e3:.1f} ({links['ici_exposed'] * 1e3:.1f}), "
+            f"{links['dcn'] * 1e3:.1f} ({links['dcn_exposed'] * 1e3:.1f}) | "
             f"{r['schedule_hours']:,.2f}, {r['chip_hours']:,.0f} |")
     return "\n".join(out)
 

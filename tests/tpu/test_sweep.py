@@ -71,3 +71,33 @@ def test_an_interrupted_sweep_keeps_its_rows(tmp_path, monkeypatch, capsys):
     assert len(lines) == 3
     table = (tmp_path / "sweep.md").read_text()
     assert table.index(rows[0].label) < table.index("first")
+
+
+def test_lamb_table_shows_collectives_by_kind_and_what_bounds_mfu(tmp_path, capsys):
+    """FSDP / multislice rows list all-gather and reduce-scatter volume, async or not, with
+    ICI and DCN time; the bound column's factors multiply to 1 / MFU."""
+    collectives = [
+        {"kind": "all-gather", "group": 256, "payload_bytes": 2e9, "asynchronous": True,
+         "count": 48, "link_bytes": 2e9 * 255 / 256},
+        {"kind": "reduce-scatter", "group": 256, "payload_bytes": 1e9, "asynchronous": False,
+         "count": 24, "link_bytes": 1e9 * 255 / 256},
+        {"kind": "all-reduce", "group": 2, "payload_bytes": 4e8, "asynchronous": False,
+         "count": 1, "link_bytes": 4e8},
+    ]
+    record = _record(num_slices=2, chips=512, chips_per_slice=256, microbatches=4,
+                     global_batch_size=80 * 512,
+                     collectives=collectives, command="x")
+    path = tmp_path / "sweep.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    assert sweep.main(["--set", "lamb", "--table", str(path)]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert "| v5e-256 x2 | fsdp256 | 20 x 4 |" in row
+    assert "all-gather 1.99 async; all-reduce 0.40 sync; reduce-scatter 1.00 sync" in row
+    # ICI at 200 GB/s: (1.99 + 1.00) GB = 14.9 ms, 5.0 synchronous; DCN at 6.25 GB/s: 64 ms
+    assert "| 14.9 (5.0), 64.0 (64.0) |" in row
+    # 2e13 FLOPs at 197 TFLOP/s = 102 ms of compute; 1e11 bytes at 819 GB/s = 122 ms
+    f = sweep.mfu_factors(record)
+    assert abs(f["hbm"] - (1e11 / 819e9) / (2e13 / 197e12)) < 1e-9
+    derived = sweep._derived(record)
+    assert abs(f["hbm"] * f["flops"] - 1 / derived["mfu"]) < 1e-9
+    assert f"HBM x{f['hbm']:.2f}, FLOPs x{f['flops']:.2f}" in row

@@ -1,0 +1,156 @@
+"""The HLO walk's collectives in the forms XLA:TPU writes them (hand-written HLO, no
+compile): an FSDP gather as an all-reduce of a zero buffer holding the chip's shard, and a
+reduce-scatter as a fusion around an all-reduce."""
+
+import pytest
+
+from bert_jax.tpu import hlo
+
+HLO = """\
+HloModule step
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+%all-reduce-scatter.1 (input.1: f32[1024,256]) -> f32[256,256] {
+  %input.1 = f32[1024,256]{1,0} parameter(0)
+  %ar.9 = f32[1024,256]{1,0} all-reduce(%input.1), replica_groups={{0,1,2,3}},\
+    to_apply=%add
+  %zero = s32[] constant(0)
+  ROOT %ds = f32[256,256]{1,0} dynamic-slice(%ar.9, %zero, %zero), \
+    dynamic_slice_sizes={256,256}
+}
+
+ENTRY %main (shard: bf16[256,256], grad: f32[1024,256], bias: f32[256]) -> f32[256,256] {
+  %shard = bf16[256,256]{1,0} parameter(0)
+  %grad = f32[1024,256]{1,0} parameter(1)
+  %bias = f32[256]{0} parameter(2)
+  %zeros = bf16[1024,256]{1,0} broadcast(bf16[] constant(0)), dimensions={}
+  %offset = s32[] partition-id()
+  %dus = bf16[1024,256]{1,0} dynamic-update-slice(%zeros, %shard, %offset, %offset)
+  %cs = (bf16[1024,256], bf16[1024,256], u32[]) copy-start(%dus)
+  %cd = bf16[1024,256]{1,0} copy-done(%cs)
+  %ar = (bf16[1024,256]{1,0}, f32[256]{0}) all-reduce(%cd, %bias), replica_groups={{0,1,2,3}},\
+    to_apply=%add
+  ROOT %fusion.1 = f32[256,256]{1,0} fusion(%grad), kind=kCustom, calls=%all-reduce-scatter.1
+}
+"""
+
+
+def test_collectives_in_xla_tpu_forms():
+    b = hlo.breakdown(HLO, devices=4)
+    kinds = {c.kind: c for c in b.collectives}
+    assert set(kinds) == {hlo.GATHER_AS_ALL_REDUCE, "all-reduce", "reduce-scatter"}
+    gather = kinds[hlo.GATHER_AS_ALL_REDUCE]  # the gathered array, moved as an all-reduce
+    assert gather.payload_bytes == 1024 * 256 * 2 and not gather.asynchronous
+    assert gather.link_bytes == pytest.approx(2 * 0.75 * 1024 * 256 * 2)
+    assert kinds["all-reduce"].payload_bytes == 256 * 4  # the bias: a sum
+    scatter = kinds["reduce-scatter"]  # the unreduced operand, (n-1)/n of it on the links
+    assert scatter.payload_bytes == 1024 * 256 * 4 and scatter.group == 4
+    assert scatter.link_bytes == pytest.approx(0.75 * 1024 * 256 * 4)
+    # the fusion's reads and writes are the collective's, not the model's
+    assert b.parts["collectives"] >= 1024 * 256 * 4 + 256 * 256 * 4
+
+
+MOVES = """\
+HloModule moves
+
+ENTRY %main (x: bf16[128,1024], y: bf16[64,1024]) -> bf16[32,1024] {
+  %x = bf16[128,1024]{1,0} parameter(0)
+  %y = bf16[64,1024]{1,0:S(3)} parameter(1)
+  %alloc = bf16[24,128,1024]{2,1,0} custom-call(), custom_call_target="AllocateBuffer"
+  %cs = (bf16[128,1024]{1,0}, bf16[128,1024]{1,0}, u32[]{:S(2)}) copy-start(%x)
+  %cd = bf16[128,1024]{1,0} copy-done(%cs)
+  %cmem = (bf16[128,1024]{1,0:S(3)}, bf16[128,1024]{1,0}, u32[]{:S(2)}) copy-start(%cd)
+  %evict = (bf16[64,1024]{1,0}, bf16[64,1024]{1,0:S(3)}, u32[]{:S(2)}) copy-start(%y)
+  %ss = ((bf16[128,1024]{1,0}), bf16[32,1024]{1,0}, s32[]{:S(2)}) slice-start(%cd), \\
+    slice={[0:32], [0:1024]}
+  ROOT %sd = bf16[32,1024]{1,0} slice-done(%ss)
+}
+"""
+
+
+def test_what_moves_no_hbm_bytes():
+    """Allocations move nothing; a copy reads and writes its array once (copy-start's tuple:
+    destination, source, context), into on-chip memory (S(3): v4's CMEM) it only reads, out
+    of it only writes; a slice reads only the rows it writes."""
+    array = 128 * 1024 * 2
+    b = hlo.breakdown(MOVES, devices=1)
+    assert b.parts["other"] == 2 * array + array + array // 2 + 2 * (array // 4)
+
+
+NESTED = """\
+HloModule nested
+
+%slice_layer (stack: f32[4,256,256], i: s32[]) -> f32[256,256] {
+  %stack = f32[4,256,256]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %layer = f32[1,256,256]{2,1,0} dynamic-slice(%stack, %i, %zero, %zero), \\
+    dynamic_slice_sizes={1,256,256}
+  ROOT %squeezed = f32[256,256]{1,0} bitcast(%layer)
+}
+
+%matmul_layer (stack.1: f32[4,256,256], x.1: f32[256,256], i.1: s32[]) -> f32[256,256] {
+  %stack.1 = f32[4,256,256]{2,1,0} parameter(0)
+  %x.1 = f32[256,256]{1,0} parameter(1)
+  %i.1 = s32[] parameter(2)
+  %w = f32[256,256]{1,0} fusion(%stack.1, %i.1), kind=kLoop, calls=%slice_layer
+  ROOT %dot = f32[256,256]{1,0} dot(%x.1, %w), lhs_contracting_dims={1}, \\
+    rhs_contracting_dims={0}
+}
+
+%body_inner (c: (s32[])) -> (s32[]) {
+  ROOT %c = (s32[]) parameter(0)
+}
+
+%cond_inner (c.1: (s32[])) -> pred[] {
+  %c.1 = (s32[]) parameter(0)
+  %j = s32[] get-tuple-element(%c.1), index=0
+  %two = s32[] constant(2)
+  ROOT %lt.1 = pred[] compare(%j, %two), direction=LT
+}
+
+%body (carry: (s32[], f32[256,256], f32[4,256,256])) -> (s32[], f32[256,256], f32[4,256,256]) {
+  %carry = (s32[], f32[256,256]{1,0}, f32[4,256,256]{2,1,0}) parameter(0)
+  %i.2 = s32[] get-tuple-element(%carry), index=0
+  %x.2 = f32[256,256]{1,0} get-tuple-element(%carry), index=1
+  %stack.2 = f32[4,256,256]{2,1,0} get-tuple-element(%carry), index=2
+  %inner = (s32[]) while((s32[]) tuple(%i.2)), condition=%cond_inner, body=%body_inner
+  %y = f32[256,256]{1,0} fusion(%stack.2, %x.2, %i.2), kind=kOutput, calls=%matmul_layer
+  %one = s32[] constant(1)
+  %next = s32[] add(%i.2, %one)
+  ROOT %out = (s32[], f32[256,256]{1,0}, f32[4,256,256]{2,1,0}) tuple(%next, %y, %stack.2)
+}
+
+%cond (carry.1: (s32[], f32[256,256], f32[4,256,256])) -> pred[] {
+  %carry.1 = (s32[], f32[256,256]{1,0}, f32[4,256,256]{2,1,0}) parameter(0)
+  %i.3 = s32[] get-tuple-element(%carry.1), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i.3, %n), direction=LT
+}
+
+ENTRY %main (x: f32[256,256], stack: f32[4,256,256]) -> f32[256,256] {
+  %x = f32[256,256]{1,0} parameter(0)
+  %stack.3 = f32[4,256,256]{2,1,0} parameter(1)
+  %zero.1 = s32[] constant(0)
+  %init = (s32[], f32[256,256]{1,0}, f32[4,256,256]{2,1,0}) tuple(%zero.1, %x, %stack.3)
+  %loop = (s32[], f32[256,256]{1,0}, f32[4,256,256]{2,1,0}) while(%init), condition=%cond, \\
+    body=%body
+  ROOT %result = f32[256,256]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_a_loop_reads_one_layer_of_a_stack_a_nested_fusion_slices():
+    """Scanned layers keep their weights (and saved activations) stacked on a layers axis;
+    each iteration's fusion reads one layer of the stack, also where the dynamic slice sits
+    in a fusion nested in it, and after a loop nested in the body (a windowed collective
+    matmul's): 4 iterations x (x, one layer, y), not the whole stack."""
+    b = hlo.breakdown(NESTED.replace("\\\n    ", ""), devices=1)
+    layer = 256 * 256 * 4
+    assert b.parts["other"] == pytest.approx(4 * 3 * layer, abs=1024)  # + the counter
+    assert b.flops == 4 * 2 * 256 ** 3
