@@ -291,8 +291,9 @@ def members(cells: list[tuple[str, str]] | None) -> list[str]:
     """The members to pretrain for ``cells`` (all without; DistilBERT needs its teacher)."""
     if not cells:
         return list(VARIANTS)
-    chosen = {v for v, _ in cells} | ({"bert"} if any(v == "distilbert" for v, _ in cells)
-                                      else set())
+    chosen = {v for v, _ in cells}
+    if "distilbert" in chosen:
+        chosen.add("bert")
     return [v for v in VARIANTS if v in chosen]
 
 
