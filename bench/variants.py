@@ -65,6 +65,16 @@ CLAIM_CELLS = ([(v, t) for v in ("bert", "electra", "roberta", "albert", "distil
                 for t in GLUE]
                + [(v, "squad") for v in ("bert", "spanbert")]
                + [(v, "conll") for v in ("bert", "ernie", "ernie_lexicon")])
+# Fine-tuning-only rows: a member's pretrained encoder fine-tuned with extra overrides, on the
+# GLUE tasks, after the claims' cells. Only a pair objective (NSP, SOP) trains the pooler;
+# this row re-initialises BERT's to show what an untrained pooler costs the NSP-free members.
+ABLATIONS = {"bert_fresh_pooler": ("bert", ["--config.reinitialize=bert/pooler"])}
+ROWS = (*VARIANTS, *ABLATIONS)  # every row of the records and the tables
+
+
+def pretrained_member(row: str) -> str:
+    """The member whose pretraining ``row`` fine-tunes."""
+    return ABLATIONS[row][0] if row in ABLATIONS else row
 
 
 def _log(message: str) -> None:
@@ -280,9 +290,9 @@ def parse_cells(text: str) -> list[tuple[str, str]]:
     cells = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         variant, _, task = item.partition(":")
-        if variant not in VARIANTS or task not in (*TASKS, "glue"):
+        if variant not in ROWS or task not in (*TASKS, "glue"):
             raise SystemExit(f"--cells: {item!r} is not VARIANT:TASK (variants: "
-                             f"{', '.join(VARIANTS)}; tasks: {', '.join(TASKS)}, glue)")
+                             f"{', '.join(ROWS)}; tasks: {', '.join(TASKS)}, glue)")
         cells += [(variant, t) for t in (GLUE if task == "glue" else (task,))]
     return cells
 
@@ -291,7 +301,7 @@ def members(cells: list[tuple[str, str]] | None) -> list[str]:
     """The members to pretrain for ``cells`` (all without; DistilBERT needs its teacher)."""
     if not cells:
         return list(VARIANTS)
-    chosen = {v for v, _ in cells}
+    chosen = {pretrained_member(v) for v, _ in cells}
     if "distilbert" in chosen:
         chosen.add("bert")
     return [v for v in VARIANTS if v in chosen]
@@ -304,8 +314,9 @@ def jobs(check: bool = False, cells: list[tuple[str, str]] | None = None
     if check:
         return [(v, t, 0) for v in ("bert", "albert", "distilbert")
                 for t in ("rte", "squad", "conll")]
-    order = list(CLAIM_CELLS) + [(v, t) for t in TASKS for v in VARIANTS
-                                 if (v, t) not in CLAIM_CELLS]
+    order = (list(CLAIM_CELLS) + [(v, t) for t in TASKS for v in VARIANTS
+                                  if (v, t) not in CLAIM_CELLS]
+             + [(v, t) for v in ABLATIONS for t in GLUE])
     return [(v, t, s) for v, t in order if not cells or (v, t) in cells for s in SEEDS]
 
 
@@ -359,7 +370,8 @@ def next_job(work: str, check: bool) -> tuple[str, str, int] | None | bool:
         workdir = finetune_dir(work, variant, task, seed)
         if os.path.exists(os.path.join(workdir, "metrics.json")):
             continue
-        if not os.path.exists(os.path.join(work, "pretrain", variant, "done.json")):
+        if not os.path.exists(os.path.join(work, "pretrain", pretrained_member(variant),
+                                           "done.json")):
             waiting = waiting or not over
             continue
         os.makedirs(os.path.dirname(workdir), exist_ok=True)
@@ -397,9 +409,10 @@ def finetune_worker(args) -> int:
         variant, task, seed = job
         workdir = finetune_dir(args.work, variant, task, seed)
         shutil.rmtree(workdir, ignore_errors=True)
-        spec, overrides = finetune_overrides(task, args.data_root,
-                                             os.path.join(args.work, "pretrain", variant), seed,
-                                             args.check)
+        spec, overrides = finetune_overrides(
+            task, args.data_root, os.path.join(args.work, "pretrain", pretrained_member(variant)),
+            seed, args.check)
+        overrides += ABLATIONS.get(variant, (None, []))[1]
         start = time.perf_counter()
         try:
             finetune(load_config(spec, overrides), workdir, programs=programs)
@@ -532,31 +545,42 @@ def speed_and_size(work: str) -> dict:
     return out
 
 
+def pretraining_figures(pre: str) -> dict:
+    """A member's pretraining wall time, last logged losses and median rate (its workdir
+    ``pre``); empty before it has logged."""
+    rec: dict = {}
+    marker = os.path.join(pre, "done.json")
+    if os.path.exists(marker):
+        with open(marker, encoding="utf-8") as f:
+            rec["pretrain_seconds"] = json.load(f)["seconds"]
+    metrics_file = os.path.join(pre, "metrics.jsonl")
+    if os.path.exists(metrics_file):
+        with open(metrics_file, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        rows = [r for r in rows if "loss" in r]
+        if rows:
+            keep = ("step", "loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy",
+                    "sop_accuracy", "sbo_loss", "rtd_loss", "rtd_accuracy", "kd_loss",
+                    "seq_per_sec")
+            rec["last"] = {k: rows[-1][k] for k in keep if k in rows[-1]}
+            rates = sorted(r["seq_per_sec"] for r in rows if "seq_per_sec" in r)
+            if rates:
+                rec["median_seq_per_sec"] = rates[len(rates) // 2]
+    return rec
+
+
 def collect(work: str, data_root: str) -> list[dict]:
-    """One record per member: pretraining steps, tokens, FLOPs, time, last losses, and per task
-    the seeds' dev scores."""
+    """One record per row: pretraining steps, tokens, FLOPs, time, last losses (an ablation
+    row names its member and overrides instead), and per task the seeds' dev scores."""
     records = []
-    for name in VARIANTS:
-        pre = os.path.join(work, "pretrain", name)
-        rec: dict = {"variant": name, "steps": SETTINGS["steps"](name),
-                     "flops_per_seq": SETTINGS["train_flops"](name), "tasks": {}}
-        marker = os.path.join(pre, "done.json")
-        if os.path.exists(marker):
-            with open(marker, encoding="utf-8") as f:
-                rec["pretrain_seconds"] = json.load(f)["seconds"]
-        metrics_file = os.path.join(pre, "metrics.jsonl")
-        if os.path.exists(metrics_file):
-            with open(metrics_file, encoding="utf-8") as f:
-                rows = [json.loads(line) for line in f if line.strip()]
-            rows = [r for r in rows if "loss" in r]
-            if rows:
-                keep = ("step", "loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy",
-                        "sop_accuracy", "sbo_loss", "rtd_loss", "rtd_accuracy", "kd_loss",
-                        "seq_per_sec")
-                rec["last"] = {k: rows[-1][k] for k in keep if k in rows[-1]}
-                rates = sorted(r["seq_per_sec"] for r in rows if "seq_per_sec" in r)
-                if rates:
-                    rec["median_seq_per_sec"] = rates[len(rates) // 2]
+    for name in ROWS:
+        member = pretrained_member(name)
+        rec: dict = {"variant": name, "steps": SETTINGS["steps"](member),
+                     "flops_per_seq": SETTINGS["train_flops"](member), "tasks": {}}
+        if name in ABLATIONS:
+            rec.update(pretrained=member, overrides=ABLATIONS[name][1])
+        else:
+            rec.update(pretraining_figures(os.path.join(work, "pretrain", member)))
         for task in TASKS:
             scores = {}
             for seed in SEEDS:
@@ -571,7 +595,8 @@ def collect(work: str, data_root: str) -> list[dict]:
                     scores[seed]["train_seq_per_s"] = result.get("train_sequences_per_second")
             if scores:
                 rec["tasks"][task] = scores
-        records.append(rec)
+        if name not in ABLATIONS or rec["tasks"]:
+            records.append(rec)
     return records
 
 
@@ -668,7 +693,7 @@ def merge(paths: list[str], out: str) -> None:
         for rec in lines[1:]:
             have = by.setdefault(rec["variant"], {k: rec[k] for k in
                                                   ("variant", "steps", "flops_per_seq")})
-            if "pretrain_seconds" in rec:  # a run stopped early leaves no pretraining figures
+            if "pretrain_seconds" in rec or "pretrained" in rec:  # (not in a run stopped early)
                 have.update({k: v for k, v in rec.items() if k != "tasks"})
             have.setdefault("tasks", {}).update(rec["tasks"])
     env = {k: v for k, v in envs[0].items() if k not in ("pretrained", "finetuned", "cells")}
@@ -680,7 +705,7 @@ def merge(paths: list[str], out: str) -> None:
                    for e in envs]
     with open(out, "w", encoding="utf-8") as f:
         f.write(json.dumps({"environment": env}) + "\n")
-        for name in VARIANTS:
+        for name in ROWS:
             if name in by:
                 f.write(json.dumps(by[name]) + "\n")
 
@@ -765,6 +790,8 @@ def report(records_path: str, docs: str) -> int:
     out = ["| member | steps | GFLOP / sequence | wall s | final loss | MLM acc | other |",
            "|---|---:|---:|---:|---:|---:|---|"]
     for name, rec in by.items():
+        if "pretrained" in rec:  # an ablation: its member's pretraining
+            continue
         last = rec.get("last", {})
         other = ", ".join(f"{k.replace('_', ' ')} {last[k]:.3f}" for k in
                           ("nsp_accuracy", "sbo_loss", "rtd_accuracy", "rtd_loss", "kd_loss")

@@ -83,6 +83,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.hidden_dropout_prob = 0.1
     c.model.attention_probs_dropout_prob = 0.1
     c.freeze_encoder = False  # feature-based: train only the head
+    # Comma-separated parameter path prefixes of the encoder (e.g. "bert/pooler") that start
+    # freshly initialised instead of from init_checkpoint.
+    c.reinitialize = ""
     # The head's input (modeling/feature_heads.py): last second_to_last embeddings sum4 last4
     # mix4 sum_all mix; and for token tasks a linear head or a BiLSTM tagger on those features.
     c.feature_layers = "last"

@@ -116,7 +116,8 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task,
     if pretrained is None:
         params = finetuner.init_params(init_rng)
     else:  # only what the checkpoint lacks is initialised
-        merged, lines = merge_encoder(finetuner.abstract_params, pretrained, run_cfg)
+        merged, lines = merge_encoder(finetuner.abstract_params, pretrained, run_cfg,
+                                      config.get("reinitialize", ""))
         report += lines
         params = finetuner.place_params(finetuner.fill_fresh(merged, init_rng))
     for line in report:

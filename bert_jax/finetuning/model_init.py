@@ -57,24 +57,47 @@ def check_tokenizer(tokenizer, ckpt_tokenizer, model_cfg: BertConfig, source: st
     return notes
 
 
-def merge_encoder(fresh: dict, pretrained: dict, model_cfg: BertConfig
+def reinitialized_paths(pretrained_encoder: dict, prefixes: str) -> tuple[str, ...]:
+    """The checkpoint's encoder tensors named by ``prefixes`` (``--config.reinitialize``:
+    comma-separated parameter path prefixes such as ``bert/pooler``, matched at ``/``
+    boundaries); a prefix that names none is an error listing the encoder's top-level
+    modules."""
+    paths = flatten_params({"bert": pretrained_encoder})
+    chosen = []
+    for prefix in filter(None, (p.strip().strip("/") for p in prefixes.split(","))):
+        match = [p for p in paths if p == prefix or p.startswith(prefix + "/")]
+        if not match:
+            tops = sorted({"/".join(p.split("/")[:2]) for p in paths})
+            raise BertJaxError(f"--config.reinitialize: {prefix!r} names no encoder tensor of "
+                               f"the checkpoint (its modules: {', '.join(tops)})")
+        chosen += match
+    return tuple(sorted(set(chosen)))
+
+
+def merge_encoder(fresh: dict, pretrained: dict, model_cfg: BertConfig, reinitialize: str = ""
                   ) -> tuple[dict, list[str]]:
-    """Pretrained ``bert`` subtree into fresh task params; (params, report lines)."""
+    """Pretrained ``bert`` subtree into fresh task params, except the tensors ``reinitialize``
+    names (:func:`reinitialized_paths`), which keep their fresh initialisation; (params,
+    report lines)."""
     if "bert" not in pretrained:
         raise BertJaxError(f"checkpoint has no encoder ('bert' subtree); top-level keys: "
                            f"{sorted(pretrained)}")
     pretrained = to_layout(pretrained, model_cfg)
-    params, unused = merge_pretrained(fresh, {"bert": pretrained["bert"]})
+    skip = reinitialized_paths(pretrained["bert"], reinitialize)
+    params, unused = merge_pretrained(fresh, {"bert": pretrained["bert"]}, dont_load=skip)
+    unused = [p for p in unused if p not in skip]
     unused += sorted(p for p in flatten_params(pretrained) if not p.startswith("bert/"))
-    loaded = set(flatten_params({"bert": pretrained["bert"]})) - set(unused)
+    loaded = set(flatten_params({"bert": pretrained["bert"]})) - set(unused) - set(skip)
     fresh_paths = sorted(set(flatten_params(fresh)) - loaded)
     heads = sorted({p.split("/")[0] for p in fresh_paths if p.split("/")[0] in HEAD_NAMES})
     lines = [f"restored {len(loaded)} encoder tensors; head {', '.join(heads)} freshly "
              "initialised"]
-    encoder_fresh = [p for p in fresh_paths if p.startswith("bert/")]
+    encoder_fresh = [p for p in fresh_paths if p.startswith("bert/") and p not in skip]
     if encoder_fresh:
         lines.append(f"encoder tensors not in the checkpoint (freshly initialised, "
                      f"{len(encoder_fresh)}): {', '.join(encoder_fresh)}")
+    if skip:
+        lines.append(f"re-initialised instead of restored ({len(skip)}): {', '.join(skip)}")
     if unused:
         lines.append(f"checkpoint tensors not used ({len(unused)}): {', '.join(unused)}")
     return params, lines

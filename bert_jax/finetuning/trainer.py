@@ -594,7 +594,7 @@ class FinetunerCache:
     PER_RUN_KEYS = ("seed", "data_dir", "train_file", "dev_file", "test_file", "tfds_data_dir",
                     "init_checkpoint", "tokenizer", "on_error", "holdout_seed",
                     "max_train_examples", "distill_from", "log_every", "progress_bar",
-                    "compilation_cache", "compile_ahead", "postprocess")
+                    "compilation_cache", "compile_ahead", "postprocess", "reinitialize")
 
     def __init__(self):
         self._finetuners: dict[str, Finetuner] = {}

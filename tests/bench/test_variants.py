@@ -34,7 +34,9 @@ def test_conll_lexicon_takes_entities_across_lines(tmp_path):
 
 def test_claim_cells_run_first_and_every_cell_once():
     jobs = variants.jobs()
-    assert len(jobs) == len(set(jobs)) == len(variants.VARIANTS) * len(variants.TASKS) * 3
+    assert len(jobs) == len(set(jobs)) == (len(variants.VARIANTS) * len(variants.TASKS)
+                                           + len(variants.ABLATIONS) * len(variants.GLUE)) * 3
+    assert {v for v, _, _ in jobs[-len(variants.ABLATIONS) * 15:]} == set(variants.ABLATIONS)
     claim = {(v, t) for v, t in variants.CLAIM_CELLS}
     first_other = next(i for i, (v, t, _) in enumerate(jobs) if (v, t) not in claim)
     assert all((v, t) in claim for v, t, _ in jobs[:first_other])
@@ -85,7 +87,7 @@ def test_workers_take_each_members_jobs_once_it_is_pretrained(tmp_path):
     (pretrain / "bert").mkdir(parents=True)
     assert variants.next_job(work, check=False) is None  # nothing pretrained yet: wait
     (pretrain / "bert" / "done.json").write_text("{}")
-    bert_jobs = [j for j in variants.jobs() if j[0] == "bert"]
+    bert_jobs = [j for j in variants.jobs() if variants.pretrained_member(j[0]) == "bert"]
     taken = [variants.next_job(work, check=False) for _ in bert_jobs]
     assert taken == bert_jobs  # in the claims' order, each claimed once
     assert variants.next_job(work, check=False) is None  # the others may still come
@@ -107,6 +109,25 @@ def test_cells_limit_the_members_and_jobs_and_merge_joins_runs(tmp_path):
     assert {(v, t) for v, t, _ in variants.jobs(cells=cells)} == set(cells)
     with pytest.raises(SystemExit, match="'bert:mnli' is not VARIANT:TASK"):
         variants.parse_cells("bert:mnli")
+    # an ablation row fine-tunes its member's pretraining: only that member is pretrained
+    ablation = variants.parse_cells("bert_fresh_pooler:stsb")
+    assert variants.members(ablation) == ["bert"]
+    (tmp_path / "work" / "pretrain" / "bert").mkdir(parents=True)
+    (tmp_path / "work" / "pretrain" / "bert" / "done.json").write_text('{"seconds": 3}')
+    (tmp_path / "work" / variants.CELLS).write_text(json.dumps(ablation))
+    assert variants.next_job(str(tmp_path / "work"), check=False) == \
+        ("bert_fresh_pooler", "stsb", 0)
+    run = variants.finetune_dir(str(tmp_path / "work"), "bert_fresh_pooler", "stsb", 0)
+    os.makedirs(run)
+    with open(os.path.join(run, "metrics.json"), "w") as f:
+        json.dump({"final": {"dev": {"corr": 0.5}}}, f)
+    rows = {r["variant"]: r for r in variants.collect(str(tmp_path / "work"), "")}
+    assert rows["bert_fresh_pooler"]["pretrained"] == "bert"
+    assert rows["bert_fresh_pooler"]["overrides"] == ["--config.reinitialize=bert/pooler"]
+    assert rows["bert_fresh_pooler"]["tasks"] == {"stsb": {0: {"corr": 0.5,
+                                                               "train_seq_per_s": None}}}
+    assert "pretrain_seconds" not in rows["bert_fresh_pooler"]
+    assert rows["bert"]["pretrain_seconds"] == 3 and "electra" in rows
     first = [{"environment": {"date": "a", "pretrained": False}},
              {"variant": "bert", "steps": 1, "flops_per_seq": 1, "last": {"loss": 9.0},
               "tasks": {"rte": {"0": 1}}},

@@ -63,6 +63,27 @@ def test_init_restores_encoder_exactly(data, tmp_path, source):
         assert filled[path].dtype == value.dtype and np.array_equal(filled[path], value), path
 
 
+def test_reinitialize_keeps_named_tensors_fresh(data):
+    c = config("experiments/glue.py:mrpc", f"--config.init_checkpoint={data['ckpt']}")
+    task = get_task("mrpc")
+    model_cfg, _, pretrained, _ = initial_model(task, c)
+    finetuner = build_finetuner(task, c, model_cfg, None)
+    fresh = jax.device_get(finetuner.init_params(jax.random.PRNGKey(123)))
+    merged, lines = merge_encoder(fresh, pretrained, model_cfg, " bert/pooler/ ,")
+    placed, start = flatten_params(merged), flatten_params(fresh)
+    expected = flatten_params(store.load_model(data["ckpt"])[0])
+    pooler = [p for p in placed if p.startswith("bert/pooler/")]
+    assert pooler and all(np.array_equal(placed[p], start[p]) for p in pooler)
+    assert not any(np.array_equal(placed[p], expected[p]) for p in pooler if "kernel" in p)
+    others = [p for p in placed if p.startswith("bert/") and p not in pooler]
+    assert others and all(np.array_equal(placed[p], expected[p]) for p in others
+                          if "embeddings" not in p)
+    assert any(f"re-initialised instead of restored ({len(pooler)})" in line for line in lines)
+    assert not any("pooler" in line for line in lines if "not used" in line)
+    with pytest.raises(BertJaxError, match=r"'bert/poole' names no encoder tensor.*bert/pooler"):
+        merge_encoder(fresh, pretrained, model_cfg, "bert/poole")
+
+
 def test_vocab_and_size_mismatches_are_reported(data, tmp_path, capsys):
     bigger = H.write_vocab(str(tmp_path / "bigger"), extra=("extra1", "extra2", "extra3"))
     base = ["finetune", "--config", "experiments/glue.py:sst2", "--workdir",
