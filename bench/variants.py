@@ -19,7 +19,8 @@ seeds as soon as it is pretrained. docs/variants.md has the results and what the
 Measured on one H200 (jax 0.11.2), pretraining side by side with the fine-tuning workers:
 ELECTRA and RoBERTa-style pretrained together plus their 30 GLUE runs took 6.3 min; BERT,
 SpanBERT and ERNIE together plus 12 SQuAD and CoNLL-2003 runs 6.5 min (a GLUE run 15-30 s,
-SQuAD and CoNLL ~30-80 s, the first of each shape compiling). Four members at a time take
+SQuAD and CoNLL ~30-80 s, the first of each shape compiling); BERT alone 2.1 min, then
+DistilBERT 2.6 min and its 15 GLUE runs, 7.3 min in all. Four members at a time take
 ~5 min each; the whole table (8 members, 168 runs) needs ~25 min of the GPU. The jobs run in
 the order of the claims (GLUE of bert, electra, roberta, albert, distilbert; SQuAD of bert
 and spanbert; CoNLL of bert and both ERNIEs; then the other cells), so a budget that runs out
@@ -57,7 +58,7 @@ SST2_TRAIN_ROWS = 8_000
 PRETRAIN_MEMORY, FINETUNE_MEMORY = 0.18, 0.06
 FINISHED = "finished.json"  # in pretrain/: written once no member is pretraining any more
 CELLS = "cells.json"  # the (variant, task) cells a run is limited to (``--cells``)
-SPEED_SECONDS = 150  # kept free at the end for DistilBERT's speed against its teacher's
+SPEED_SECONDS = 60  # what timing DistilBERT against its teacher needs, after the fine-tuning
 DATA_MODES = {"nsp": ["--mode", "nsp", "--knowledge-units"], "sop": ["--mode", "sop"],
               "full": ["--mode", "full_sentences"], "nsplex": ["--mode", "nsp"]}
 # The claims and the cells each needs, in the order they run.
@@ -654,7 +655,8 @@ def gpu(args) -> int:
     elif os.path.exists(os.path.join(work, CELLS)):
         os.remove(os.path.join(work, CELLS))
     chosen = members(cells)
-    reserve = 10 if args.check else SPEED_SECONDS if "distilbert" in chosen else 30
+    # the fine-tuning comes first; DistilBERT's speed is timed after it where time is left
+    reserve = 10 if args.check else 30
     workers = start_finetune_workers(data_root, work, deadline.left() - reserve,
                                      args.finetune_parallel, args.check)
     env["pretrained"] = pretrain_all(data, work, deadline, args.pretrain_parallel, args.check,
@@ -665,7 +667,7 @@ def gpu(args) -> int:
     speed_file = os.path.join(work, "speed.json")
     ready = all(os.path.exists(os.path.join(work, "pretrain", n, "done.json"))
                 for n in ("bert", "distilbert"))
-    if ready and not os.path.exists(speed_file) and deadline.left() > 60:
+    if ready and not os.path.exists(speed_file) and deadline.left() > SPEED_SECONDS:
         # alone on the GPU, after every other process has ended
         with open(speed_file, "w", encoding="utf-8") as f:
             json.dump(speed_and_size(work), f)
@@ -696,13 +698,20 @@ def merge(paths: list[str], out: str) -> None:
             if "pretrain_seconds" in rec or "pretrained" in rec:  # (not in a run stopped early)
                 have.update({k: v for k, v in rec.items() if k != "tasks"})
             have.setdefault("tasks", {}).update(rec["tasks"])
-    env = {k: v for k, v in envs[0].items() if k not in ("pretrained", "finetuned", "cells")}
+    env = {k: v for k, v in envs[0].items()
+           if k not in ("pretrained", "finetuned", "cells", "speed", "speed_runs")}
     for extra in envs[1:]:
-        for key in ("params", "speed"):
-            for name, value in extra.get(key, {}).items():
-                env.setdefault(key, {}).setdefault(name, value)
-    env["runs"] = [{k: e[k] for k in ("date", "cells", "pretrained", "finetuned") if k in e}
-                   for e in envs]
+        for name, value in extra.get("params", {}).items():
+            env.setdefault("params", {}).setdefault(name, value)
+    # DistilBERT's speed: every run's timing kept, the table shows their median
+    runs = [r for e in envs
+            for r in (e.get("speed_runs") or ([e["speed"]] if "speed" in e else []))]
+    if runs:
+        env["speed_runs"] = runs
+        env["speed"] = {m: {k: (statistics.median(r[m][k] for r in runs) if k != "layers"
+                                else runs[0][m][k]) for k in runs[0][m]} for m in runs[0]}
+    env["runs"] = [run for e in envs for run in e.get("runs") or  # a merged file: its runs
+                   [{k: e[k] for k in ("date", "cells", "pretrained", "finetuned") if k in e}]]
     with open(out, "w", encoding="utf-8") as f:
         f.write(json.dumps({"environment": env}) + "\n")
         for name in ROWS:
@@ -714,14 +723,16 @@ def merge(paths: list[str], out: str) -> None:
 GLUE_METRIC = {"sst2": "accuracy", "cola": "mcc", "mrpc": "acc_and_f1", "stsb": "corr",
                "rte": "accuracy"}
 LABELS = {"sst2": "SST-2 acc", "cola": "CoLA MCC", "mrpc": "MRPC acc/F1", "stsb": "STS-B corr",
-          "rte": "RTE acc", "glue": "GLUE avg", "squad": "SQuAD F1", "conll": "CoNLL F1"}
+          "rte": "RTE acc", "glue": "GLUE avg", "glue4": "avg w/o STS-B", "squad": "SQuAD F1",
+          "conll": "CoNLL F1"}
 
 
 def task_scores(rec: dict, task: str) -> dict[int, float]:
     """{seed: score x 100} of one member on one task (GLUE: the task's main metric;
-    SQuAD and CoNLL: F1); ``glue``: the five tasks' average, per seed that has all five."""
-    if task == "glue":
-        per = [task_scores(rec, t) for t in GLUE]
+    SQuAD and CoNLL: F1); ``glue``: the five tasks' average, per seed that has all five;
+    ``glue4``: the same without STS-B."""
+    if task in ("glue", "glue4"):
+        per = [task_scores(rec, t) for t in GLUE if task == "glue" or t != "stsb"]
         seeds = set.intersection(*(set(p) for p in per)) if all(per) else set()
         return {s: statistics.fmean(p[s] for p in per) for s in sorted(seeds)}
     runs = rec["tasks"].get(task, {})
@@ -743,8 +754,10 @@ def _fmt(ms) -> str:
     return "–" if ms is None else f"{ms[0]:.1f} ± {ms[1]:.1f}"
 
 
-def claims(by: dict[str, dict]) -> list[tuple[str, str, str, str]]:
-    """(claim, member's result, baseline's result, verdict) per claim."""
+def claims(by: dict[str, dict], params: dict[str, int] | None = None
+           ) -> list[tuple[str, str, str, str]]:
+    """(claim, member's result, baseline's result, verdict) per claim (``params``: encoder
+    parameters per member, for ALBERT's row)."""
     def ms(v, t):
         return mean_std(task_scores(by[v], t)) if v in by else None
 
@@ -761,6 +774,12 @@ def claims(by: dict[str, dict]) -> list[tuple[str, str, str, str]]:
         return f"{'held' if held else 'did not hold'} ({diff:+.1f}, {size})"
 
     bert_glue = ms("bert", "glue")
+
+    def size_verdict(a):
+        if a is None or bert_glue is None or not {"albert", "bert"} <= set(params or {}):
+            return "not measured"
+        return (f"{a[0] - bert_glue[0]:+.1f} points with {params['albert'] / 1e6:.1f} M "
+                f"encoder parameters against {params['bert'] / 1e6:.1f} M")
     rows = [("ELECTRA: higher GLUE avg than BERT", _fmt(ms("electra", "glue")), _fmt(bert_glue),
              verdict(ms("electra", "glue"), bert_glue)),
             ("RoBERTa-style: GLUE avg at least BERT's", _fmt(ms("roberta", "glue")),
@@ -773,6 +792,8 @@ def claims(by: dict[str, dict]) -> list[tuple[str, str, str, str]]:
             ("ERNIE (built-in fallback units): higher CoNLL F1 than token masking",
              _fmt(ms("ernie", "conll")), _fmt(ms("bert", "conll")),
              verdict(ms("ernie", "conll"), ms("bert", "conll"))),
+            ("ALBERT: GLUE avg beside BERT's, with its parameters",
+             _fmt(ms("albert", "glue")), _fmt(bert_glue), size_verdict(ms("albert", "glue"))),
             ("DistilBERT: at least 95% of its teacher's GLUE avg",
              _fmt(ms("distilbert", "glue")), _fmt(bert_glue),
              verdict(ms("distilbert", "glue"), bert_glue, ratio=0.95))]
@@ -785,7 +806,7 @@ def report(records_path: str, docs: str) -> int:
         lines = [json.loads(line) for line in f if line.strip()]
     env = lines[0]["environment"]
     by = {r["variant"]: r for r in lines[1:]}
-    cols = [*GLUE, "glue", "squad", "conll"]
+    cols = [*GLUE, "glue", "glue4", "squad", "conll"]
     params = env.get("params") or encoder_params()
     out = ["| member | steps | GFLOP / sequence | wall s | final loss | MLM acc | other |",
            "|---|---:|---:|---:|---:|---:|---|"]
@@ -811,12 +832,24 @@ def report(records_path: str, docs: str) -> int:
         out.append(f"| {name} | {rec['steps']:,} | {f'{p / 1e6:.1f} M' if p else '–'} | "
                    + " | ".join(cells) + " |")
     out += ["", "| claim | member | baseline (BERT) | at this scale |", "|---|---:|---:|---|"]
-    out += [f"| {c} | {a} | {b} | {v} |" for c, a, b, v in claims(by)]
+    out += [f"| {c} | {a} | {b} | {v} |" for c, a, b, v in claims(by, params)]
+    ablations = [(n, r) for n, r in by.items() if "pretrained" in r]
+    if ablations:
+        out += ["", "| ablation | overrides | task | ablation | its member |",
+                "|---|---|---|---:|---:|"]
+        for name, rec in ablations:
+            member = by.get(rec["pretrained"], {"tasks": {}})
+            for t in (t for t in TASKS if t in rec["tasks"]):
+                a, b = (mean_std(task_scores(r, t)) for r in (rec, member))
+                out.append(f"| {name} | `{' '.join(rec.get('overrides', []))}` | {LABELS[t]} | "
+                           f"{_fmt(a)} | {_fmt(b)} ({rec['pretrained']}) |")
     speed = env.get("speed", {})
     if "bert" in speed and "distilbert" in speed:
         t, s = speed["bert"], speed["distilbert"]
-        out += ["", "| model | layers | inference seq/s (batch 256) | fine-tuning seq/s "
-                "(batch 32) |", "|---|---:|---:|---:|",
+        runs = len(env.get("speed_runs", [speed]))
+        note = f"; median of {runs} runs" if runs > 1 else ""
+        out += ["", f"| model | layers | inference seq/s (batch 256{note}) | fine-tuning seq/s "
+                f"(batch 32{note}) |", "|---|---:|---:|---:|",
                 f"| BERT (teacher) | {t['layers']} | {t['inference_seq_per_s']:,} | "
                 f"{t['finetune_seq_per_s']:,} |",
                 f"| DistilBERT | {s['layers']} | {s['inference_seq_per_s']:,} "
@@ -846,8 +879,8 @@ def _plot(by: dict[str, dict], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     names = list(by)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for ax, task in zip(axes, ("glue", "squad", "conll"), strict=True):
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
+    for ax, task in zip(axes, ("glue", "stsb", "squad", "conll"), strict=True):
         stats = [mean_std(task_scores(by[n], task)) for n in names]
         xs = [i for i, s in enumerate(stats) if s]
         ax.bar(xs, [stats[i][0] for i in xs], yerr=[stats[i][1] for i in xs], capsize=3,

@@ -60,7 +60,13 @@ def test_claims_and_report(tmp_path):
     assert variants.mean_std(variants.task_scores(by["electra"], "glue")) == \
         pytest.approx((65.0, 1.0))
     verdicts = [v.split(" (")[0] for *_, v in variants.claims(by)]
-    assert verdicts == ["held", "did not hold", "held", "held", "did not hold", "held"]
+    assert verdicts == ["held", "did not hold", "held", "held", "did not hold", "not measured",
+                        "held"]
+    albert = variants.claims(by, {"albert": 4_300_000, "bert": 23_200_000})[5][3]
+    assert albert == "-5.0 points with 4.3 M encoder parameters against 23.2 M"
+    by["bert_fresh_pooler"] = dict(_record("bert_fresh_pooler", 59, 30, 70), pretrained="bert",
+                                   overrides=["--config.reinitialize=bert/pooler"])
+    records.append(by["bert_fresh_pooler"])
     assert "95.9% of BERT" in variants.claims(by)[-1][3]
     env = {"environment": {"device": "test", "params": {"bert": 22_000_000},
                            "speed": {"bert": {"layers": 6, "inference_seq_per_s": 100,
@@ -77,6 +83,9 @@ def test_claims_and_report(tmp_path):
     text = (docs / "variants.md").read_text()
     assert "STALE" not in text and text.startswith("intro") and text.endswith("after\n")
     assert "| electra | 3,000 | – | 65.0 ± 1.0 |" in text
+    assert "| bert_fresh_pooler | `--config.reinitialize=bert/pooler` | STS-B corr | 60.0 ± 1.0 " \
+        "| 61.0 ± 1.0 (bert) |" in text
+    assert "| bert_fresh_pooler | 3,000 | 15.6" not in text  # no pretraining row of its own
     assert "190 (1.90x)" in text
     assert (docs / "variants.png").stat().st_size > 0
 
@@ -133,7 +142,12 @@ def test_cells_limit_the_members_and_jobs_and_merge_joins_runs(tmp_path):
               "tasks": {"rte": {"0": 1}}},
              {"variant": "electra", "steps": 2, "flops_per_seq": 1, "pretrain_seconds": 5,
               "tasks": {}}]
-    second = [{"environment": {"date": "b", "cells": ["bert:squad"], "speed": {"bert": 3}}},
+    def speed(rate):
+        return {"bert": {"layers": 6, "inference_seq_per_s": rate}}
+
+    first[0]["environment"]["speed"] = speed(1)
+    second = [{"environment": {"date": "b", "cells": ["bert:squad"],
+                               "speed_runs": [speed(3), speed(10)]}},
               {"variant": "bert", "steps": 1, "flops_per_seq": 1, "pretrain_seconds": 7,
                "last": {"loss": 2.0},
                "tasks": {"squad": {"0": 2}}}]
@@ -148,5 +162,6 @@ def test_cells_limit_the_members_and_jobs_and_merge_joins_runs(tmp_path):
     by = {r["variant"]: r for r in recs}
     assert by["bert"]["tasks"] == {"rte": {"0": 1}, "squad": {"0": 2}}
     assert by["bert"]["last"] == {"loss": 2.0}  # the run in which it finished pretraining
-    assert env["environment"]["speed"] == {"bert": 3}
+    assert env["environment"]["speed"] == speed(3)  # the median of the runs' timings
+    assert env["environment"]["speed_runs"] == [speed(1), speed(3), speed(10)]
     assert [r["date"] for r in env["environment"]["runs"]] == ["a", "b"]
