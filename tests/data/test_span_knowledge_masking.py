@@ -142,6 +142,9 @@ def test_knowledge_units_are_masked_whole():
             assert inside.all() or not inside.any()  # whole units only
             covered += inside.all()
     assert covered > 0.1 * batch * 3  # units are masked, not just the words around them
+    # the same 15% budget as token masking, filled
+    budget = np.minimum(np.round((ids >= 5).sum(1) * 0.15), preds)
+    assert (weights.sum(1) <= budget).all() and weights.sum() / budget.sum() > 0.95
     # basic_fraction=1: token masking, units cut.
     cfg = config("knowledge", preds, basic_fraction=1.0)
     _, positions, _, weights = (np.asarray(x) for x in mask_batch(
