@@ -40,6 +40,8 @@ SUITES: dict[str, tuple[str, str | dict[str, tuple[str, str]]]] = {
     "packing": ("effective tokens/s of the pretraining and fine-tuning steps, packed rows "
                 "against one example a row", "bench.packing"),
     "data": ("pretraining-data creation and masking pipeline rates", "bench.data"),
+    "hostside": ("a pod host's document table, epoch plans and pipeline rate on a >= 1 GB "
+                 "corpus", "bench.hostside"),
     "bucket": ("the masking pipeline and TFRecord reader from a bucket against local disk",
                "bench.bucket"),
     "tokenizer": ("WordPiece tokenizer throughput", "bench.tokenizer"),

@@ -110,6 +110,10 @@ class DocumentStream:
         self._bounds = [-start_position]  # stream offset of each epoch's start, from the anchor
         self._cache: collections.OrderedDict[int, Epoch] = collections.OrderedDict()
         self._lock = threading.Lock()
+        # The next epoch, drawn in a background thread while this one is read: on a large
+        # corpus drawing an epoch takes seconds to a minute (docs/tpu.md, "The host side"),
+        # which would otherwise stall the pipeline at every epoch boundary.
+        self._ahead: dict[int, tuple[threading.Thread, list]] = {}
 
     def epoch(self, epoch: int) -> Epoch:
         """(plan, order, row_offsets) of ``epoch`` (see :class:`Epoch`)."""
@@ -120,16 +124,30 @@ class DocumentStream:
         if epoch in self._cache:
             self._cache.move_to_end(epoch)
             return self._cache[epoch]
-        plan = make_plan(self.table, self.pairing, self.seq_len, self.short_seq_prob,
-                         np.random.default_rng([self.seed, epoch, 0]))
-        order = np.random.default_rng([self.seed, epoch, 1]).permutation(plan.num_examples)
-        entry = Epoch(plan, order, None)
-        if self.examples_per_row:
-            entry = Epoch(plan, *self._pack(plan, order, epoch))
+        ahead = self._ahead.pop(epoch, None)
+        if ahead is not None:
+            ahead[0].join()
+        entry = ahead[1][0] if ahead is not None and ahead[1] else self._draw(epoch)
         self._cache[epoch] = entry
         while len(self._cache) > _CACHED_EPOCHS:
             self._cache.popitem(last=False)
+        following = epoch + 1
+        if following not in self._cache and following not in self._ahead:
+            result: list = []  # the thread's Epoch; empty if it failed (drawn again then)
+            thread = threading.Thread(target=lambda: result.append(self._draw(following)),
+                                      name=f"epoch-{following}-plan", daemon=True)
+            self._ahead = {following: (thread, result)}  # an older one is not needed
+            thread.start()
         return entry
+
+    def _draw(self, epoch: int) -> Epoch:
+        """``epoch``'s plan, order and packed rows: a pure function of (seed, epoch)."""
+        plan = make_plan(self.table, self.pairing, self.seq_len, self.short_seq_prob,
+                         np.random.default_rng([self.seed, epoch, 0]))
+        order = np.random.default_rng([self.seed, epoch, 1]).permutation(plan.num_examples)
+        if self.examples_per_row:
+            return Epoch(plan, *self._pack(plan, order, epoch))
+        return Epoch(plan, order, None)
 
     def _pack(self, plan: Plan, order: np.ndarray, epoch: int
               ) -> tuple[np.ndarray, np.ndarray]:

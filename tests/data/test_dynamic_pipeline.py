@@ -342,3 +342,60 @@ def test_pretrain_on_packed_document_shards(data, tmp_path):
     config.data.directory = str(tmp_path / "pairs")
     with pytest.raises(BertJaxError, match="packed when created"):
         examples_per_row(config)
+
+
+def _write_documents(path, records):
+    """Document-shard records ``(key, sentences)`` written in the given order."""
+    import tensorflow as tf
+
+    from bert_jax.data.example_proto import ExampleEncoder
+
+    encoder = ExampleEncoder(1 << 17)
+    with tf.io.TFRecordWriter(path) as w:
+        for key, sentences in records:
+            w.write(encoder.encode({"token_ids": [t for s in sentences for t in s],
+                                    "sentence_lengths": [len(s) for s in sentences],
+                                    "document": list(key)}))
+
+
+def test_table_load_puts_records_in_document_order(tmp_path):
+    """Chunks of documents spread over two files in shuffled order come back as the
+    documents in (unit, document, chunk) order; an id past the vocabulary is refused even
+    where the narrow token type would wrap it."""
+    from bert_jax.data.documents import table_from_documents
+
+    rng = np.random.default_rng(0)
+    docs = {(u, d): [[int(t) for t in rng.integers(5, 900, int(rng.integers(1, 6)))]
+                     for _ in range(int(rng.integers(1, 7)))] for u in range(3) for d in range(5)}
+    records = [((u, d, c), [sentence]) for (u, d), sents in docs.items()
+               for c, sentence in enumerate(sents)]  # one sentence a chunk
+    shuffled = [records[i] for i in rng.permutation(len(records))]
+    half = len(shuffled) // 2
+    files = [str(tmp_path / "a.tfrecord"), str(tmp_path / "b.tfrecord")]
+    _write_documents(files[0], shuffled[:half])
+    _write_documents(files[1], shuffled[half:])
+    got = load_document_table(files, 1000)
+    want = table_from_documents([docs[k] for k in sorted(docs)], 1000)
+    for name in ("tokens", "sentence_starts", "document_sentences"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    in_order = str(tmp_path / "ordered.tfrecord")
+    _write_documents(in_order, records)
+    np.testing.assert_array_equal(load_document_table([in_order], 1000).tokens, want.tokens)
+    wraps = str(tmp_path / "wraps.tfrecord")
+    _write_documents(wraps, [((0, 0, 0), [[7, 65536 + 7]])])  # 65543 is 7 as uint16
+    with pytest.raises(BertJaxError, match="token id outside vocab_size 1000"):
+        load_document_table([wraps], 1000)
+
+
+def test_next_epoch_is_drawn_ahead_and_the_same(table):
+    stream = host_streams(table, 1)[0]
+    stream.host_batch(0)  # epoch 0 drawn; epoch 1 starts drawing in the background
+    assert list(stream._ahead) == [1]
+    thread, result = stream._ahead[1]
+    thread.join()
+    assert result  # drawn ahead, taken when epoch 1 is first read
+    ahead = stream.epoch(1)
+    assert ahead is result[0] and list(stream._ahead) == [2]
+    fresh = host_streams(table, 1)[0]._draw(1)
+    np.testing.assert_array_equal(ahead.order, fresh.order)
+    np.testing.assert_array_equal(ahead.plan.piece_lo, fresh.plan.piece_lo)
