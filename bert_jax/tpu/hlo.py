@@ -330,6 +330,22 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
                   for c in re.findall(r"calls=%?([\w.\-]+)", line)]
         return "\n".join((*lines, *nested))
 
+    def in_place_update(opcode: str, operands: str, callee: str, result: str
+                        ) -> float | None:
+        """The bytes a dynamic-update-slice writes (its update), where ``opcode`` is one or a
+        fusion whose root is one with the fusion's result type; else None."""
+        if opcode == "dynamic-update-slice":
+            return _bytes(operand_type(operands, 1))
+        if opcode != "fusion" or not callee:
+            return None
+        for line in computations.get(callee, ()):
+            match = INSTRUCTION.match(line)
+            if match and line.lstrip().startswith("ROOT") and \
+                    match[3] == "dynamic-update-slice" and \
+                    match[2].split("{")[0] == result.split("{")[0]:
+                return _bytes(operand_type(_split_operands(match[4])[0], 1))
+        return None
+
     def moved_bytes(opcode: str, result: str, operands: str, attrs: str, trips: int
                     ) -> float:
         """Operands read plus result written; inside a loop, an operand stacked along the
@@ -349,8 +365,16 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
             return sum(size for size, hbm in (*read, *output) if hbm)
         callee = re.search(r"calls=%?([\w.\-]+)", attrs)
         body = fused_text(callee[1]) if callee else ""
-        slicing = opcode in ("dynamic-slice", "dynamic-update-slice") or \
-            "dynamic-slice(" in body or "dynamic-update-slice(" in body
+        update = in_place_update(opcode, operands, callee[1] if callee else "", result)
+        if update is not None:
+            # XLA updates the buffer in place: the other operands are read and the update
+            # written; the buffer (the operand of the result's type) is neither read nor
+            # written whole (a windowed matmul's output window, a scan's saved layer)
+            others = list(types)
+            if result.split("{")[0] in [t.split("{")[0] for t in others]:
+                others.pop([t.split("{")[0] for t in others].index(result.split("{")[0]))
+            return sum(_bytes(t) for t in others) + update
+        slicing = opcode == "dynamic-slice" or "dynamic-slice(" in body
         total = 0.0
         for t in (*types, result):
             size = _bytes(t)

@@ -154,3 +154,70 @@ def test_a_loop_reads_one_layer_of_a_stack_a_nested_fusion_slices():
     layer = 256 * 256 * 4
     assert b.parts["other"] == pytest.approx(4 * 3 * layer, abs=1024)  # + the counter
     assert b.flops == 4 * 2 * 256 ** 3
+
+
+WINDOWED = """\
+HloModule windowed
+
+%write_window (out.1: f32[256,512], part.1: f32[256,256], w.1: f32[256,64], i.1: s32[]) \\
+    -> f32[256,512] {
+  %out.1 = f32[256,512]{1,0} parameter(0)
+  %part.1 = f32[256,256]{1,0} parameter(1)
+  %w.1 = f32[256,64]{1,0} parameter(2)
+  %i.1 = s32[] parameter(3)
+  %window = f32[256,64]{1,0} dot(%part.1, %w.1), lhs_contracting_dims={1}, \\
+    rhs_contracting_dims={0}
+  %zero.2 = s32[] constant(0)
+  ROOT %dus.1 = f32[256,512]{1,0} dynamic-update-slice(%out.1, %window, %zero.2, %i.1)
+}
+
+%body (carry: (s32[], f32[256,256], f32[256,64], f32[256,512])) \\
+    -> (s32[], f32[256,256], f32[256,64], f32[256,512]) {
+  %carry = (s32[], f32[256,256]{1,0}, f32[256,64]{1,0}, f32[256,512]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%carry), index=0
+  %x = f32[256,256]{1,0} get-tuple-element(%carry), index=1
+  %w = f32[256,64]{1,0} get-tuple-element(%carry), index=2
+  %out = f32[256,512]{1,0} get-tuple-element(%carry), index=3
+  %next_w = f32[256,64]{1,0} collective-permute(%w), source_target_pairs={{0,1},{1,0}}
+  %written = f32[256,512]{1,0} fusion(%out, %x, %w, %i), kind=kOutput, calls=%write_window
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[256,256]{1,0}, f32[256,64]{1,0}, f32[256,512]{1,0}) \\
+    tuple(%next, %x, %next_w, %written)
+}
+
+%cond (carry.1: (s32[], f32[256,256], f32[256,64], f32[256,512])) -> pred[] {
+  %carry.1 = (s32[], f32[256,256]{1,0}, f32[256,64]{1,0}, f32[256,512]{1,0}) parameter(0)
+  %i.3 = s32[] get-tuple-element(%carry.1), index=0
+  %n = s32[] constant(8)
+  ROOT %lt = pred[] compare(%i.3, %n), direction=LT
+}
+
+ENTRY %main (x.2: f32[256,256], w.2: f32[256,64], out.2: f32[256,512]) -> f32[256,512] {
+  %x.2 = f32[256,256]{1,0} parameter(0)
+  %w.2 = f32[256,64]{1,0} parameter(1)
+  %out.2 = f32[256,512]{1,0} parameter(2)
+  %zero.1 = s32[] constant(0)
+  %init = (s32[], f32[256,256]{1,0}, f32[256,64]{1,0}, f32[256,512]{1,0}) \\
+    tuple(%zero.1, %x.2, %w.2, %out.2)
+  %loop = (s32[], f32[256,256]{1,0}, f32[256,64]{1,0}, f32[256,512]{1,0}) while(%init), \\
+    condition=%cond, body=%body
+  ROOT %result = f32[256,512]{1,0} get-tuple-element(%loop), index=3
+}
+"""
+
+
+def test_a_windowed_matmul_writes_one_window_per_iteration():
+    """A windowed collective matmul (XLA's choice for FSDP on v4): each of 8 iterations
+    computes one 256 x 64 window of the output, writes it in place into the 256 x 512
+    buffer and passes the weight window on. The walk counts per iteration the inputs read
+    (x, the weight window) and the window written, not the whole output buffer."""
+    b = hlo.breakdown(WINDOWED.replace("\\\n    ", ""), devices=2)
+    x, window = 256 * 256 * 4, 256 * 64 * 4
+    fused = x + window + window + 4  # reads x, the weight window, the index; writes a window
+    permute = 2 * window  # reads and writes the weight window
+    assert b.parts["other"] + b.parts["collectives"] == pytest.approx(
+        8 * (fused + permute), abs=1024)  # + the counter
+    assert b.flops == 8 * 2 * 256 * 256 * 64
+    [c] = b.collectives
+    assert c.kind == "collective-permute" and c.payload_bytes == 8 * window
