@@ -53,42 +53,39 @@ def _entry(key: str, values: np.ndarray) -> bytes:
 
 
 def replicate(documents: str, out: str, copies: int, seed: int = 0) -> dict:
-    """``copies`` copies of the document shards in ``documents`` under ``out``: the token and
-    sentence entries of each record are encoded once, each copy gets its own record order
-    and work units offset by ``copy * units``."""
-    import tensorflow as tf
-
+    """``copies`` copies of the document shards in ``documents`` under ``out``, one shard a
+    copy: the records (the source's documents, chunked as it was) are encoded once, each copy
+    gets its own record order and work unit (its index), so the loader sees distinct
+    documents."""
+    from bert_jax.data.documents import chunk_document, load_document_table
     from bert_jax.data.metadata import load_metadata
+    from bert_jax.data.records import frame
     from bert_jax.protowire import varint
 
     meta = load_metadata(documents)
-    files, _ = meta.files("train")
-    features = {"token_ids": tf.io.RaggedFeature(tf.int64),
-                "sentence_lengths": tf.io.RaggedFeature(tf.int64),
-                "document": tf.io.FixedLenFeature([3], tf.int64)}
+    raw = json.load(open(os.path.join(documents, "metadata.json"), encoding="utf-8"))
+    table = load_document_table(meta.train_files, meta.vocab_size)
+    starts, first = table.sentence_starts, table.document_sentences
     bodies, keys = [], []
-    for serialized in tf.data.TFRecordDataset(files):
-        p = tf.io.parse_single_example(serialized, features)
-        bodies.append(_entry("token_ids", p["token_ids"].numpy())
-                      + _entry("sentence_lengths", p["sentence_lengths"].numpy()))
-        keys.append(p["document"].numpy())
-    keys = np.asarray(keys)
-    units = int(keys[:, 0].max()) + 1
+    for d in range(table.num_documents):
+        sentences = [table.tokens[starts[k]:starts[k + 1]] for k in range(first[d], first[d + 1])]
+        for c, chunk in enumerate(chunk_document(sentences, raw["max_record_tokens"])):
+            bodies.append(_entry("token_ids", np.concatenate(chunk))
+                          + _entry("sentence_lengths", [len(s) for s in chunk]))
+            keys.append((d, c))
     os.makedirs(out, exist_ok=True)
     shards, size = [], 0
     rng = np.random.default_rng(seed)
-    for c in range(copies):
-        name = f"train-{c:05d}-of-{copies:05d}.tfrecord"
-        with tf.io.TFRecordWriter(os.path.join(out, name)) as w:
+    for copy in range(copies):
+        name = f"train-{copy:05d}-of-{copies:05d}.tfrecord"
+        with open(os.path.join(out, name), "wb") as f:
             for i in rng.permutation(len(bodies)):
-                key = keys[i] + np.array([c * units, 0, 0])
-                body = bodies[i] + _entry("document", key)
-                w.write(b"\x0a" + varint(len(body)) + body)
+                body = bodies[i] + _entry("document", (copy, *keys[i]))
+                f.write(frame(b"\x0a" + varint(len(body)) + body))
         nbytes = os.path.getsize(os.path.join(out, name))
         shards.append({"file": name, "examples": len(bodies), "bytes": nbytes})
         size += nbytes
-    raw = json.load(open(os.path.join(documents, "metadata.json"), encoding="utf-8"))
-    raw["splits"] = {"train": {"documents": raw["splits"]["train"]["documents"] * copies,
+    raw["splits"] = {"train": {"documents": table.num_documents * copies,
                                "examples": len(bodies) * copies, "shards": shards},
                      "eval": {"documents": 0, "examples": 0, "shards": []}}
     for key in ("bytes", "documents", "sentences", "tokens", "train_documents"):
@@ -143,9 +140,9 @@ def _rss() -> tuple[int, int]:
 
 
 def point(data: str, rate: bool, steps: int = 60, batch: int = 256) -> dict:
-    """One process's measurement of ``data`` (a fresh process: the peak is this point's)."""
-    import tensorflow as tf  # noqa: F401 - imported before the baseline
-
+    """One process's measurement of ``data`` (a fresh process: the peak is this point's;
+    memory is counted from before the load, so tensorflow's runtime, loaded with it, is part
+    of every point: the fits' constant)."""
     from bert_jax.data.documents import load_document_table
     from bert_jax.data.metadata import load_metadata
     from bert_jax.data.pairing import make_plan

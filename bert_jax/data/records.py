@@ -35,6 +35,13 @@ def _masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
+def frame(data: bytes) -> bytes:
+    """One record framed as a TFRecord file holds it (no tensorflow needed)."""
+    length = struct.pack("<Q", len(data))
+    return (length + struct.pack("<I", _masked_crc(length)) + data
+            + struct.pack("<I", _masked_crc(data)))
+
+
 def iter_records(path: str, *, check_crc: bool = True,
                  chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
     """The records of one TFRecord file, in order, read in ``chunk_bytes`` requests and
