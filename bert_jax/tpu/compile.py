@@ -389,7 +389,7 @@ def estimate_step(tpu: Slice, mesh, step, args, state, *, global_batch: int, seq
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
-    parts = hlo.breakdown(compiled.as_text(), tpu.chips)
+    parts = hlo.breakdown(compiled.as_text(), tpu.chips, tpu.num_slices)
     return Estimate(
         slice=tpu.name, topology=tpu.topology_name, chips=tpu.chips,
         num_slices=tpu.num_slices, chip=tpu.chip.name,

@@ -17,7 +17,10 @@ step, from its opcode and the JAX name stack in its metadata:
   writes them differently: a reduce-scatter as a fusion around an all-reduce and a slice
   (``kind=kCustom, calls=%all-reduce-scatter...``), and an FSDP parameter all-gather as an
   all-reduce of a zero buffer holding the chip's shard (its operand a
-  ``dynamic-update-slice``), listed as ``all-gather as all-reduce``;
+  ``dynamic-update-slice``), listed as ``all-gather as all-reduce``; across the slices of
+  a multislice program, the DCN part of a collective is a ``send``/``recv`` pair handed to
+  the megascale runtime (``_xla_megascale_transfer_type="ALL_REDUCE"``...), listed as that
+  collective with a group of the number of slices, asynchronous (send-done waits for it);
 * ``other``: copies, casts, the loss, the gradient norm and the rest.
 
 Only buffers in HBM count: the compiler's other memory spaces (``S(n)`` in the layout: 1 the
@@ -92,6 +95,17 @@ def _arrays(text: str) -> list[tuple[float, bool]]:
 def _logical_bytes(text: str) -> float:
     """Bytes of the arrays a type text names, in whatever memory (a collective's payload)."""
     return sum(size for size, _ in _arrays(text))
+
+
+def _first_operand(operands: str) -> str:
+    """The first of a comma-separated operand list (a send's data, before its token)."""
+    depth = 0
+    for i, ch in enumerate(operands):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            return operands[:i]
+    return operands
 
 
 def _split_operands(rest: str) -> tuple[str, str]:
@@ -212,9 +226,10 @@ def _part(opcode: str, metadata: str) -> str:
     return "other"
 
 
-def breakdown(hlo_text: str, devices: int) -> Breakdown:
+def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
     """The HBM bytes per chip of one run of the module's entry computation, by part, and
-    its collectives (``devices``: the program's device count, for groups it leaves out)."""
+    its collectives (``devices``: the program's device count, for groups it leaves out;
+    ``slices``: the group of its DCN transfers)."""
     computations: dict[str, list[str]] = {}
     entry, current = None, None
     for line in hlo_text.splitlines():
@@ -427,6 +442,13 @@ def breakdown(hlo_text: str, devices: int) -> Breakdown:
             if fused:  # the full (unreduced) operands, as for a reduce-scatter
                 add_collective(fused[0], _group_size(fused[1], devices), False,
                                operand_bytes(operands, _logical_bytes), weight)
+                continue
+            if opcode == "send":  # the DCN part of a multislice collective (megascale)
+                transfer = re.search(r'_xla_megascale_transfer_type="(\w+)"', attrs)
+                if transfer:
+                    add_collective(transfer[1].lower().replace("_", "-"), slices, True,
+                                   operand_bytes(_first_operand(operands), _logical_bytes),
+                                   weight)
                 continue
             base = opcode.removesuffix("-start")
             if base not in COLLECTIVES:

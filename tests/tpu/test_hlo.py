@@ -221,3 +221,43 @@ def test_a_windowed_matmul_writes_one_window_per_iteration():
     assert b.flops == 8 * 2 * 256 * 256 * 64
     [c] = b.collectives
     assert c.kind == "collective-permute" and c.payload_bytes == 8 * window
+
+
+DCN = """\
+HloModule dcn
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+ENTRY %main (g: f32[1024,256]) -> f32[1024,256] {
+  %g = f32[1024,256]{1,0} parameter(0)
+  %in_slice = f32[1024,256]{1,0} all-reduce(%g), replica_groups={{0,1,2,3},{4,5,6,7}}, \\
+    to_apply=%add
+  %token = token[] after-all()
+  %send = (f32[1024,256]{1,0}, u32[], token[]) send(%in_slice, %token), channel_id=3, \\
+    is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name=\\
+"xla_megascale_runtime",_xla_megascale_reduce_operation="SUM",\\
+_xla_megascale_transfer_type="ALL_REDUCE"}
+  %recv = (f32[1024,256]{1,0}, u32[], token[]) recv(%token), channel_id=2, \\
+    is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
+  %send-done = token[] send-done(%send), channel_id=3, is_host_transfer=true
+  %recv-done = (f32[1024,256]{1,0}, token[]) recv-done(%recv), channel_id=2, \\
+    is_host_transfer=true
+  ROOT %across = f32[1024,256]{1,0} get-tuple-element(%recv-done), index=0
+}
+"""
+
+
+def test_multislice_dcn_transfers_are_the_collective_across_slices():
+    """Two slices of four chips: the gradient all-reduce inside each slice (ICI), then its
+    DCN part, a send/recv pair for the megascale runtime: listed once (the send), as an
+    all-reduce over the 2 slices, asynchronous."""
+    b = hlo.breakdown(DCN.replace("\\\n    ", "").replace("\\\n", ""), devices=8, slices=2)
+    kinds = {(c.kind, c.group): c for c in b.collectives}
+    assert set(kinds) == {("all-reduce", 4), ("all-reduce", 2)}
+    dcn = kinds[("all-reduce", 2)]
+    assert dcn.payload_bytes == 1024 * 256 * 4 and dcn.asynchronous and dcn.count == 1
+    assert dcn.link_bytes == 1024 * 256 * 4  # 2 (n - 1) / n of it, n = 2
