@@ -31,6 +31,7 @@ import posixpath
 import re
 import shutil
 import tempfile
+import types
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -163,15 +164,14 @@ def _gcs():
     # retries reaches the user as one line (_describe).
     logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
     tries = remote_tries()
-
-    class Client(gcsfs.GCSFileSystem):
-        # gcsfs fixes the tries of its JSON API requests when its class is defined (6: about
-        # 30 s of waiting on an endpoint that does not answer) whatever the instance's
-        # ``retries``; here they are tried ``tries`` times.
-        _request = retry_request(retries=tries)(gcsfs.GCSFileSystem._request.__wrapped__)
-
-    return Client(token="anon" if emulator_url() else None, use_listings_cache=False,
-                  retries=tries)
+    client = gcsfs.GCSFileSystem(token="anon" if emulator_url() else None,
+                                 use_listings_cache=False, retries=tries)
+    # gcsfs fixes the tries of its JSON API requests when its class is defined (6: about 30 s
+    # of waiting on an endpoint that does not answer) whatever the instance's ``retries``;
+    # this client's are tried ``tries`` times (the class, and so pickling, stays gcsfs's).
+    client._request = types.MethodType(
+        retry_request(retries=tries)(gcsfs.GCSFileSystem._request.__wrapped__), client)
+    return client
 
 
 def remote_tries() -> int:
