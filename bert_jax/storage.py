@@ -31,6 +31,7 @@ import posixpath
 import re
 import shutil
 import tempfile
+import types
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -38,9 +39,11 @@ from bert_jax.errors import BertJaxError
 
 GCS_SCHEME = "gs://"
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
-# How often the client retries a request that failed for a transient reason (connection
-# refused, 429, 5xx) before the error reaches the user.
+# How many times the client tries a request that fails for a transient reason (connection
+# refused, 429, 5xx) before the error reaches the user, waiting about 1, 2, 4, ... s between
+# tries; the environment variable BERT_JAX_STORAGE_TRIES sets another count (remote_tries).
 REMOTE_RETRIES = 3
+TRIES_VARIABLE = "BERT_JAX_STORAGE_TRIES"
 
 
 def configure_environment() -> None:
@@ -155,12 +158,36 @@ def _gcs():
     import logging
 
     import gcsfs
+    from gcsfs.retry import retry_request
 
     # gcsfs logs each failed try with its traceback; the failure that remains after the
     # retries reaches the user as one line (_describe).
     logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
-    return gcsfs.GCSFileSystem(token="anon" if emulator_url() else None,
-                               use_listings_cache=False, retries=REMOTE_RETRIES)
+    tries = remote_tries()
+    client = gcsfs.GCSFileSystem(token="anon" if emulator_url() else None,
+                                 use_listings_cache=False, retries=tries)
+    # gcsfs fixes the tries of its JSON API requests when its class is defined (6: about 30 s
+    # of waiting on an endpoint that does not answer) whatever the instance's ``retries``;
+    # this client's are tried ``tries`` times (the class, and so pickling, stays gcsfs's).
+    client._request = types.MethodType(
+        retry_request(retries=tries)(gcsfs.GCSFileSystem._request.__wrapped__), client)
+    return client
+
+
+def remote_tries() -> int:
+    """How many times a remote request is tried: ``BERT_JAX_STORAGE_TRIES`` (1 = no retry:
+    fail at once, e.g. a script probing whether an endpoint is up), else REMOTE_RETRIES."""
+    raw = os.environ.get(TRIES_VARIABLE, "").strip()
+    if not raw:
+        return REMOTE_RETRIES
+    try:
+        tries = int(raw)
+    except ValueError:
+        tries = 0
+    if tries < 1:
+        raise BertJaxError(f"{TRIES_VARIABLE}={raw!r}: expected a whole number of tries, 1 or "
+                           "more")
+    return tries
 
 
 def endpoint() -> str:
@@ -204,8 +231,9 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 def _check_bucket(bucket: str) -> None:
     """Once per bucket and process: it exists and this machine may use it."""
     url = f"{GCS_SCHEME}{bucket}"
+    client = _gcs()
     try:
-        _gcs().call("GET", "b/{}", bucket, json_out=True)
+        client.call("GET", "b/{}", bucket, json_out=True)
     except FileNotFoundError:
         raise BertJaxError(f"{url}: no such bucket at {endpoint()}; create it first "
                            f"(gcloud storage buckets create {url})") from None

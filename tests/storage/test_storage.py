@@ -126,6 +126,39 @@ def test_missing_bucket_and_unreachable_server(gcs, monkeypatch):
         storage.exists("s3://bucket/run")
 
 
+def test_tries_of_a_request_come_from_the_environment(monkeypatch):
+    monkeypatch.delenv("BERT_JAX_STORAGE_TRIES", raising=False)
+    assert storage.remote_tries() == storage.REMOTE_RETRIES == 3
+    monkeypatch.setenv("BERT_JAX_STORAGE_TRIES", " 1 ")
+    assert storage.remote_tries() == 1
+    for bad in ("0", "-2", "three", "1.5"):
+        monkeypatch.setenv("BERT_JAX_STORAGE_TRIES", bad)
+        with pytest.raises(BertJaxError, match=f"BERT_JAX_STORAGE_TRIES='{bad}': expected"):
+            storage.remote_tries()
+
+
+def test_an_unreachable_server_is_tried_the_set_number_of_times(monkeypatch):
+    """A fresh process against a closed port: each try waits about 1, 2, 4, ... s before the
+    next, so 1 try answers within seconds where gcsfs's own 6 take about 30 s."""
+    code = ("import time; import gcsfs; from bert_jax import storage\n"
+            "from bert_jax.errors import BertJaxError\n"
+            "start = time.monotonic()\n"
+            "try: storage.exists('gs://bkt/x')\n"
+            "except BertJaxError as e: print(round(time.monotonic() - start, 1), e)\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{port}",
+               BERT_JAX_STORAGE_TRIES="1")
+    for key in ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
+        env.pop(key, None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+    seconds, message = done.stdout.split(" ", 1)
+    assert "cannot reach the storage server" in message, done.stdout + done.stderr
+    assert float(seconds) < 1.0  # no wait between tries: there is only one
+
+
 def test_tfrecords_from_a_bucket_match_tensorflow_and_name_damage(bucket, tmp_path):
     import tensorflow as tf
 

@@ -245,7 +245,7 @@ def test_byte_breakdown_counts_loops_by_their_trip_counts():
     config = load_config("experiments/pretrain.py:bert_large_lamb_phase1", [
         "--config.model.preset=tiny", "--config.model.vocab_size=1024",
         "--config.model.num_hidden_layers=1", "--config.model.scan_layers=false",
-        "--config.global_batch_size=256", "--config.microbatches=2"])
+        "--config.global_batch_size=64", "--config.microbatches=2"])
     rolled = _compile_step(config, tpu, devices)
     unrolled = _compile_step(config, tpu, devices, unroll_microbatches=True)
     walk = sum(unrolled.hbm_parts.values())
