@@ -345,21 +345,33 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
                   for c in re.findall(r"calls=%?([\w.\-]+)", line)]
         return "\n".join((*lines, *nested))
 
-    def in_place_update(opcode: str, operands: str, callee: str, result: str
-                        ) -> float | None:
-        """The bytes a dynamic-update-slice writes (its update), where ``opcode`` is one or a
-        fusion whose root is one with the fusion's result type; else None."""
+    def in_place_update(opcode: str, operands: str, callee: str
+                        ) -> tuple[float, list[str]] | None:
+        """(bytes written, the buffers updated in place) where ``opcode`` is a
+        dynamic-update-slice, or a fusion whose root is one or a tuple holding some (a
+        multi-output fusion writing layers of several stacks and other outputs whole); else
+        None. A dynamic-update-slice writes its update, another output all of itself."""
         if opcode == "dynamic-update-slice":
-            return _bytes(operand_type(operands, 1))
+            return _bytes(operand_type(operands, 1)), [operand_type(operands, 0)]
         if opcode != "fusion" or not callee:
             return None
-        for line in computations.get(callee, ()):
-            match = INSTRUCTION.match(line)
-            if match and line.lstrip().startswith("ROOT") and \
-                    match[3] == "dynamic-update-slice" and \
-                    match[2].split("{")[0] == result.split("{")[0]:
-                return _bytes(operand_type(_split_operands(match[4])[0], 1))
-        return None
+        matches = [INSTRUCTION.match(line) for line in computations.get(callee, ())]
+        named = {m[1]: m for m in matches if m}
+        root = next((m for line, m in zip(computations.get(callee, ()), matches, strict=True)
+                     if m and line.lstrip().startswith("ROOT")), None)
+        if root is None:
+            return None
+        outputs = [root[1]] if root[3] != "tuple" else \
+            re.findall(r"%([\w.\-]+)", _split_operands(root[4])[0])
+        written, buffers = 0.0, []
+        for name in outputs:
+            m = named.get(name)
+            if m is not None and m[3] == "dynamic-update-slice":
+                written += _bytes(operand_type(_split_operands(m[4])[0], 1))
+                buffers.append(m[2])
+            else:
+                written += _bytes(shapes.get(name, ""))
+        return (written, buffers) if buffers else None
 
     def moved_bytes(opcode: str, result: str, operands: str, attrs: str, trips: int
                     ) -> float:
@@ -380,16 +392,22 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
             return sum(size for size, hbm in (*read, *output) if hbm)
         callee = re.search(r"calls=%?([\w.\-]+)", attrs)
         body = fused_text(callee[1]) if callee else ""
-        update = in_place_update(opcode, operands, callee[1] if callee else "", result)
-        if update is not None:
-            # XLA updates the buffer in place: the other operands are read and the update
-            # written; the buffer (the operand of the result's type) is neither read nor
-            # written whole (a windowed matmul's output window, a scan's saved layer)
-            others = list(types)
-            if result.split("{")[0] in [t.split("{")[0] for t in others]:
-                others.pop([t.split("{")[0] for t in others].index(result.split("{")[0]))
-            return sum(_bytes(t) for t in others) + update
-        slicing = opcode == "dynamic-slice" or "dynamic-slice(" in body
+        in_place = in_place_update(opcode, operands, callee[1] if callee else "")
+        if in_place is not None:
+            # XLA updates the buffers in place: the other operands are read and the updates
+            # written; a buffer (an operand of an output's type) is neither read nor written
+            # whole (a windowed matmul's output window, a scan's saved layer)
+            written, buffers = in_place
+            others = [t.split("{")[0] for t in types]
+            for buffer in buffers:
+                if buffer.split("{")[0] in others:
+                    others.remove(buffer.split("{")[0])
+            sliced = "dynamic-slice(" in body  # a stack it reads a layer of, as below
+            return written + sum(
+                _bytes(t) / (trips if sliced and trips > 1 and _dims(t)[:1] == [trips] else 1)
+                for t in others)
+        slicing = opcode in ("dynamic-slice", "dynamic-update-slice") or \
+            "dynamic-slice(" in body or "dynamic-update-slice(" in body
         total = 0.0
         for t in (*types, result):
             size = _bytes(t)

@@ -261,3 +261,81 @@ def test_multislice_dcn_transfers_are_the_collective_across_slices():
     dcn = kinds[("all-reduce", 2)]
     assert dcn.payload_bytes == 1024 * 256 * 4 and dcn.asynchronous and dcn.count == 1
     assert dcn.link_bytes == 1024 * 256 * 4  # 2 (n - 1) / n of it, n = 2
+
+
+MULTI = """\
+HloModule multi
+
+%save_layer (saved.1: bf16[4,32,64], other.1: bf16[4,32,64], x.1: bf16[32,64], \\
+    weights.1: bf16[4,64,64], i.1: s32[]) -> (bf16[4,32,64], bf16[4,32,64], bf16[32,64]) {
+  %saved.1 = bf16[4,32,64]{2,1,0} parameter(0)
+  %other.1 = bf16[4,32,64]{2,1,0} parameter(1)
+  %x.1 = bf16[32,64]{1,0} parameter(2)
+  %weights.1 = bf16[4,64,64]{2,1,0} parameter(3)
+  %i.1 = s32[] parameter(4)
+  %zero.2 = s32[] constant(0)
+  %w = bf16[1,64,64]{2,1,0} dynamic-slice(%weights.1, %i.1, %zero.2, %zero.2), \\
+    dynamic_slice_sizes={1,64,64}
+  %w2 = bf16[64,64]{1,0} bitcast(%w)
+  %y = bf16[32,64]{1,0} dot(%x.1, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %y3 = bf16[1,32,64]{2,1,0} bitcast(%y)
+  %x3 = bf16[1,32,64]{2,1,0} bitcast(%x.1)
+  %dus.1 = bf16[4,32,64]{2,1,0} dynamic-update-slice(%saved.1, %y3, %i.1, %zero.2, %zero.2)
+  %dus.2 = bf16[4,32,64]{2,1,0} dynamic-update-slice(%other.1, %x3, %i.1, %zero.2, %zero.2)
+  ROOT %out = (bf16[4,32,64]{2,1,0}, bf16[4,32,64]{2,1,0}, bf16[32,64]{1,0}) \\
+    tuple(%dus.1, %dus.2, %y)
+}
+
+%body (c: (s32[], bf16[32,64], bf16[4,64,64], bf16[4,32,64], bf16[4,32,64])) \\
+    -> (s32[], bf16[32,64], bf16[4,64,64], bf16[4,32,64], bf16[4,32,64]) {
+  %c = (s32[], bf16[32,64]{1,0}, bf16[4,64,64]{2,1,0}, bf16[4,32,64]{2,1,0}, \\
+    bf16[4,32,64]{2,1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %x = bf16[32,64]{1,0} get-tuple-element(%c), index=1
+  %weights = bf16[4,64,64]{2,1,0} get-tuple-element(%c), index=2
+  %saved = bf16[4,32,64]{2,1,0} get-tuple-element(%c), index=3
+  %other = bf16[4,32,64]{2,1,0} get-tuple-element(%c), index=4
+  %f = (bf16[4,32,64]{2,1,0}, bf16[4,32,64]{2,1,0}, bf16[32,64]{1,0}) \\
+    fusion(%saved, %other, %x, %weights, %i), kind=kOutput, calls=%save_layer
+  %s = bf16[4,32,64]{2,1,0} get-tuple-element(%f), index=0
+  %o = bf16[4,32,64]{2,1,0} get-tuple-element(%f), index=1
+  %y.2 = bf16[32,64]{1,0} get-tuple-element(%f), index=2
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], bf16[32,64]{1,0}, bf16[4,64,64]{2,1,0}, bf16[4,32,64]{2,1,0}, \\
+    bf16[4,32,64]{2,1,0}) tuple(%next, %y.2, %weights, %s, %o)
+}
+
+%cond (c.1: (s32[], bf16[32,64], bf16[4,64,64], bf16[4,32,64], bf16[4,32,64])) -> pred[] {
+  %c.1 = (s32[], bf16[32,64]{1,0}, bf16[4,64,64]{2,1,0}, bf16[4,32,64]{2,1,0}, \\
+    bf16[4,32,64]{2,1,0}) parameter(0)
+  %i.3 = s32[] get-tuple-element(%c.1), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i.3, %n), direction=LT
+}
+
+ENTRY %main (x.0: bf16[32,64], w.0: bf16[4,64,64], s.0: bf16[4,32,64], o.0: bf16[4,32,64]) \\
+    -> bf16[4,32,64] {
+  %x.0 = bf16[32,64]{1,0} parameter(0)
+  %w.0 = bf16[4,64,64]{2,1,0} parameter(1)
+  %s.0 = bf16[4,32,64]{2,1,0} parameter(2)
+  %o.0 = bf16[4,32,64]{2,1,0} parameter(3)
+  %zero.1 = s32[] constant(0)
+  %init = (s32[], bf16[32,64]{1,0}, bf16[4,64,64]{2,1,0}, bf16[4,32,64]{2,1,0}, \\
+    bf16[4,32,64]{2,1,0}) tuple(%zero.1, %x.0, %w.0, %s.0, %o.0)
+  %loop = (s32[], bf16[32,64]{1,0}, bf16[4,64,64]{2,1,0}, bf16[4,32,64]{2,1,0}, \\
+    bf16[4,32,64]{2,1,0}) while(%init), condition=%cond, body=%body
+  ROOT %r = bf16[4,32,64]{2,1,0} get-tuple-element(%loop), index=3
+}
+"""
+
+
+def test_a_multi_output_fusion_saves_one_layer_of_each_stack():
+    """A scanned layer's forward fusion (as XLA:TPU fuses it on v6e): it reads its layer of
+    the stacked weights, writes one layer into each of two saved-activation stacks in place
+    and its output whole. Per iteration: x, one weight layer, two saved layers and the
+    output; neither stack whole."""
+    b = hlo.breakdown(MULTI.replace("\\\n    ", ""), devices=1)
+    act, layer = 32 * 64 * 2, 64 * 64 * 2
+    per_iteration = act + layer + 2 * act + act + 4  # + the index
+    assert b.parts["other"] == pytest.approx(4 * per_iteration, abs=256)  # + the counter
