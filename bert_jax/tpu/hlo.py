@@ -268,14 +268,20 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
         return bool(opcode in PASS_THROUGH and first and depth < 8
                     and gathered(first[1], depth + 1))
 
-    def fused_collective(attrs: str) -> tuple[str, str] | None:
-        """(kind, the inner collective's attributes) of a fusion around a collective."""
+    def fused_collective(attrs: str) -> tuple[str, str, float] | None:
+        """(kind, the inner collective's attributes, its payload) of a fusion around a
+        collective: an all-gather's gathered result, else its full (unreduced) operands, as
+        for a reduce-scatter. Only the collective's own arrays: such a fusion (XLA:TPU's
+        async collective fusions) also carries other buffers through."""
         callee = re.search(r"calls=%?([\w.\-]+)", attrs)
         for line in computations.get(callee[1], ()) if callee else ():
             match = INSTRUCTION.match(line)
             if match and match[3] in COLLECTIVES:
                 kind = "reduce-scatter" if "reduce-scatter" in callee[1] else match[3]
-                return kind, _split_operands(match[4])[1]
+                inner_operands, inner_attrs = _split_operands(match[4])
+                payload = _logical_bytes(match[2]) if kind == "all-gather" else \
+                    operand_bytes(inner_operands, _logical_bytes)
+                return kind, inner_attrs, payload
         return None
 
     def add_collective(kind: str, group: int, asynchronous: bool, payload: float,
@@ -457,9 +463,9 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
             fused = fused_collective(attrs) if opcode == "fusion" else None
             part = "collectives" if fused else _part(opcode, metadata[1] if metadata else "")
             parts[part] += weight * moved
-            if fused:  # the full (unreduced) operands, as for a reduce-scatter
-                add_collective(fused[0], _group_size(fused[1], devices), False,
-                               operand_bytes(operands, _logical_bytes), weight)
+            if fused:
+                add_collective(fused[0], _group_size(fused[1], devices), False, fused[2],
+                               weight)
                 continue
             if opcode == "send":  # the DCN part of a multislice collective (megascale)
                 transfer = re.search(r'_xla_megascale_transfer_type="(\w+)"', attrs)

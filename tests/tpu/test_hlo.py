@@ -339,3 +339,33 @@ def test_a_multi_output_fusion_saves_one_layer_of_each_stack():
     act, layer = 32 * 64 * 2, 64 * 64 * 2
     per_iteration = act + layer + 2 * act + act + 4  # + the index
     assert b.parts["other"] == pytest.approx(4 * per_iteration, abs=256)  # + the counter
+
+
+CARRIED = """\
+HloModule carried
+
+%async_collective_fusion.1 (shard: f32[256,64], carried: f32[1024,1024]) \\
+    -> (f32[256,256], f32[1024,1024]) {
+  %shard = f32[256,64]{1,0} parameter(0)
+  %carried = f32[1024,1024]{1,0} parameter(1)
+  %gathered = f32[256,256]{1,0} all-gather(%shard), replica_groups={{0,1,2,3}}, \\
+    dimensions={1}
+  ROOT %out = (f32[256,256]{1,0}, f32[1024,1024]{1,0}) tuple(%gathered, %carried)
+}
+
+ENTRY %main (s: f32[256,64], c: f32[1024,1024]) -> (f32[256,256], f32[1024,1024]) {
+  %s = f32[256,64]{1,0} parameter(0)
+  %c = f32[1024,1024]{1,0} parameter(1)
+  ROOT %f = (f32[256,256]{1,0}, f32[1024,1024]{1,0}) fusion(%s, %c), kind=kCustom, \\
+    calls=%async_collective_fusion.1
+}
+"""
+
+
+def test_a_collective_fusion_sends_only_its_collectives_arrays():
+    """XLA:TPU's async collective fusions carry other buffers through beside the collective
+    (a gathered weight of the previous iteration, activations): the payload is the
+    all-gather's gathered array, not every operand of the fusion."""
+    b = hlo.breakdown(CARRIED.replace("\\\n    ", ""), devices=4)
+    [c] = b.collectives
+    assert c.kind == "all-gather" and c.group == 4 and c.payload_bytes == 256 * 256 * 4
