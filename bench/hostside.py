@@ -40,38 +40,27 @@ def _log(msg: str) -> None:
     print(f"[hostside {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _entry(key: str, values: np.ndarray) -> bytes:
-    """One ``Features.feature`` map entry: ``key`` -> Int64List(values), wire format."""
-    from bert_jax.protowire import varint
-
-    packed = b"".join(varint(int(v)) for v in values)
-    int64_list = b"\x0a" + varint(len(packed)) + packed
-    feature = b"\x1a" + varint(len(int64_list)) + int64_list
-    k = key.encode()
-    entry = b"\x0a" + varint(len(k)) + k + b"\x12" + varint(len(feature)) + feature
-    return b"\x0a" + varint(len(entry)) + entry
-
-
 def replicate(documents: str, out: str, copies: int, seed: int = 0) -> dict:
     """``copies`` copies of the document shards in ``documents`` under ``out``, one shard a
     copy: the records (the source's documents, chunked as it was) are encoded once, each copy
     gets its own record order and work unit (its index), so the loader sees distinct
     documents."""
     from bert_jax.data.documents import chunk_document, load_document_table
+    from bert_jax.data.example_proto import ExampleEncoder
     from bert_jax.data.metadata import load_metadata
     from bert_jax.data.records import frame
-    from bert_jax.protowire import varint
 
     meta = load_metadata(documents)
     raw = json.load(open(os.path.join(documents, "metadata.json"), encoding="utf-8"))
     table = load_document_table(meta.train_files, meta.vocab_size)
     starts, first = table.sentence_starts, table.document_sentences
+    encoder = ExampleEncoder(meta.vocab_size)
     bodies, keys = [], []
     for d in range(table.num_documents):
         sentences = [table.tokens[starts[k]:starts[k + 1]] for k in range(first[d], first[d + 1])]
         for c, chunk in enumerate(chunk_document(sentences, raw["max_record_tokens"])):
-            bodies.append(_entry("token_ids", np.concatenate(chunk))
-                          + _entry("sentence_lengths", [len(s) for s in chunk]))
+            bodies.append(encoder.entry("token_ids", np.concatenate(chunk).tolist())
+                          + encoder.entry("sentence_lengths", [len(s) for s in chunk]))
             keys.append((d, c))
     os.makedirs(out, exist_ok=True)
     shards, size = [], 0
@@ -80,8 +69,8 @@ def replicate(documents: str, out: str, copies: int, seed: int = 0) -> dict:
         name = f"train-{copy:05d}-of-{copies:05d}.tfrecord"
         with open(os.path.join(out, name), "wb") as f:
             for i in rng.permutation(len(bodies)):
-                body = bodies[i] + _entry("document", (copy, *keys[i]))
-                f.write(frame(b"\x0a" + varint(len(body)) + body))
+                body = bodies[i] + encoder.entry("document", (copy, *keys[i]))
+                f.write(frame(encoder.example(body)))
         nbytes = os.path.getsize(os.path.join(out, name))
         shards.append({"file": name, "examples": len(bodies), "bytes": nbytes})
         size += nbytes

@@ -22,15 +22,21 @@ class ExampleEncoder:
         n = len(table)
         return b"".join(table[v] if 0 <= v < n else _varint(v) for v in values)
 
-    def encode(self, features: dict[str, list[int]]) -> bytes:
-        entries = []
-        for key, values in features.items():
-            packed = self._packed(values)
-            int64_list = b"\x0a" + _varint(len(packed)) + packed
-            feature = b"\x1a" + _varint(len(int64_list)) + int64_list
-            key_bytes = key.encode()
-            entry = (b"\x0a" + _varint(len(key_bytes)) + key_bytes
-                     + b"\x12" + _varint(len(feature)) + feature)
-            entries.append(b"\x0a" + _varint(len(entry)) + entry)
-        body = b"".join(entries)
+    def entry(self, key: str, values) -> bytes:
+        """One ``Features.feature`` map entry: ``key`` -> Int64List(values); entries
+        concatenated are a Features body (:meth:`example` wraps them)."""
+        packed = self._packed(values)
+        int64_list = b"\x0a" + _varint(len(packed)) + packed
+        feature = b"\x1a" + _varint(len(int64_list)) + int64_list
+        key_bytes = key.encode()
+        entry = (b"\x0a" + _varint(len(key_bytes)) + key_bytes
+                 + b"\x12" + _varint(len(feature)) + feature)
+        return b"\x0a" + _varint(len(entry)) + entry
+
+    @staticmethod
+    def example(body: bytes) -> bytes:
+        """An Example from concatenated :meth:`entry` bytes."""
         return b"\x0a" + _varint(len(body)) + body
+
+    def encode(self, features: dict[str, list[int]]) -> bytes:
+        return self.example(b"".join(self.entry(k, v) for k, v in features.items()))
