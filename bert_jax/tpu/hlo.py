@@ -351,6 +351,54 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
                   for c in re.findall(r"calls=%?([\w.\-]+)", line)]
         return "\n".join((*lines, *nested))
 
+    instructions: dict[str, list[tuple[str, str, str, list[str], str]]] = {}
+
+    def parsed(name: str) -> list[tuple[str, str, str, list[str], str]]:
+        """A computation's instructions as (name, opcode, operands as written, operand
+        names, attributes)."""
+        if name not in instructions:
+            rows = []
+            for line in computations.get(name, ()):
+                m = INSTRUCTION.match(line)
+                if m:
+                    operands, attrs = _split_operands(m[4])
+                    rows.append((m[1], m[3], operands.strip(),
+                                 re.findall(r"%([\w.\-]+)", operands), attrs))
+            instructions[name] = rows
+        return instructions[name]
+
+    def read_fraction(callee: str, index: int, depth: int = 0) -> float:
+        """The part of a fusion's operand ``index`` that its fused computation reads: where
+        every use is a (dynamic) slice, through bitcasts and nested fusions, the slices'
+        share of it (a scan's layer of a stack, a windowed matmul's window of an activation,
+        as XLA's cost model counts them); else all of it."""
+        param = next((name for name, opcode, written, _, _ in parsed(callee)
+                      if opcode == "parameter" and written == str(index)), None)
+        full = _logical_bytes(shapes.get(param, "")) if param else 0.0
+        return 1.0 if full <= 0 else min(1.0, read_of(callee, param, depth) / full)
+
+    def read_of(computation: str, name: str, depth: int) -> float:
+        """Logical bytes of ``name`` the instructions of ``computation`` read."""
+        full = _logical_bytes(shapes.get(name, ""))
+        total = 0.0
+        for user, opcode, _, operands, attrs in parsed(computation):
+            if name not in operands:
+                continue
+            if opcode in ("dynamic-slice", "slice") and operands.index(name) == 0 and \
+                    operands.count(name) == 1:
+                total += _logical_bytes(shapes.get(user, ""))
+            elif opcode == "bitcast" and depth < 8:
+                total += read_of(computation, user, depth + 1)
+            elif opcode == "fusion" and depth < 8:
+                callee = re.search(r"calls=%?([\w.\-]+)", attrs)
+                if not callee:
+                    return full
+                total += sum(read_fraction(callee[1], k, depth + 1) * full
+                             for k, operand in enumerate(operands) if operand == name)
+            else:
+                return full
+        return min(total, full)
+
     def in_place_update(opcode: str, operands: str, callee: str
                         ) -> tuple[float, list[str]] | None:
         """(bytes written, the buffers updated in place) where ``opcode`` is a
@@ -398,30 +446,38 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
             return sum(size for size, hbm in (*read, *output) if hbm)
         callee = re.search(r"calls=%?([\w.\-]+)", attrs)
         body = fused_text(callee[1]) if callee else ""
+        slicing = opcode in ("dynamic-slice", "dynamic-update-slice") or \
+            "dynamic-slice(" in body or "dynamic-update-slice(" in body
+
+        def read(index: int, t: str) -> float:
+            """Operand ``index`` (of type ``t``): the part a fusion's slices read of it, or
+            a dynamic slice's own result; else, inside a loop, one layer of a stack along
+            the loop that the body slices; else all of it."""
+            fraction = read_fraction(callee[1], index) if callee else 1.0
+            if opcode == "dynamic-slice" and index == 0:
+                fraction = min(1.0, _logical_bytes(result) / max(_logical_bytes(t), 1.0))
+            if fraction < 1.0:
+                return _bytes(t) * fraction
+            stacked = slicing and trips > 1 and _dims(t)[:1] == [trips]
+            return _bytes(t) / (trips if stacked else 1)
+
         in_place = in_place_update(opcode, operands, callee[1] if callee else "")
         if in_place is not None:
             # XLA updates the buffers in place: the other operands are read and the updates
             # written; a buffer (an operand of an output's type) is neither read nor written
             # whole (a windowed matmul's output window, a scan's saved layer)
             written, buffers = in_place
-            others = [t.split("{")[0] for t in types]
+            others = list(enumerate(types))
             for buffer in buffers:
-                if buffer.split("{")[0] in others:
-                    others.remove(buffer.split("{")[0])
-            sliced = "dynamic-slice(" in body  # a stack it reads a layer of, as below
-            return written + sum(
-                _bytes(t) / (trips if sliced and trips > 1 and _dims(t)[:1] == [trips] else 1)
-                for t in others)
-        slicing = opcode in ("dynamic-slice", "dynamic-update-slice") or \
-            "dynamic-slice(" in body or "dynamic-update-slice(" in body
-        total = 0.0
-        for t in (*types, result):
-            size = _bytes(t)
-            dims = _dims(t)
-            if slicing and trips > 1 and dims and dims[0] == trips:
-                size /= trips
-            total += size
-        return total
+                same = next((k for k, (_, t) in enumerate(others)
+                             if t.split("{")[0] == buffer.split("{")[0]), None)
+                if same is not None:
+                    others.pop(same)
+            return written + sum(read(index, t) for index, t in others)
+        size = _bytes(result)
+        if slicing and trips > 1 and _dims(result)[:1] == [trips]:
+            size /= trips
+        return size + sum(read(index, t) for index, t in enumerate(types))
 
     def walk(name: str, weight: float, seen: tuple[str, ...], trips: int = 1) -> None:
         for line in computations.get(name, ()):

@@ -223,6 +223,82 @@ def test_a_windowed_matmul_writes_one_window_per_iteration():
     assert c.kind == "collective-permute" and c.payload_bytes == 8 * window
 
 
+WINDOW_READ = """\
+HloModule window_read
+
+%window (x.3: f32[512,1024], i.4: s32[]) -> f32[512,256] {
+  %x.3 = f32[512,1024]{1,0} parameter(0)
+  %i.4 = s32[] parameter(1)
+  %zero.4 = s32[] constant(0)
+  ROOT %cut = f32[512,256]{1,0} dynamic-slice(%x.3, %zero.4, %i.4), \\
+    dynamic_slice_sizes={512,256}
+}
+
+%partial (x.2: f32[512,1024], dy.2: f32[512,64], acc.2: f32[256,64], i.2: s32[]) \\
+    -> f32[256,64] {
+  %x.2 = f32[512,1024]{1,0} parameter(0)
+  %dy.2 = f32[512,64]{1,0} parameter(1)
+  %acc.2 = f32[256,64]{1,0} parameter(2)
+  %i.2 = s32[] parameter(3)
+  %xw = f32[512,256]{1,0} fusion(%x.2, %i.2), kind=kLoop, calls=%window
+  %grad = f32[256,64]{1,0} dot(%xw, %dy.2), lhs_contracting_dims={0}, \\
+    rhs_contracting_dims={0}
+  ROOT %sum.2 = f32[256,64]{1,0} add(%grad, %acc.2)
+}
+
+%body (carry: (s32[], f32[512,1024], f32[512,64], f32[256,64])) \\
+    -> (s32[], f32[512,1024], f32[512,64], f32[256,64]) {
+  %carry = (s32[], f32[512,1024]{1,0}, f32[512,64]{1,0:S(3)}, f32[256,64]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%carry), index=0
+  %x = f32[512,1024]{1,0} get-tuple-element(%carry), index=1
+  %dy = f32[512,64]{1,0:S(3)} get-tuple-element(%carry), index=2
+  %acc = f32[256,64]{1,0} get-tuple-element(%carry), index=3
+  %summed = f32[256,64]{1,0} fusion(%x, %dy, %acc, %i), kind=kOutput, calls=%partial
+  %passed = f32[256,64]{1,0} collective-permute(%summed), \\
+    source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[512,1024]{1,0}, f32[512,64]{1,0:S(3)}, f32[256,64]{1,0}) \\
+    tuple(%next, %x, %dy, %passed)
+}
+
+%cond (carry.1: (s32[], f32[512,1024], f32[512,64], f32[256,64])) -> pred[] {
+  %carry.1 = (s32[], f32[512,1024]{1,0}, f32[512,64]{1,0:S(3)}, f32[256,64]{1,0}) \\
+    parameter(0)
+  %i.3 = s32[] get-tuple-element(%carry.1), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i.3, %n), direction=LT
+}
+
+ENTRY %main (x.5: f32[512,1024], dy.5: f32[512,64], acc.5: f32[256,64]) -> f32[256,64] {
+  %x.5 = f32[512,1024]{1,0} parameter(0)
+  %dy.5 = f32[512,64]{1,0:S(3)} parameter(1)
+  %acc.5 = f32[256,64]{1,0} parameter(2)
+  %zero.1 = s32[] constant(0)
+  %init = (s32[], f32[512,1024]{1,0}, f32[512,64]{1,0:S(3)}, f32[256,64]{1,0}) \\
+    tuple(%zero.1, %x.5, %dy.5, %acc.5)
+  %loop = (s32[], f32[512,1024]{1,0}, f32[512,64]{1,0:S(3)}, f32[256,64]{1,0}) \\
+    while(%init), condition=%cond, body=%body
+  ROOT %result = f32[256,64]{1,0} get-tuple-element(%loop), index=3
+}
+"""
+
+
+def test_a_windowed_reduce_scatter_reads_one_window_of_the_activation():
+    """A windowed reduce-scatter (XLA's FSDP weight gradient on v4): each of 4 iterations
+    multiplies one 256-column window of the activation x, which a fusion nested in the
+    iteration's fusion slices out of it, by the output gradient (in v4's on-chip memory:
+    no HBM bytes), adds the partial sum passed on by the neighbour and passes it on. Per
+    iteration the fusion reads a quarter of x (x's leading dimension is not the trip count)
+    and the partial sum and writes one; the permute reads and writes the partial sum."""
+    b = hlo.breakdown(WINDOW_READ.replace("\\\n    ", ""), devices=4)
+    window, partial = 512 * 256 * 4, 256 * 64 * 4
+    fused = window + partial + 4 + partial  # the window of x, the sum, the index; the sum
+    assert b.parts["other"] + b.parts["collectives"] == pytest.approx(
+        4 * (fused + 2 * partial), abs=1024)  # + the counter
+    assert b.flops == 4 * 2 * 512 * 256 * 64
+
+
 DCN = """\
 HloModule dcn
 
