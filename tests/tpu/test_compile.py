@@ -221,7 +221,10 @@ def test_lamb_recipe_compiles_with_accumulation():
     """The phase-1 recipe's step with 4 microbatches of 16 sequences per chip (2 scanned
     layers): XLA counts each loop body once, so the bytes come from the compiled program
     with its loops weighted by their trip counts (the parts add up to them) and the FLOPs
-    from the model's, scaled by one small unrolled compile's ratio."""
+    from the model's, scaled by one small unrolled compile's ratio. On its data-parallel
+    mesh the gradients are all-reduced once per step, after the loop: less than the
+    parameters' bytes (kernels summed in bf16), where one reduction per microbatch inside
+    the loop (the partitioner's) moves 3x them."""
     e = _compile("bert_large_lamb_phase1", "v5e-8", *TINY_LAMB, TWO_LAYERS,
                  "--config.microbatches=4", layer_costs="auto")
     assert e.fits and e.microbatches == 4 and e.micro_batch_per_chip == 16
@@ -231,6 +234,8 @@ def test_lamb_recipe_compiles_with_accumulation():
     assert set(e.hbm_parts) == {"forward", "backward", "optimizer", "accumulate",
                                 "collectives", "other"}
     assert any("x their trip counts" in n for n in e.notes)
+    [reduce] = e.collectives
+    assert reduce["kind"] == "all-reduce" and reduce["payload_bytes"] < e.params_bytes
 
 
 def test_byte_breakdown_counts_loops_by_their_trip_counts():
