@@ -1,5 +1,5 @@
 """``bert-jax compile --config experiments/pretrain.py:<variant> --topology v5p-128
-[--num-slices N] [--json OUT] [--config.key=value ...]``: compile the pretraining step for a TPU
+[--num-slices N] [--json OUT] [--save-hlo FILE] [--config.key=value ...]``: compile the pretraining step for a TPU
 slice on any machine and report memory per chip, fit, and roofline predictions.
 ``--task glue:mrpc`` (``FAMILY:VARIANT`` of ``experiments/FAMILY.py``, or a fine-tuning
 ``FILE.py:VARIANT``) compiles the fine-tuning step instead.
@@ -48,6 +48,10 @@ class Compile:
                                  "global batch needs (what --config.microbatches=0 does)")
         parser.add_argument("--json", metavar="OUT",
                             help="also write the report as JSON to this file")
+        parser.add_argument("--save-hlo", metavar="FILE",
+                            help="also write the reported step's compiled program (optimized "
+                                 "HLO text) to this file; `python -m bert_jax.tpu.hlo FILE "
+                                 "--devices N` reads its bytes and collectives again")
         parser.epilog = ("Override any config field with --config.<key>=<value>, as for "
                          "pretrain. The numbers are compiler estimates (docs/tpu.md).")
 
@@ -62,6 +66,11 @@ class Compile:
             raise BertJaxError("--max-batch searches the pretraining step's micro-batch; "
                                "it takes --config, not --task")
         tpu = parse_slice(args.topology, args.num_slices)
+        from bert_jax.fileio import check_output_path
+
+        for path in (args.json, args.save_hlo):
+            if path:
+                check_output_path(path, directory=False)
         prepare_environment()
         from bert_jax.tpu.compile import (
             LEVERS,
@@ -98,6 +107,10 @@ class Compile:
             print("levers:\n  " + "\n  ".join(LEVERS), file=sys.stderr)
             return 1
         print(format_report(estimate))
+        if args.save_hlo:
+            from bert_jax.fileio import atomic_write
+
+            atomic_write(args.save_hlo, estimate.hlo_text)
         _write_json(args.json, {"config": spec, "overrides": list(args.overrides),
                                 **estimate.to_dict()})
         if not estimate.fits:

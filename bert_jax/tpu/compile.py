@@ -69,6 +69,9 @@ class Estimate:
     collectives: list[dict] = dataclasses.field(default_factory=list)
     hlo_flops: float = 0.0  # matmul + declared kernel FLOPs, loops x trip counts
     chips_per_slice: int = 0
+    # the compiled program (optimized HLO text: ``bert-jax compile --save-hlo``); not in
+    # the JSON record
+    hlo_text: str = dataclasses.field(default="", repr=False)
 
     @property
     def collective_seconds(self) -> dict[str, float]:
@@ -146,6 +149,7 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
+        del out["hlo_text"]
         out.update(total_bytes=self.total_bytes, fits=self.fits,
                    compute_seconds=self.compute_seconds, memory_seconds=self.memory_seconds,
                    step_seconds=self.step_seconds, bound=self.bound,
@@ -389,7 +393,8 @@ def estimate_step(tpu: Slice, mesh, step, args, state, *, global_batch: int, seq
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
-    parts = hlo.breakdown(compiled.as_text(), tpu.chips, tpu.num_slices)
+    text = compiled.as_text()
+    parts = hlo.breakdown(text, tpu.chips, tpu.num_slices)
     return Estimate(
         slice=tpu.name, topology=tpu.topology_name, chips=tpu.chips,
         num_slices=tpu.num_slices, chip=tpu.chip.name,
@@ -407,7 +412,7 @@ def estimate_step(tpu: Slice, mesh, step, args, state, *, global_batch: int, seq
         model_flops_per_sequence=model_flops_per_sequence, compile_seconds=seconds,
         hbm_parts=parts.parts, collectives=parts.to_dict()["collectives"],
         hlo_flops=parts.flops,
-        chips_per_slice=tpu.chips_per_slice)
+        chips_per_slice=tpu.chips_per_slice, hlo_text=text)
 
 
 class CompileFailed(BertJaxError):

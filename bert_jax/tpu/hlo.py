@@ -60,14 +60,15 @@ PASS_THROUGH = ("copy-done", "copy-start", "copy", "bitcast", "get-tuple-element
 PARTS = ("forward", "backward", "optimizer", "accumulate", "collectives", "other")
 
 
-def _bytes(text: str) -> float:
+def _bytes(text: str, hbm_only: bool = True) -> float:
     """Bytes of the arrays a type text names, HBM ones only: a layout in another memory
-    space (``{...S(n)}``, n > 0: on-chip memories, flags, host) moves nothing through HBM."""
+    space (``{...S(n)}``, n > 0: on-chip memories, flags, host) moves nothing through HBM
+    (``hbm_only=False``: every memory space)."""
     total = 0.0
     for match in SHAPE.finditer(text):
         layout = text[match.end():match.end() + 80]
-        if layout.startswith("{") and re.search(r"S\([1-9]\)",
-                                                layout[:layout.find("}") + 1]):
+        if hbm_only and layout.startswith("{") and re.search(
+                r"S\([1-9]\)", layout[:layout.find("}") + 1]):
             continue
         n = 1
         for d in match[2].split(","):
@@ -199,17 +200,39 @@ def _dot_flops(result: str, lhs_type: str, attrs: str) -> float:
     return 2.0 * out * k
 
 
-def _conv_flops(result: str, rhs_type: str, attrs: str) -> float:
-    """A convolution (XLA:TPU writes matmuls as convolutions): 2 x output elements x the
-    kernel's elements per output feature."""
-    out = math.prod(_dims(result))
-    kernel = _dims(rhs_type)
-    labels = re.search(r"dim_labels=\w*_(\w+)->", attrs)
-    per_feature = 1
-    for i, d in enumerate(kernel):
-        if not labels or i >= len(labels[1]) or labels[1][i] != "o":
-            per_feature *= d
-    return 2.0 * out * per_feature
+def _conv_flops(result: str, lhs_type: str, rhs_type: str, attrs: str) -> float:
+    """A convolution (XLA:TPU writes matmuls as convolutions): 2 x batch x output features
+    x input features x, along each spatial dimension, the (output, window) positions that
+    fall on the input rather than its padding. XLA:TPU writes a matmul over attention heads
+    as a window as wide as the heads padded on both sides (``size=1x12 pad=0_0x11_11``),
+    where each output position meets one input position, not twelve."""
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", attrs)
+    out, lhs, rhs = _dims(result), _dims(lhs_type), _dims(rhs_type)
+    if not labels or "dilate" in attrs or not (
+            len(labels[1]) == len(lhs) and len(labels[2]) == len(rhs) == len(out)
+            == len(labels[3])):
+        # unlabelled or dilated: every output element x the kernel's elements per feature
+        per_feature = math.prod(d for i, d in enumerate(rhs)
+                                if not labels or i >= len(labels[2]) or labels[2][i] != "o")
+        return 2.0 * math.prod(out) * per_feature
+    lhs_labels, rhs_labels, out_labels = labels[1], labels[2], labels[3]
+    spatial = sorted(c for c in lhs_labels if c.isdigit())
+    window = re.search(r"window=\{([^}]*)\}", attrs)
+    spec = dict(re.findall(r"(\w+)=(\S+)", window[1])) if window else {}
+    sizes = [int(x) for x in spec["size"].split("x")] if "size" in spec else \
+        [rhs[rhs_labels.index(c)] for c in spatial]
+    pads = [tuple(int(v) for v in x.split("_")) for x in spec["pad"].split("x")] \
+        if "pad" in spec else [(0, 0)] * len(spatial)
+    strides = [int(x) for x in spec["stride"].split("x")] if "stride" in spec else \
+        [1] * len(spatial)
+    macs = (out[out_labels.index("b")] * out[out_labels.index("f")]
+            * rhs[rhs_labels.index("i")])
+    for k, c in enumerate(spatial):
+        n, positions = lhs[lhs_labels.index(c)], out[out_labels.index(c)]
+        size, (low, _), stride = sizes[k], pads[k], strides[k]
+        macs *= sum(max(0, min(o * stride + size, low + n) - max(o * stride, low))
+                    for o in range(positions))
+    return 2.0 * macs
 
 
 def _part(opcode: str, metadata: str) -> str:
@@ -226,10 +249,15 @@ def _part(opcode: str, metadata: str) -> str:
     return "other"
 
 
-def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
+def breakdown(hlo_text: str, devices: int, slices: int = 1,
+              every_memory: bool = False) -> Breakdown:
     """The HBM bytes per chip of one run of the module's entry computation, by part, and
     its collectives (``devices``: the program's device count, for groups it leaves out;
-    ``slices``: the group of its DCN transfers)."""
+    ``slices``: the group of its DCN transfers). ``every_memory``: count the buffers in the
+    chip's on-chip memories too, as XLA's own cost analysis does (to compare with it)."""
+
+    def counted(text: str) -> float:  # the bytes of a type text that count
+        return _bytes(text, hbm_only=not every_memory)
     computations: dict[str, list[str]] = {}
     entry, current = None, None
     for line in hlo_text.splitlines():
@@ -291,7 +319,7 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
         c.payload_bytes += weight * payload
         c.count += int(weight)
 
-    def operand_bytes(operands: str, size: Callable[[str], float] = _bytes) -> float:
+    def operand_bytes(operands: str, size: Callable[[str], float] = counted) -> float:
         """Operands print as names (``%fusion.3``) or with their types."""
         if SHAPE.search(operands):
             return size(operands)
@@ -312,19 +340,52 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
         if opcode == "dot":
             return _dot_flops(result, lhs_type(operands), attrs)
         if opcode == "convolution":
-            return _conv_flops(result, operand_type(operands, 1), attrs)
+            return _conv_flops(result, operand_type(operands, 0),
+                               operand_type(operands, 1), attrs)
         return 0.0
 
-    def trip_count(condition: str, attrs: str) -> int:
-        """The loop's known trip count, else the bound its condition compares against."""
+    def constant_of(computation: str, name: str) -> int | None:
+        """The integer a scalar constant instruction of ``computation`` holds."""
+        for row in parsed(computation):
+            if row[0] == name and row[1] == "constant":
+                return int(row[2]) if re.fullmatch(r"-?\d+", row[2]) else None
+        return None
+
+    def trip_count(condition: str, body: str, attrs: str) -> int:
+        """The loop's known trip count, else from its condition (counter < bound) and the
+        counter's step in the body (XLA's windowed collective matmuls count by 2 when they
+        compute two windows an iteration), from 0."""
         known = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs)
         if known:
             return int(known[1])
-        for line in computations.get(condition, ()):
-            bound = re.search(r"constant\((\d+)\)", line)
-            if bound:
-                return int(bound[1])
-        return 1
+        rows = {row[0]: row for row in parsed(condition)}
+        bound, index = None, None
+        for _, opcode, _, operands, attrs_ in parsed(condition):
+            if opcode == "compare" and "direction=LT" in attrs_ and len(operands) == 2:
+                counter = rows.get(operands[0])
+                bound = constant_of(condition, operands[1])
+                if counter and counter[1] == "get-tuple-element":
+                    found = re.search(r"index=(\d+)", counter[4])
+                    index = int(found[1]) if found else None
+                break
+        if bound is None:
+            for line in computations.get(condition, ()):
+                found = re.search(r"constant\((\d+)\)", line)
+                if found:
+                    return int(found[1])
+            return 1
+        step = 1
+        body_rows = {row[0]: row for row in parsed(body)}
+        root = next((line for line in computations.get(body, ())
+                     if line.lstrip().startswith("ROOT")), "")
+        root_match = INSTRUCTION.match(root)
+        if index is not None and root_match and root_match[3] == "tuple":
+            elements = re.findall(r"%([\w.\-]+)", _split_operands(root_match[4])[0])
+            update = body_rows.get(elements[index]) if index < len(elements) else None
+            if update and update[1] == "add":
+                steps = [constant_of(body, o) for o in update[3]]
+                step = next((c for c in steps if c), 1)
+        return max(1, -(-bound // max(step, 1)))
 
     def inner_flops(name: str, depth: int = 0) -> float:
         """The dot FLOPs inside a fused (or called) computation."""
@@ -406,7 +467,7 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
         multi-output fusion writing layers of several stacks and other outputs whole); else
         None. A dynamic-update-slice writes its update, another output all of itself."""
         if opcode == "dynamic-update-slice":
-            return _bytes(operand_type(operands, 1)), [operand_type(operands, 0)]
+            return counted(operand_type(operands, 1)), [operand_type(operands, 0)]
         if opcode != "fusion" or not callee:
             return None
         matches = [INSTRUCTION.match(line) for line in computations.get(callee, ())]
@@ -421,10 +482,10 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
         for name in outputs:
             m = named.get(name)
             if m is not None and m[3] == "dynamic-update-slice":
-                written += _bytes(operand_type(_split_operands(m[4])[0], 1))
+                written += counted(operand_type(_split_operands(m[4])[0], 1))
                 buffers.append(m[2])
             else:
-                written += _bytes(shapes.get(name, ""))
+                written += counted(shapes.get(name, ""))
         return (written, buffers) if buffers else None
 
     def moved_bytes(opcode: str, result: str, operands: str, attrs: str, trips: int
@@ -443,7 +504,7 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
             output = _arrays(result)[skip:][:1]
             if opcode in ("slice-start", "slice"):  # reads only the slice it writes
                 read = [(size, any(hbm for _, hbm in read)) for size, _ in output]
-            return sum(size for size, hbm in (*read, *output) if hbm)
+            return sum(size for size, hbm in (*read, *output) if hbm or every_memory)
         callee = re.search(r"calls=%?([\w.\-]+)", attrs)
         body = fused_text(callee[1]) if callee else ""
         slicing = opcode in ("dynamic-slice", "dynamic-update-slice") or \
@@ -457,9 +518,9 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
             if opcode == "dynamic-slice" and index == 0:
                 fraction = min(1.0, _logical_bytes(result) / max(_logical_bytes(t), 1.0))
             if fraction < 1.0:
-                return _bytes(t) * fraction
+                return counted(t) * fraction
             stacked = slicing and trips > 1 and _dims(t)[:1] == [trips]
-            return _bytes(t) / (trips if stacked else 1)
+            return counted(t) / (trips if stacked else 1)
 
         in_place = in_place_update(opcode, operands, callee[1] if callee else "")
         if in_place is not None:
@@ -474,7 +535,7 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
                 if same is not None:
                     others.pop(same)
             return written + sum(read(index, t) for index, t in others)
-        size = _bytes(result)
+        size = counted(result)
         if slicing and trips > 1 and _dims(result)[:1] == [trips]:
             size /= trips
         return size + sum(read(index, t) for index, t in enumerate(types))
@@ -489,7 +550,8 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
             if opcode == "while":
                 body = re.search(r"body=%?([\w.\-]+)", attrs)
                 condition = re.search(r"condition=%?([\w.\-]+)", attrs)
-                inner = trip_count(condition[1] if condition else "", attrs)
+                inner = trip_count(condition[1] if condition else "",
+                                   body[1] if body else "", attrs)
                 if body and body[1] not in seen:  # (this body's own trips stay as they are)
                     walk(body[1], weight * inner, (*seen, body[1]), inner)
                 continue
@@ -556,3 +618,37 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1) -> Breakdown:
         walk(entry, 1.0, (entry,))
     return Breakdown(parts, sorted(collectives.values(), key=lambda c: -c.payload_bytes),
                      flops[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bert_jax.tpu.hlo FILE --devices N``: the byte breakdown of a compiled
+    program saved by ``bert-jax compile --save-hlo FILE``."""
+    import argparse
+
+    from bert_jax import storage
+
+    ap = argparse.ArgumentParser(description="HBM bytes by part and the collectives of a "
+                                             "compiled step (optimized HLO text)")
+    ap.add_argument("file", help="HLO text, e.g. from bert-jax compile --save-hlo FILE")
+    ap.add_argument("--devices", type=int, required=True,
+                    help="the program's device count (chips of all its slices)")
+    ap.add_argument("--slices", type=int, default=1, help="slices of a multislice program")
+    ap.add_argument("--every-memory", action="store_true",
+                    help="count the buffers in on-chip memories too (S(n) layouts), as XLA's "
+                         "own cost analysis does")
+    args = ap.parse_args(argv)
+    b = breakdown(storage.read_text(args.file), args.devices, args.slices, args.every_memory)
+    where = "every memory space" if args.every_memory else "HBM"
+    print(f"bytes ({where}) per chip per step: "
+          + ", ".join(f"{k} {v / 1e9:.3f}" for k, v in b.parts.items())
+          + f" GB (sum {b.total / 1e9:.3f} GB)")
+    print(f"matmul FLOPs per chip per step: {b.flops / 1e12:.3f} TFLOP")
+    for c in b.collectives:
+        print(f"collective {c.kind} over groups of {c.group}: {c.payload_bytes / 1e9:.3f} GB "
+              f"payload, {c.link_bytes / 1e9:.3f} GB on the links, {c.count} ops, "
+              f"{'async' if c.asynchronous else 'synchronous'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -261,19 +261,18 @@ def main(argv: list[str] | None = None) -> int:
             json.loads, filter(str.strip, storage.read_text(path).splitlines()))}
     records = [done[r.command()] for r in rows if r.command() in done]
     kept = list(done.values())
-    if True:
-        for row in rows:
-            if row.command() in done:
-                continue
-            print(f"[{len(records) + 1}/{len(rows)}] {row.command()}", flush=True)
-            record = run_row(row)
-            records.append(record)
-            kept.append(record)  # each finished row is saved at once (one rewrite)
-            fileio.atomic_write(path, "".join(json.dumps(r, sort_keys=True) + "\n"
-                                              for r in kept))
-            print(f"  {'fits' if record.get('fits') else 'does not fit'}"
-                  f"{'' if record.get('compiled') else ' (not compiled)'}, "
-                  f"{record['seconds']:.0f} s", flush=True)
+    for row in rows:
+        if row.command() in done:
+            continue
+        print(f"[{len(records) + 1}/{len(rows)}] {row.command()}", flush=True)
+        record = run_row(row)
+        records.append(record)
+        kept.append(record)  # each finished row is saved at once (one rewrite)
+        fileio.atomic_write(path, "".join(json.dumps(r, sort_keys=True) + "\n"
+                                          for r in kept))
+        print(f"  {'fits' if record.get('fits') else 'does not fit'}"
+              f"{'' if record.get('compiled') else ' (not compiled)'}, "
+              f"{record['seconds']:.0f} s", flush=True)
     order = {r.command(): i for i, r in enumerate(rows)}
     records.sort(key=lambda r: order.get(r["command"], len(order)))
     table = (lamb_markdown if args.set == "lamb" else markdown)(records)
