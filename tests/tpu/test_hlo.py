@@ -445,3 +445,63 @@ def test_a_collective_fusion_sends_only_its_collectives_arrays():
     b = hlo.breakdown(CARRIED.replace("\\\n    ", ""), devices=4)
     [c] = b.collectives
     assert c.kind == "all-gather" and c.group == 4 and c.payload_bytes == 256 * 256 * 4
+
+
+STEP_BY_TWO = """\
+HloModule step_by_two
+
+%body (carry: (s32[], f32[64,64])) -> (s32[], f32[64,64]) {
+  %carry = (s32[], f32[64,64]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%carry), index=0
+  %x = f32[64,64]{1,0} get-tuple-element(%carry), index=1
+  %y = f32[64,64]{1,0} dot(%x, %x), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %two = s32[] constant(2)
+  %next = s32[] add(%i, %two)
+  ROOT %t = (s32[], f32[64,64]{1,0}) tuple(%next, %y)
+}
+
+%cond (carry.1: (s32[], f32[64,64])) -> pred[] {
+  %carry.1 = (s32[], f32[64,64]{1,0}) parameter(0)
+  %i.1 = s32[] get-tuple-element(%carry.1), index=0
+  %bound = s32[] constant(8)
+  ROOT %lt = pred[] compare(%i.1, %bound), direction=LT
+}
+
+ENTRY %main (x.2: f32[64,64]) -> f32[64,64] {
+  %x.2 = f32[64,64]{1,0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[64,64]{1,0}) tuple(%zero, %x.2)
+  %loop = (s32[], f32[64,64]{1,0}) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[64,64]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_a_loop_counting_by_two_runs_half_its_bound():
+    """A loop without a known trip count runs its bound over its counter's step (XLA's
+    windowed collective matmuls compute two windows an iteration and count by 2): 4
+    iterations of a 64 x 64 matmul here, not 8."""
+    b = hlo.breakdown(STEP_BY_TWO, devices=1)
+    assert b.flops == 4 * 2 * 64 ** 3
+    assert b.parts["other"] == pytest.approx(4 * 3 * 64 * 64 * 4, abs=64)  # + the counter
+
+
+HEADS = """\
+HloModule heads
+
+ENTRY %main (x: f32[4,8,48,1], w: f32[48,12,16,1]) -> f32[4,8,12,16] {
+  %x = f32[4,8,48,1]{3,2,1,0} parameter(0)
+  %w = f32[48,12,16,1]{3,2,1,0} parameter(1)
+  ROOT %q = f32[4,8,12,16]{3,2,1,0} convolution(%x, %w), \\
+    window={size=1x12 pad=0_0x11_11 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f
+}
+"""
+
+
+def test_a_projection_into_heads_counts_each_head_once():
+    """XLA:TPU's form of a projection into attention heads (x [32 tokens, 48] times
+    [48, 12 heads x 16]): a convolution whose window is as wide as the heads, padded on
+    both sides, so each output position meets one input position. Its FLOPs are the
+    matmul's, 2 x 32 x 48 x 192, not twelve times them."""
+    b = hlo.breakdown(HEADS.replace("\\\n    ", ""), devices=1)
+    assert b.flops == 2 * 32 * 48 * 12 * 16
