@@ -1,6 +1,7 @@
 """``bert-jax compile --config experiments/pretrain.py:<variant> --topology v5p-128
-[--num-slices N] [--json OUT] [--save-hlo FILE] [--config.key=value ...]``: compile the pretraining step for a TPU
-slice on any machine and report memory per chip, fit, and roofline predictions.
+[--num-slices N] [--json OUT] [--save-hlo FILE] [--config.key=value ...]``: compile the
+pretraining step for a TPU slice on any machine and report memory per chip, fit, and
+roofline predictions.
 ``--task glue:mrpc`` (``FAMILY:VARIANT`` of ``experiments/FAMILY.py``, or a fine-tuning
 ``FILE.py:VARIANT``) compiles the fine-tuning step instead.
 

@@ -125,6 +125,13 @@ def base_config() -> ml_collections.ConfigDict:
     # buckets) to XLA_FLAGS before the backend starts; flags XLA_FLAGS already names are kept
     # (its scaling: docs/performance.md).
     c.parallel.collective_overlap = False
+    # TPUs: XLA may compute a matmul with a sharded operand as a windowed collective matmul
+    # (a loop of collective-permutes, one window an iteration). allowed: XLA decides; off:
+    # the step compiles without them (bert_jax/xla_flags.py), its gathers and
+    # reduce-scatters whole; auto: off on an FSDP mesh without tensor parallelism, where
+    # XLA's windowed loops re-read and re-write whole activations every window (v4 FSDP:
+    # 43% against 99% MFU at the LAMB recipe, docs/tpu.md). Other platforms ignore it.
+    c.parallel.tpu_collective_matmul = "auto"
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 5_000

@@ -15,7 +15,7 @@ import ml_collections
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from bert_jax import parallel
+from bert_jax import parallel, xla_flags
 from bert_jax.config import BertConfig
 from bert_jax.errors import BertJaxError
 from bert_jax.modeling import fp8
@@ -128,11 +128,15 @@ def build_training(config: ml_collections.ConfigDict, model_cfg: BertConfig,
         unroll_microbatches=unroll_microbatches)
     step_fn, eval_fn = (parallel.traced_in_mesh(f, mesh, rules) for f in (
         step_fn, make_eval_step(model, pair_head=pair_head, sums_fn=sums_fn)))
+    options = xla_flags.tpu_compiler_options(
+        mesh.devices.flat[0].platform, config.parallel.get("tpu_collective_matmul", "auto"),
+        dict(mesh.shape))
     train_step = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings, replicated),
-                         out_shardings=(state_shardings, replicated), donate_argnums=0)
+                         out_shardings=(state_shardings, replicated), donate_argnums=0,
+                         compiler_options=options)
     eval_step = jax.jit(eval_fn,
                         in_shardings=(state_shardings.params, batch_shardings),
-                        out_shardings=replicated)
+                        out_shardings=replicated, compiler_options=options)
     return Training(model, tx, schedule, mesh, rules, init_fn, abstract_state,
                     state_shardings, batch_shardings, train_step, eval_step, param_cast,
                     init_params, reduce_grads)

@@ -3,12 +3,14 @@ libtpu for TPU slices on this CPU machine (multi-host, multislice, FSDP vs DP on
 with memory per chip, the fit verdict, the roofline prediction and the CLI's exit codes."""
 
 import json
+import re
 
 import pytest
 
 from bert_jax.cli import main
 from bert_jax.errors import BertJaxError
 from bert_jax.tpu.compile import compile_pretraining
+from bert_jax.tpu.hlo import main as hlo_main
 from bert_jax.tpu.topologies import GIB, abstract_devices, chip_grid, parse_slice
 from bert_jax.training.config import load_config
 
@@ -63,11 +65,13 @@ def test_base_phase1_compiles_for_multihost_multislice_v4(tmp_path, capsys):
     replicated state and the scanned count do not depend on the batch, and the TPU compiler
     takes a third less time. The scanned program's own counts (``--layer-costs scanned``):
     XLA counts the loop body once, so its FLOPs fall short of the model's (the
-    extrapolation: the next test)."""
-    out = tmp_path / "report.json"
+    extrapolation: the next test). ``--save-hlo`` keeps the compiled program, and
+    ``python -m bert_jax.tpu.hlo`` walks it again to the record's bytes and collectives."""
+    out, program = tmp_path / "report.json", tmp_path / "step.hlo"
     rc = main(["compile", "--config", "experiments/pretrain.py:bert_base_phase1", "--topology",
                "v4-16", "--num-slices", "2", "--json", str(out), SCAN,
-               "--config.global_batch_size=32", "--layer-costs", "scanned"])
+               "--config.global_batch_size=32", "--layer-costs", "scanned",
+               "--save-hlo", str(program)])
     text = capsys.readouterr().out
     assert rc == 0 and "FITS" in text and "MFU" in text and "chip-hours" in text
     e = json.loads(out.read_text())
@@ -81,6 +85,14 @@ def test_base_phase1_compiles_for_multihost_multislice_v4(tmp_path, capsys):
     assert e["loop_scale"] > 3.0 and not any("extrapolated" in n for n in e["notes"])
     assert 0.0 < e["mfu"] < 1.0 and e["step_seconds"] > 0
     assert e["schedule_hours"] == pytest.approx(900_000 * e["step_seconds"] / 3600)
+    assert program.read_text().startswith("HloModule")
+    assert hlo_main([str(program), "--devices", "16", "--slices", "2"]) == 0
+    walked = capsys.readouterr().out
+    assert f"(sum {sum(e['hbm_parts'].values()) / 1e9:.3f} GB)" in walked
+    assert all(f"{c['kind']} over groups of {c['group']}:" in walked for c in e["collectives"])
+    assert hlo_main([str(program), "--devices", "16", "--slices", "2", "--every-memory"]) == 0
+    everywhere = float(re.search(r"\(sum ([\d.]+) GB\)", capsys.readouterr().out)[1])
+    assert everywhere > sum(e["hbm_parts"].values()) / 1e9
 
 
 def test_scanned_layer_costs_are_extrapolated_from_unrolled_compiles():
@@ -281,3 +293,26 @@ def test_max_batch_finds_the_largest_micro_batch_that_fits():
     chosen = e.micro_batch_per_chip
     assert len(lines) == len(e.search) >= 2 and lines[0].startswith("probe")
     assert {p["micro_batch"]: p["fits"] for p in e.search}[2 * chosen] is False
+
+
+def test_tpu_collective_matmul_off_reaches_the_tpu_compile():
+    """``parallel.tpu_collective_matmul`` compiles the step with XLA:TPU's windowed
+    collective matmuls off (``off``, or ``auto`` on an FSDP mesh without tensor
+    parallelism): the options reach the TPU compiler, which refuses any option it does not
+    know (so a misspelt name fails here); CPU steps and other meshes get none."""
+    from bert_jax import xla_flags
+
+    fsdp, tensor = {"data": 1, "fsdp": 4, "tensor": 1}, {"data": 1, "fsdp": 2, "tensor": 2}
+    off = xla_flags.TPU_COLLECTIVE_MATMUL_OFF
+    assert xla_flags.tpu_compiler_options("tpu", "auto", fsdp) == off
+    assert xla_flags.tpu_compiler_options("tpu", "auto", tensor) is None
+    assert xla_flags.tpu_compiler_options("tpu", "auto", {"data": 4}) is None
+    assert xla_flags.tpu_compiler_options("tpu", "allowed", fsdp) is None
+    assert xla_flags.tpu_compiler_options("tpu", "off", {"data": 4}) == off
+    assert xla_flags.tpu_compiler_options("cpu", "off", fsdp) is None
+    with pytest.raises(BertJaxError, match="tpu_collective_matmul='no'"):
+        xla_flags.tpu_compiler_options("tpu", "no")
+    e = _compile("bert_large_lamb_phase1", "v4-8", *TINY_LAMB, TWO_LAYERS,
+                 "--config.microbatches=1", "--config.parallel.mesh.data=1",
+                 "--config.parallel.mesh.fsdp=-1", layer_costs="scanned")
+    assert e.fits and e.mesh["fsdp"] == 4
