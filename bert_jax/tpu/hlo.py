@@ -296,11 +296,24 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1,
         return bool(opcode in PASS_THROUGH and first and depth < 8
                     and gathered(first[1], depth + 1))
 
-    def fused_collective(attrs: str) -> tuple[str, str, float] | None:
-        """(kind, the inner collective's attributes, its payload) of a fusion around a
-        collective: an all-gather's gathered result, else its full (unreduced) operands, as
-        for a reduce-scatter. Only the collective's own arrays: such a fusion (XLA:TPU's
-        async collective fusions) also carries other buffers through."""
+    chained = {channel for lines in computations.values() for line in lines
+               if re.match(r"\s*%?async-collective-start[\w.\-]* = ", line)
+               for callee in re.findall(r"calls=%?([\w.\-]+)", line)
+               for inner in computations.get(callee, ())
+               for channel in re.findall(r"channel_id=(\d+)", inner)}
+
+    def fused_collective(name: str, attrs: str
+                         ) -> tuple[str, str, float, str, set[str]] | None:
+        """(kind, the inner collective's attributes, its payload, its role, its arrays'
+        bytes) of a fusion around a collective: an all-gather's gathered result, else its
+        full (unreduced) operands, as for a reduce-scatter. Only the collective's own
+        arrays: such a fusion also carries other buffers through. The role: XLA:TPU splits
+        an asynchronous collective into a chain (one channel) of a ``start`` fusion, ``step``
+        fusions on the start's channel that each move a part of it inside compute fusions
+        (``async_collective_fusion``s, also spread over a loop's iterations) and a ``done``
+        fusion; ``whole`` otherwise. The arrays (their types, ``bf16[4,256]``): what a step
+        carries through (the collective's operands and its result in flight), not traffic
+        of its own."""
         callee = re.search(r"calls=%?([\w.\-]+)", attrs)
         for line in computations.get(callee[1], ()) if callee else ():
             match = INSTRUCTION.match(line)
@@ -309,7 +322,14 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1,
                 inner_operands, inner_attrs = _split_operands(match[4])
                 payload = _logical_bytes(match[2]) if kind == "all-gather" else \
                     operand_bytes(inner_operands, _logical_bytes)
-                return kind, inner_attrs, payload
+                channel = re.search(r"channel_id=(\d+)", inner_attrs)
+                role = "start" if name.startswith("async-collective-start") else \
+                    "done" if name.startswith("async-collective-done") else \
+                    "step" if channel and channel[1] in chained else "whole"
+                carried = {m.group(0) for m in SHAPE.finditer(
+                    match[2] + " " + " ".join(shapes.get(n, "") for n in re.findall(
+                        r"%([\w.\-]+)", inner_operands)) + " " + inner_operands)}
+                return kind, inner_attrs, payload, role, carried
         return None
 
     def add_collective(kind: str, group: int, asynchronous: bool, payload: float,
@@ -540,6 +560,21 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1,
             size /= trips
         return size + sum(read(index, t) for index, t in enumerate(types))
 
+    def carried_bytes(result: str, operands: str, attrs: str, carried: set[str]) -> float:
+        """The bytes a fusion's walk counted of the arrays it carries for a collective in
+        flight (operands and outputs of the ``carried`` types)."""
+        callee = re.search(r"calls=%?([\w.\-]+)", attrs)
+        total = 0.0
+        for index, name in enumerate(re.findall(r"%([\w.\-]+)", operands)):
+            t = shapes.get(name, "")
+            match = SHAPE.search(t)
+            if match and match.group(0) in carried:
+                total += counted(t) * (read_fraction(callee[1], index) if callee else 1.0)
+        for match, (size, hbm) in zip(SHAPE.finditer(result), _arrays(result), strict=True):
+            if match.group(0) in carried and (hbm or every_memory):
+                total += size
+        return total
+
     def walk(name: str, weight: float, seen: tuple[str, ...], trips: int = 1) -> None:
         for line in computations.get(name, ()):
             match = INSTRUCTION.match(line)
@@ -576,14 +611,24 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1,
                 declared = re.search(r'\\?"flops\\?":\s*\\?"?(\d+)', attrs)
                 if declared:
                     flops[0] += weight * float(declared[1])
-            moved = moved_bytes(opcode, result, operands, attrs, trips)
             metadata = re.search(r'op_name="([^"]*)"', attrs)
-            fused = fused_collective(attrs) if opcode == "fusion" else None
+            fused = fused_collective(_, attrs) if opcode == "fusion" else None
+            if fused and fused[3] == "done":  # waits for its chain's start
+                continue
+            moved = moved_bytes(opcode, result, operands, attrs, trips)
+            if fused and fused[3] == "start":  # its result tuple holds its operands again
+                aliased = _arrays(result)[:len(_arrays(" ".join(
+                    shapes.get(n, "") for n in re.findall(r"%([\w.\-]+)", operands))))]
+                moved -= sum(size for size, hbm in aliased if hbm or every_memory)
+            if fused and fused[3] == "step":  # compute that moves a part of its chain
+                parts[_part(opcode, metadata[1] if metadata else "")] += weight * max(
+                    moved - carried_bytes(result, operands, attrs, fused[4]), 0.0)
+                continue
             part = "collectives" if fused else _part(opcode, metadata[1] if metadata else "")
             parts[part] += weight * moved
             if fused:
-                add_collective(fused[0], _group_size(fused[1], devices), False, fused[2],
-                               weight)
+                add_collective(fused[0], _group_size(fused[1], devices), fused[3] == "start",
+                               fused[2], weight)
                 continue
             if opcode == "send":  # the DCN part of a multislice collective (megascale)
                 transfer = re.search(r'_xla_megascale_transfer_type="(\w+)"', attrs)

@@ -505,3 +505,102 @@ def test_a_projection_into_heads_counts_each_head_once():
     matmul's, 2 x 32 x 48 x 192, not twelve times them."""
     b = hlo.breakdown(HEADS.replace("\\\n    ", ""), devices=1)
     assert b.flops == 2 * 32 * 48 * 12 * 16
+
+
+CHAIN = """\
+HloModule chain
+
+%gather_start (shard.1: bf16[1,64,256]) -> (bf16[1,64,256], bf16[4,64,256], u32[]) {
+  %shard.1 = bf16[1,64,256]{2,1,0} parameter(0)
+  %g.1 = bf16[4,64,256]{2,1,0} all-gather(%shard.1), channel_id=7, \\
+    replica_groups={{0,1,2,3}}, dimensions={0}
+  ROOT %cc = (bf16[1,64,256]{2,1,0}, bf16[4,64,256]{2,1,0}, u32[]{:S(2)}) \\
+    custom-call(%g.1), custom_call_target="AsyncCollectiveStart"
+}
+
+%async_collective_fusion.3 (x.4: bf16[128,64], w.4: bf16[64,64], shard.4: bf16[1,64,256], \\
+    flight.4: bf16[4,64,256]) -> (bf16[128,64], bf16[1,64,256], bf16[4,64,256]) {
+  %x.4 = bf16[128,64]{1,0} parameter(0)
+  %w.4 = bf16[64,64]{1,0} parameter(1)
+  %shard.4 = bf16[1,64,256]{2,1,0} parameter(2)
+  %flight.4 = bf16[4,64,256]{2,1,0} parameter(3)
+  %y.4 = bf16[128,64]{1,0} dot(%x.4, %w.4), lhs_contracting_dims={1}, \\
+    rhs_contracting_dims={0}
+  %g.4 = bf16[4,64,256]{2,1,0} all-gather(%shard.4), channel_id=7, \\
+    replica_groups={{0,1,2,3}}, dimensions={0}
+  ROOT %t.4 = (bf16[128,64]{1,0}, bf16[1,64,256]{2,1,0}, bf16[4,64,256]{2,1,0}) \\
+    tuple(%y.4, %shard.4, %g.4)
+}
+
+%gather_done (shard.5: bf16[1,64,256], flight.5: bf16[4,64,256]) -> bf16[4,64,256] {
+  %shard.5 = bf16[1,64,256]{2,1,0} parameter(0)
+  %flight.5 = bf16[4,64,256]{2,1,0} parameter(1)
+  ROOT %g.5 = bf16[4,64,256]{2,1,0} all-gather(%shard.5), channel_id=7, \\
+    replica_groups={{0,1,2,3}}, dimensions={0}
+}
+
+%body (carry: (s32[], bf16[128,64], bf16[64,64], bf16[1,64,256], bf16[4,64,256])) \\
+    -> (s32[], bf16[128,64], bf16[64,64], bf16[1,64,256], bf16[4,64,256]) {
+  %carry = (s32[], bf16[128,64]{1,0}, bf16[64,64]{1,0}, bf16[1,64,256]{2,1,0}, \\
+    bf16[4,64,256]{2,1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%carry), index=0
+  %x = bf16[128,64]{1,0} get-tuple-element(%carry), index=1
+  %w = bf16[64,64]{1,0} get-tuple-element(%carry), index=2
+  %shard = bf16[1,64,256]{2,1,0} get-tuple-element(%carry), index=3
+  %flight = bf16[4,64,256]{2,1,0} get-tuple-element(%carry), index=4
+  %fusion.3 = (bf16[128,64]{1,0}, bf16[1,64,256]{2,1,0}, bf16[4,64,256]{2,1,0}) \\
+    fusion(%x, %w, %shard, %flight), kind=kCustom, calls=%async_collective_fusion.3
+  %y = bf16[128,64]{1,0} get-tuple-element(%fusion.3), index=0
+  %shard.2 = bf16[1,64,256]{2,1,0} get-tuple-element(%fusion.3), index=1
+  %flight.2 = bf16[4,64,256]{2,1,0} get-tuple-element(%fusion.3), index=2
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], bf16[128,64]{1,0}, bf16[64,64]{1,0}, bf16[1,64,256]{2,1,0}, \\
+    bf16[4,64,256]{2,1,0}) tuple(%next, %y, %w, %shard.2, %flight.2)
+}
+
+%cond (carry.1: (s32[], bf16[128,64], bf16[64,64], bf16[1,64,256], bf16[4,64,256])) \\
+    -> pred[] {
+  %carry.1 = (s32[], bf16[128,64]{1,0}, bf16[64,64]{1,0}, bf16[1,64,256]{2,1,0}, \\
+    bf16[4,64,256]{2,1,0}) parameter(0)
+  %i.1 = s32[] get-tuple-element(%carry.1), index=0
+  %n = s32[] constant(24)
+  ROOT %lt = pred[] compare(%i.1, %n), direction=LT
+}
+
+ENTRY %main (x.0: bf16[128,64], w.0: bf16[64,64], e.0: bf16[1,64,256]) -> bf16[4,64,256] {
+  %x.0 = bf16[128,64]{1,0} parameter(0)
+  %w.0 = bf16[64,64]{1,0} parameter(1)
+  %e.0 = bf16[1,64,256]{2,1,0} parameter(2)
+  %async-collective-start = (bf16[1,64,256]{2,1,0}, bf16[4,64,256]{2,1,0}, u32[]{:S(2)}) \\
+    fusion(%e.0), kind=kCustom, calls=%gather_start
+  %s0 = bf16[1,64,256]{2,1,0} get-tuple-element(%async-collective-start), index=0
+  %f0 = bf16[4,64,256]{2,1,0} get-tuple-element(%async-collective-start), index=1
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[128,64]{1,0}, bf16[64,64]{1,0}, bf16[1,64,256]{2,1,0}, \\
+    bf16[4,64,256]{2,1,0}) tuple(%zero, %x.0, %w.0, %s0, %f0)
+  %loop = (s32[], bf16[128,64]{1,0}, bf16[64,64]{1,0}, bf16[1,64,256]{2,1,0}, \\
+    bf16[4,64,256]{2,1,0}) while(%init), condition=%cond, body=%body
+  %s1 = bf16[1,64,256]{2,1,0} get-tuple-element(%loop), index=3
+  %f1 = bf16[4,64,256]{2,1,0} get-tuple-element(%loop), index=4
+  ROOT %async-collective-done = bf16[4,64,256]{2,1,0} fusion(%s1, %f1), kind=kCustom, \\
+    calls=%gather_done
+}
+"""
+
+
+def test_an_async_collective_chain_gathers_once():
+    """XLA:TPU's chained asynchronous all-gather (as it gathers the tied word embeddings
+    for the MLM head under the layer loop with FSDP on v5e): a start fusion before the
+    loop, a step inside each of the loop's 24 matmul fusions (the same channel: each moves
+    a part of the one gather and carries the shard and the result in flight through) and
+    a done fusion after it. It is one asynchronous gather of the table per step, and each
+    step fusion moves its matmul's bytes only."""
+    b = hlo.breakdown(CHAIN.replace("\\\n    ", ""), devices=4)
+    table, shard = 4 * 64 * 256 * 2, 64 * 256 * 2
+    [c] = b.collectives
+    assert (c.kind, c.asynchronous, c.payload_bytes, c.count) == (
+        "all-gather", True, table, 1)
+    matmul = 128 * 64 * 2 + 64 * 64 * 2 + 128 * 64 * 2  # x and w read, y written
+    assert b.parts["collectives"] == shard + table  # the start reads the shard, fills the table
+    assert b.parts["other"] == pytest.approx(24 * matmul, abs=512)  # + the counter
