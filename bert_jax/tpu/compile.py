@@ -67,7 +67,6 @@ class Estimate:
     # loops weighted by their trip counts (``tpu/hlo.py``)
     hbm_parts: dict[str, float] = dataclasses.field(default_factory=dict)
     collectives: list[dict] = dataclasses.field(default_factory=list)
-    hlo_flops: float = 0.0  # matmul + declared kernel FLOPs, loops x trip counts
     chips_per_slice: int = 0
     # the compiled program (optimized HLO text: ``bert-jax compile --save-hlo``); not in
     # the JSON record
@@ -411,7 +410,6 @@ def estimate_step(tpu: Slice, mesh, step, args, state, *, global_batch: int, seq
         hbm_bytes_accessed=float(cost.get("bytes accessed", 0.0)),
         model_flops_per_sequence=model_flops_per_sequence, compile_seconds=seconds,
         hbm_parts=parts.parts, collectives=parts.to_dict()["collectives"],
-        hlo_flops=parts.flops,
         chips_per_slice=tpu.chips_per_slice, hlo_text=text)
 
 
