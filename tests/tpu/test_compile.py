@@ -131,7 +131,10 @@ def test_large_dp_does_not_fit_v5e_and_names_the_levers(tmp_path, capsys):
 
 def test_large_fsdp_fits_v5e(tmp_path):
     """The same step with FSDP over the 8 chips: parameters and optimizer state sharded 8
-    ways (1.26 GiB of fp32 parameters: under 0.16 GiB a chip), and it fits."""
+    ways (1.26 GiB of fp32 parameters: under 0.16 GiB a chip), and it fits. The step
+    compiles with ``parallel.tpu_collective_matmul=auto``'s options (windowed collective
+    matmuls off on this FSDP mesh), which the TPU compiler would refuse if it did not know
+    them."""
     out = tmp_path / "fsdp.json"
     rc = main([*LARGE_80, "--config.parallel.mesh.data=1", "--config.parallel.mesh.fsdp=-1",
                "--layer-costs", "scanned", "--json", str(out)])
@@ -295,11 +298,12 @@ def test_max_batch_finds_the_largest_micro_batch_that_fits():
     assert {p["micro_batch"]: p["fits"] for p in e.search}[2 * chosen] is False
 
 
-def test_tpu_collective_matmul_off_reaches_the_tpu_compile():
-    """``parallel.tpu_collective_matmul`` compiles the step with XLA:TPU's windowed
-    collective matmuls off (``off``, or ``auto`` on an FSDP mesh without tensor
-    parallelism): the options reach the TPU compiler, which refuses any option it does not
-    know (so a misspelt name fails here); CPU steps and other meshes get none."""
+def test_tpu_collective_matmul_options():
+    """``parallel.tpu_collective_matmul``: XLA:TPU's windowed collective matmuls off
+    (``off``, or ``auto`` on an FSDP mesh without tensor parallelism), as compile options of
+    the step; CPU steps and other meshes get none. That the TPU compiler takes them (it
+    refuses any option it does not know): every FSDP compile here passes them
+    (test_large_fsdp_fits_v5e)."""
     from bert_jax import xla_flags
 
     fsdp, tensor = {"data": 1, "fsdp": 4, "tensor": 1}, {"data": 1, "fsdp": 2, "tensor": 2}
@@ -312,7 +316,3 @@ def test_tpu_collective_matmul_off_reaches_the_tpu_compile():
     assert xla_flags.tpu_compiler_options("cpu", "off", fsdp) is None
     with pytest.raises(BertJaxError, match="tpu_collective_matmul='no'"):
         xla_flags.tpu_compiler_options("tpu", "no")
-    e = _compile("bert_large_lamb_phase1", "v4-8", *TINY_LAMB, TWO_LAYERS,
-                 "--config.microbatches=1", "--config.parallel.mesh.data=1",
-                 "--config.parallel.mesh.fsdp=-1", layer_costs="scanned")
-    assert e.fits and e.mesh["fsdp"] == 4
