@@ -60,22 +60,10 @@ PASS_THROUGH = ("copy-done", "copy-start", "copy", "bitcast", "get-tuple-element
 PARTS = ("forward", "backward", "optimizer", "accumulate", "collectives", "other")
 
 
-def _bytes(text: str, hbm_only: bool = True) -> float:
+def _bytes(text: str) -> float:
     """Bytes of the arrays a type text names, HBM ones only: a layout in another memory
-    space (``{...S(n)}``, n > 0: on-chip memories, flags, host) moves nothing through HBM
-    (``hbm_only=False``: every memory space)."""
-    total = 0.0
-    for match in SHAPE.finditer(text):
-        layout = text[match.end():match.end() + 80]
-        if hbm_only and layout.startswith("{") and re.search(
-                r"S\([1-9]\)", layout[:layout.find("}") + 1]):
-            continue
-        n = 1
-        for d in match[2].split(","):
-            if d:
-                n *= int(d)
-        total += n * DTYPE_BYTES[match[1]]
-    return total
+    space (``{...S(n)}``, n > 0: on-chip memories, flags, host) moves nothing through HBM."""
+    return sum(size for size, in_hbm in _arrays(text) if in_hbm)
 
 
 def _arrays(text: str) -> list[tuple[float, bool]]:
@@ -256,8 +244,11 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1,
     ``slices``: the group of its DCN transfers). ``every_memory``: count the buffers in the
     chip's on-chip memories too, as XLA's own cost analysis does (to compare with it)."""
 
-    def counted(text: str) -> float:  # the bytes of a type text that count
-        return _bytes(text, hbm_only=not every_memory)
+    def counts(in_hbm: bool) -> bool:  # whether an array of ``_arrays`` counts
+        return in_hbm or every_memory
+
+    def counted(text: str) -> float:  # the bytes of a type text's arrays that count
+        return sum(size for size, in_hbm in _arrays(text) if counts(in_hbm))
     computations: dict[str, list[str]] = {}
     entry, current = None, None
     for line in hlo_text.splitlines():
@@ -524,7 +515,7 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1,
             output = _arrays(result)[skip:][:1]
             if opcode in ("slice-start", "slice"):  # reads only the slice it writes
                 read = [(size, any(hbm for _, hbm in read)) for size, _ in output]
-            return sum(size for size, hbm in (*read, *output) if hbm or every_memory)
+            return sum(size for size, hbm in (*read, *output) if counts(hbm))
         callee = re.search(r"calls=%?([\w.\-]+)", attrs)
         body = fused_text(callee[1]) if callee else ""
         slicing = opcode in ("dynamic-slice", "dynamic-update-slice") or \
@@ -571,7 +562,7 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1,
             if match and match.group(0) in carried:
                 total += counted(t) * (read_fraction(callee[1], index) if callee else 1.0)
         for match, (size, hbm) in zip(SHAPE.finditer(result), _arrays(result), strict=True):
-            if match.group(0) in carried and (hbm or every_memory):
+            if match.group(0) in carried and counts(hbm):
                 total += size
         return total
 
@@ -580,7 +571,7 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1,
             match = INSTRUCTION.match(line)
             if not match:
                 continue
-            _, result, opcode, rest = match.groups()
+            instruction, result, opcode, rest = match.groups()
             operands, attrs = _split_operands(rest)
             if opcode == "while":
                 body = re.search(r"body=%?([\w.\-]+)", attrs)
@@ -612,14 +603,14 @@ def breakdown(hlo_text: str, devices: int, slices: int = 1,
                 if declared:
                     flops[0] += weight * float(declared[1])
             metadata = re.search(r'op_name="([^"]*)"', attrs)
-            fused = fused_collective(_, attrs) if opcode == "fusion" else None
+            fused = fused_collective(instruction, attrs) if opcode == "fusion" else None
             if fused and fused[3] == "done":  # waits for its chain's start
                 continue
             moved = moved_bytes(opcode, result, operands, attrs, trips)
             if fused and fused[3] == "start":  # its result tuple holds its operands again
                 aliased = _arrays(result)[:len(_arrays(" ".join(
                     shapes.get(n, "") for n in re.findall(r"%([\w.\-]+)", operands))))]
-                moved -= sum(size for size, hbm in aliased if hbm or every_memory)
+                moved -= sum(size for size, hbm in aliased if counts(hbm))
             if fused and fused[3] == "step":  # compute that moves a part of its chain
                 parts[_part(opcode, metadata[1] if metadata else "")] += weight * max(
                     moved - carried_bytes(result, operands, attrs, fused[4]), 0.0)
